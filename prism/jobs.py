@@ -1,0 +1,194 @@
+"""Job recognition (LLMPrism, Algorithm 1).
+
+GPUs that exchange traffic belong to one job: union-find over the
+communicating GPU NIC pairs gives clusters. In a rail-optimised fabric a
+TP=8 job's traffic never leaves its rail, so each rail is a cluster of its
+own; clusters whose server sets are identical (Jaccard similarity 1) are the
+rails of one job and are merged.
+
+Functions here are plain functions of arrays; :class:`JobRecognizer` wraps
+them for streaming use (``partial_fit`` per chunk, then ``predict``).
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from .topology import Topology
+
+__all__ = ["gpu_clusters", "merge_identical_server_sets", "job_id_for", "JobRecognizer"]
+
+
+def gpu_clusters(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
+    """Connected components of the graph of GPU pairs (union-find).
+
+    Parameters
+    ----------
+    a, b : int arrays
+        Endpoints (NIC indices in ``0..n-1``) of communicating pairs.
+    n : int
+        Number of NICs.
+
+    Returns
+    -------
+    numpy.ndarray
+        Cluster label per NIC; NICs in no pair get label -1.
+
+    Notes
+    -----
+    O(n + m) with scipy's C implementation, m = number of pairs.
+
+    Examples
+    --------
+    >>> gpu_clusters(np.array([0, 2]), np.array([1, 3]), 5)
+    array([ 0,  0,  1,  1, -1])
+    """
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    g = coo_matrix((np.ones(len(a), dtype=np.int8), (a, b)), shape=(n, n))
+    _, labels = connected_components(g, directed=False)
+    active = np.zeros(n, dtype=bool)
+    active[a] = True
+    active[b] = True
+    # renumber active components 0..k-1 in order of first NIC
+    out = np.full(n, -1, dtype=np.int64)
+    if active.any():
+        _, first, inv = np.unique(labels[active], return_index=True, return_inverse=True)
+        order = np.argsort(np.argsort(first))
+        out[active] = order[inv]
+    return out
+
+
+def merge_identical_server_sets(clusters: np.ndarray, server_of: np.ndarray) -> np.ndarray:
+    """Merge clusters whose server sets are identical (Jaccard = 1).
+
+    Parameters
+    ----------
+    clusters : int array
+        Cluster label per NIC (-1 for none), from :func:`gpu_clusters`.
+    server_of : int array
+        Server index per NIC.
+
+    Returns
+    -------
+    numpy.ndarray
+        Job label per NIC (-1 for none), jobs numbered by first NIC.
+
+    Notes
+    -----
+    Identical sets is an equivalence relation, so one grouping by the sorted
+    server tuple suffices: O(n log n).
+
+    Examples
+    --------
+    Rails 0 and 1 of servers {0, 1} are one job; servers {2, 3} another:
+
+    >>> clusters = np.array([0, 1, 0, 1, 2, 2])
+    >>> servers = np.array([0, 0, 1, 1, 2, 3])
+    >>> merge_identical_server_sets(clusters, servers)
+    array([0, 0, 0, 0, 1, 1])
+    """
+    clusters = np.asarray(clusters)
+    out = np.full(len(clusters), -1, dtype=np.int64)
+    active = clusters >= 0
+    if not active.any():
+        return out
+    df = pd.DataFrame({"c": clusters[active], "s": np.asarray(server_of)[active]})
+    sets = df.drop_duplicates().sort_values(["c", "s"]).groupby("c")["s"].agg(tuple)
+    key_of_cluster = pd.Series(pd.factorize(sets, sort=False)[0], index=sets.index)
+    job = key_of_cluster.reindex(clusters[active]).to_numpy()
+    # number jobs by their first NIC for stable output
+    _, first, inv = np.unique(job, return_index=True, return_inverse=True)
+    order = np.argsort(np.argsort(first))
+    out[active] = order[inv]
+    return out
+
+
+def job_id_for(servers) -> str:
+    """A stable job id from the job's server names.
+
+    The same servers give the same id in every run and every window, so
+    metrics and files from different runs can be joined on it.
+
+    >>> job_id_for(["srv0002", "srv0001"]) == job_id_for(["srv0001", "srv0002"])
+    True
+    """
+    h = hashlib.blake2b("\n".join(sorted(servers)).encode(), digest_size=4).hexdigest()
+    return f"job-{h}"
+
+
+class JobRecognizer:
+    """Streaming job recognition over flow chunks.
+
+    Parameters
+    ----------
+    topology : Topology
+        The GPU NICs; only pairs of two NICs are used.
+    merge_rails : bool, default True
+        Merge clusters with identical server sets (the paper's second pass).
+        Off gives the raw union-find clusters.
+
+    Examples
+    --------
+    >>> topo = Topology.from_frame(pd.DataFrame({
+    ...     "ip": ["10.0.0.1", "10.0.0.2", "10.0.1.1", "10.0.1.2"],
+    ...     "server": ["s0", "s0", "s1", "s1"]}))
+    >>> jr = JobRecognizer(topo)
+    >>> jr.partial_fit_pairs(np.array([0, 1]), np.array([2, 3])).predict().groupby("job_id").size().tolist()
+    [4]
+    """
+
+    def __init__(self, topology: Topology, merge_rails: bool = True):
+        self.topology = topology
+        self.merge_rails = merge_rails
+        n = len(topology)
+        # adjacency seen so far as a set of pair keys a * n + b with a < b;
+        # bounded by the number of distinct GPU pairs, not by flows
+        self._pairs = np.empty(0, dtype=np.int64)
+        self._n = n
+
+    def partial_fit_pairs(self, a: np.ndarray, b: np.ndarray) -> "JobRecognizer":
+        """Add GPU pairs given as NIC indices (both >= 0)."""
+        lo = np.minimum(a, b).astype(np.int64)
+        hi = np.maximum(a, b).astype(np.int64)
+        keys = np.unique(lo * self._n + hi)
+        self._pairs = np.union1d(self._pairs, keys)
+        return self
+
+    @property
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct GPU pairs seen, as (a, b) NIC indices with a < b."""
+        return self._pairs // self._n, self._pairs % self._n
+
+    def labels(self) -> np.ndarray:
+        """Job label per NIC (-1 for NICs with no GPU traffic)."""
+        a, b = self.pairs
+        clusters = gpu_clusters(a, b, self._n)
+        if not self.merge_rails:
+            return clusters
+        return merge_identical_server_sets(clusters, self.topology.server_codes)
+
+    def predict(self) -> pd.DataFrame:
+        """Jobs as a frame ``job_id, ip, server`` sorted by job and ip."""
+        labels = self.labels()
+        nics = self.topology.nics
+        active = labels >= 0
+        df = pd.DataFrame({"label": labels[active], "ip": nics["ip"].to_numpy()[active], "server": nics["server"].to_numpy()[active]})
+        if df.empty:
+            return pd.DataFrame({"job_id": pd.Series([], dtype=object), "ip": pd.Series([], dtype=object), "server": pd.Series([], dtype=object)})
+        ids = df.groupby("label")["server"].agg(lambda s: job_id_for(s.unique()))
+        df["job_id"] = ids.reindex(df["label"]).to_numpy()
+        return df[["job_id", "ip", "server"]].sort_values(["job_id", "ip"], key=_ip_sort_key).reset_index(drop=True)
+
+
+def _ip_sort_key(col: pd.Series):
+    # sort addresses numerically within a job, not as strings
+    if col.name != "ip":
+        return col
+    import ipaddress
+
+    return col.map(lambda x: (ipaddress.ip_address(x).version, int(ipaddress.ip_address(x))))

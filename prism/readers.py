@@ -1,0 +1,379 @@
+"""Readers for flow dumps: CSV, Parquet and JSON Lines, each optionally gzip.
+
+The format is picked by extension (``.csv``, ``.parquet``/``.pq``,
+``.jsonl``/``.ndjson``/``.json``, each optionally followed by ``.gz``); ``-``
+reads JSON Lines from standard input. Every reader is a generator of
+validated chunks (:func:`prism.records.validate_flows`), so a dump larger
+than memory streams through in ``chunk_rows`` pieces.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from .records import (
+    FLOW_COLUMNS,
+    OPTIONAL_COLUMNS,
+    REQUIRED_COLUMNS,
+    FlowFormatError,
+    RejectCounter,
+    validate_flows,
+)
+
+__all__ = ["FlowReader", "detect_format", "read_flows", "DEFAULT_CHUNK_ROWS"]
+
+DEFAULT_CHUNK_ROWS = 1 << 18
+_DICT = pa.dictionary(pa.int32(), pa.string())
+_FORMATS = {
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+}
+# The JSON fast path parses with these types; a value of another type sends
+# that block to the line-by-line fallback, which counts the bad rows.
+_JSON_SCHEMA = pa.schema(
+    [
+        ("start_ns", pa.int64()),
+        ("duration_ns", pa.int64()),
+        ("src", pa.string()),
+        ("dst", pa.string()),
+        ("size", pa.int64()),
+        ("switches", pa.string()),
+        ("src_qp", pa.int64()),
+        ("dst_qp", pa.int64()),
+    ]
+)
+
+
+def detect_format(path: str) -> tuple[str, bool]:
+    """Return (format, gzipped) for a path, from its extension.
+
+    >>> detect_format("flows.csv.gz")
+    ('csv', True)
+    >>> detect_format("-")
+    ('jsonl', False)
+    """
+    if path == "-":
+        return "jsonl", False
+    p = Path(path)
+    suffixes = [s.lower() for s in p.suffixes]
+    gz = bool(suffixes) and suffixes[-1] == ".gz"
+    if gz:
+        suffixes = suffixes[:-1]
+    if suffixes and suffixes[-1] in _FORMATS:
+        return _FORMATS[suffixes[-1]], gz
+    raise FlowFormatError(
+        f"{path}: cannot tell the format from the extension; use one of "
+        + ", ".join(sorted(_FORMATS))
+        + " (optionally followed by .gz), or - for JSON Lines on stdin"
+    )
+
+
+def _check_columns(path: str, names) -> None:
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
+    if missing:
+        raise FlowFormatError(
+            f"{path}: missing required column{'s' if len(missing) > 1 else ''} "
+            + ", ".join(repr(c) for c in missing)
+            + f" (found: {', '.join(map(str, names)) or 'none'}; required: {', '.join(REQUIRED_COLUMNS)})"
+        )
+
+
+class FlowReader:
+    """Stream validated flow chunks from one file.
+
+    Parameters
+    ----------
+    path : str
+        File path or ``-`` for JSON Lines on stdin.
+    chunk_rows : int
+        Rows per chunk (approximate for CSV and JSON Lines, which are read
+        in blocks of bytes).
+    rejects : RejectCounter, optional
+        Shared counter for rejected rows; a new one is made if omitted.
+
+    Attributes
+    ----------
+    rows_read : int
+        Data rows seen (accepted + rejected).
+    bytes_total, bytes_done : int
+        For progress reporting (on-disk bytes; 0 total when unknown).
+    """
+
+    def __init__(self, path: str, chunk_rows: int = DEFAULT_CHUNK_ROWS, rejects: RejectCounter | None = None, stdin=None):
+        self.path = str(path)
+        self.format, self.gzipped = detect_format(self.path)
+        self.chunk_rows = int(chunk_rows)
+        if self.chunk_rows < 1:
+            raise ValueError("chunk_rows must be >= 1")
+        self.rejects = rejects if rejects is not None else RejectCounter()
+        self.rows_read = 0
+        self._stdin = stdin
+        self.bytes_total = 0
+        self.bytes_done = 0
+        if self.path != "-":
+            if not os.path.exists(self.path):
+                raise FileNotFoundError(f"{self.path}: no such file")
+            self.bytes_total = os.path.getsize(self.path)
+
+    def __iter__(self) -> Iterator[pd.DataFrame]:
+        reader = {"csv": self._csv, "parquet": self._parquet, "jsonl": self._jsonl}[self.format]
+        yield from reader()
+
+    # -- CSV ---------------------------------------------------------------
+    def _csv(self):
+        raw = pa.OSFile(self.path, "rb")
+        stream = pa.CompressedInputStream(raw, "gzip") if self.gzipped else raw
+        invalid: list[tuple[int | None, str]] = []
+
+        def on_invalid(row):
+            invalid.append((row.number, row.text))
+            return "skip"
+
+        # Every column is read as text: a typed read would fail the whole
+        # block on one bad value; validation parses numbers exactly instead.
+        try:
+            header = self._csv_header()
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise FlowFormatError(f"{self.path}: cannot read: {e}") from e
+        _check_columns(self.path, header)
+        try:
+            rd = pacsv.open_csv(
+                stream,
+                # single-threaded so that pyarrow numbers the rows it skips
+                # small blocks: the reader buffers several ahead, so the block
+                # size, not the chunk size, sets its memory
+                read_options=pacsv.ReadOptions(block_size=min(4 << 20, max(1 << 16, self.chunk_rows * 80)), use_threads=False),
+                parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+                convert_options=pacsv.ConvertOptions(
+                    # addresses and paths repeat: dictionary-encode while parsing
+                    column_types={c: _DICT if c in ("src", "dst", "switches") else pa.string() for c in header},
+                    include_columns=[c for c in header if c in FLOW_COLUMNS],
+                    strings_can_be_null=False,
+                    quoted_strings_can_be_null=False,
+                ),
+            )
+        except pa.ArrowInvalid as e:
+            raise FlowFormatError(f"{self.path}: not a readable CSV file: {e}") from e
+        row = 2  # pyarrow's number of the first data row (the header is 1)
+        pending: list[pa.RecordBatch] = []
+        pending_lines: list[np.ndarray] = []
+        try:
+            for batch in rd:
+                # rows skipped in this batch: count them, and number the good
+                # rows around them so examples point at the right line
+                skipped = sorted(n for n, _ in invalid if n is not None)
+                for n, text in invalid:
+                    self.rejects.add("malformed_row", 1, f"{self.path}:line {n}: {text[:80]!r}")
+                self.rows_read += len(invalid)
+                numbers = np.arange(row, row + batch.num_rows + len(invalid))
+                if skipped:
+                    numbers = numbers[~np.isin(numbers, skipped)][: batch.num_rows]
+                invalid.clear()
+                row = int(numbers[-1]) + 1 if len(numbers) else row
+                pending.append(batch)
+                pending_lines.append(numbers)
+                if sum(b.num_rows for b in pending) >= self.chunk_rows:
+                    self.bytes_done = raw.tell()
+                    yield from self._csv_flush(pending, pending_lines)
+        except pa.ArrowInvalid as e:
+            raise FlowFormatError(f"{self.path}: CSV parse error near line {row}: {e}") from e
+        for n, text in invalid:
+            self.rejects.add("malformed_row", 1, f"{self.path}:line {n}: {text[:80]!r}")
+        self.rows_read += len(invalid)
+        yield from self._csv_flush(pending, pending_lines)
+        self.bytes_done = self.bytes_total
+
+    def _csv_flush(self, pending, pending_lines):
+        """Validate the gathered batches in chunks of ``chunk_rows``; empties the lists."""
+        if not pending:
+            return
+        table = pa.Table.from_batches(pending)
+        numbers = np.concatenate(pending_lines)
+        pending.clear()
+        pending_lines.clear()
+        for off in range(0, table.num_rows, self.chunk_rows):
+            sub = table.slice(off, self.chunk_rows)
+            self.rows_read += sub.num_rows
+            yield validate_flows(sub, self.rejects, self.path, line_numbers=numbers[off : off + sub.num_rows])
+
+    def _csv_header(self) -> list[str]:
+        opener = gzip.open if self.gzipped else open
+        with opener(self.path, "rt", encoding="utf-8", errors="replace", newline="") as f:
+            first = f.readline()
+        if not first.strip():
+            raise FlowFormatError(f"{self.path}: empty file (expected a CSV header naming {', '.join(REQUIRED_COLUMNS)})")
+        import csv
+
+        return [h.strip() for h in next(csv.reader([first]))]
+
+    # -- Parquet -----------------------------------------------------------
+    def _parquet(self):
+        tmp = None
+        src = self.path
+        if self.gzipped:
+            # Parquet needs random access (the footer is at the end).
+            tmp = tempfile.NamedTemporaryFile(suffix=".parquet", delete=False)
+            with gzip.open(self.path, "rb") as g:
+                shutil.copyfileobj(g, tmp)
+            tmp.close()
+            src = tmp.name
+        try:
+            try:
+                pf = pq.ParquetFile(src)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise FlowFormatError(f"{self.path}: not a readable Parquet file: {e}") from e
+            names = pf.schema_arrow.names
+            _check_columns(self.path, names)
+            cols = [c for c in FLOW_COLUMNS if c in names]
+            total = pf.metadata.num_rows
+            row = 1
+            for batch in pf.iter_batches(batch_size=self.chunk_rows, columns=cols):
+                table = pa.Table.from_batches([batch])
+                self.rows_read += table.num_rows
+                self.bytes_done = int(self.bytes_total * self.rows_read / max(total, 1))
+                yield validate_flows(table, self.rejects, self.path, first_line=row, line_step="row")
+                row += table.num_rows
+        finally:
+            if tmp is not None:
+                os.unlink(tmp.name)
+
+    # -- JSON Lines --------------------------------------------------------
+    def _jsonl(self):
+        if self.path == "-":
+            f = self._stdin if self._stdin is not None else sys.stdin.buffer
+            raw = None
+        else:
+            raw = open(self.path, "rb")
+            f = gzip.GzipFile(fileobj=raw) if self.gzipped else raw
+        try:
+            line = 1
+            block_bytes = max(1 << 16, self.chunk_rows * 160)
+            pending = b""
+            seen_columns = False
+            while True:
+                data = f.read(block_bytes)
+                if not data:
+                    block, pending = pending, b""
+                else:
+                    data = pending + data
+                    cut = data.rfind(b"\n")
+                    if cut < 0:
+                        pending = data
+                        continue
+                    block, pending = data[: cut + 1], data[cut + 1 :]
+                if block.strip():
+                    for table, malformed, offsets, nlines in self._json_block(block):
+                        if len(table):
+                            if not seen_columns:
+                                _check_columns(self._name, _present_columns(table))
+                                seen_columns = True
+                            self.rows_read += len(table)
+                            yield validate_flows(
+                                table, self.rejects, self._name, first_line=line, malformed_rows=malformed,
+                                line_numbers=None if offsets is None else line + offsets,
+                            )
+                        line += nlines
+                if raw is not None:
+                    self.bytes_done = raw.tell()
+                if not data:
+                    break
+        finally:
+            if raw is not None:
+                f.close()
+                raw.close()
+
+    @property
+    def _name(self) -> str:
+        return "<stdin>" if self.path == "-" else self.path
+
+    def _json_block(self, block: bytes):
+        """Parse a block of whole lines.
+
+        Yields (table, malformed_mask, line_offsets, lines_consumed).
+        """
+        nlines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+        has_blank = b"\n\n" in block or block.startswith(b"\n") or b"\n\r\n" in block
+        if not has_blank:
+            try:
+                t = pajson.read_json(
+                    io.BytesIO(block),
+                    parse_options=pajson.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="ignore"),
+                    read_options=pajson.ReadOptions(block_size=max(len(block), 1 << 20)),
+                )
+                if t.num_rows == nlines:
+                    for sub in _slices(t, self.chunk_rows):
+                        yield sub, None, None, sub.num_rows
+                    return
+            except pa.ArrowInvalid:
+                pass  # some line is not clean: parse line by line below
+        yield (*self._json_lines_slow(block), nlines)
+
+    def _json_lines_slow(self, block: bytes):
+        """Line-by-line fallback for a block that holds a bad line.
+
+        Only blocks with a problem come here; clean input stays on the
+        vectorised path above. Blank lines are skipped (not rows).
+        """
+        rows = {c: [] for c in FLOW_COLUMNS}
+        malformed = []
+        lines = []
+        for i, raw_line in enumerate(block.split(b"\n")):
+            if not raw_line.strip():
+                continue
+            lines.append(i)
+            try:
+                obj = json.loads(raw_line)
+                ok = isinstance(obj, dict)
+            except (ValueError, UnicodeDecodeError):
+                obj, ok = None, False
+            for c in FLOW_COLUMNS:
+                rows[c].append(obj.get(c) if ok else None)
+            malformed.append(not ok)
+        df = pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in rows.items()})
+        present = [c for c in OPTIONAL_COLUMNS if df[c].notna().any()]
+        df = df.drop(columns=[c for c in OPTIONAL_COLUMNS if c not in present])
+        return df, np.array(malformed, dtype=bool), np.array(lines, dtype=np.int64)
+
+
+def _present_columns(table) -> list[str]:
+    """Columns with at least one value (JSON rows may omit keys)."""
+    if isinstance(table, pa.Table):
+        return [c for c in table.column_names if table.column(c).null_count < table.num_rows]
+    return [c for c in table.columns if table[c].notna().any()]
+
+
+def _slices(table: pa.Table, n: int):
+    for off in range(0, table.num_rows, n):
+        yield table.slice(off, n)
+
+
+def read_flows(paths, chunk_rows: int = DEFAULT_CHUNK_ROWS, rejects: RejectCounter | None = None) -> Iterator[pd.DataFrame]:
+    """Stream validated chunks from several files in order.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp(); p = os.path.join(d, "f.csv")
+    >>> _ = open(p, "w").write("start_ns,duration_ns,src,dst,size,switches\\n1,2,10.0.0.1,10.0.0.2,64,leaf1\\n")
+    >>> sum(len(c) for c in read_flows([p]))
+    1
+    """
+    rejects = rejects if rejects is not None else RejectCounter()
+    for p in paths:
+        yield from FlowReader(p, chunk_rows=chunk_rows, rejects=rejects)

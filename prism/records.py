@@ -1,0 +1,369 @@
+"""Flow records: the canonical input schema, and vectorised validation.
+
+A flow record is one RDMA message seen on the network::
+
+    start_ns     int64   flow start, ns since the Unix epoch
+    duration_ns  int64
+    src, dst     str     GPU NIC addresses (IPv4 or IPv6)
+    size         int64   bytes
+    switches     str     switch names on the path, in order, joined with "|"
+    src_qp, dst_qp       optional queue-pair numbers
+
+Every reader hands raw chunks to :func:`validate_flows`, which returns the
+rows that are well formed with canonical dtypes and counts the others in a
+:class:`RejectCounter` by reason. Nothing is dropped without being counted.
+"""
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = [
+    "FLOW_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "OPTIONAL_COLUMNS",
+    "REJECT_REASONS",
+    "FlowFormatError",
+    "RejectCounter",
+    "validate_flows",
+    "normalise_address",
+    "empty_flows",
+]
+
+REQUIRED_COLUMNS = ("start_ns", "duration_ns", "src", "dst", "size", "switches")
+OPTIONAL_COLUMNS = ("src_qp", "dst_qp")
+FLOW_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
+INT_COLUMNS = ("start_ns", "duration_ns", "size")
+
+#: Reasons a row is rejected, in the order they are checked: a row is counted
+#: once, under the first reason that applies.
+REJECT_REASONS = (
+    "malformed_row",  # CSV row with the wrong field count, JSON line that is not an object
+    "bad_number",  # start_ns/duration_ns/size/qp missing or not an integer
+    "negative_start",
+    "negative_duration",
+    "negative_size",
+    "empty_address",  # src or dst missing or empty
+    "bad_address",  # src or dst is not an IPv4/IPv6 address
+)
+
+# An int64 written as text: optional sign, digits, optionally ".0" (pandas
+# writes integral columns that held a NaN as floats). 19 digits starting with
+# 9 may overflow int64, so those are checked separately.
+_INT_RE = r"^[+-]?[0-9]{1,19}(\.0*)?$"
+_MAX_EXAMPLES = 5
+
+
+class FlowFormatError(ValueError):
+    """Input that cannot be read at all: missing columns, unknown format."""
+
+
+@dataclass
+class RejectCounter:
+    """Counts rejected rows by reason and keeps a few examples of each.
+
+    Examples name the source, the line (or row), the field and the value so
+    that a user can find the problem in the file.
+    """
+
+    counts: Counter = field(default_factory=Counter)
+    examples: dict = field(default_factory=dict)
+
+    def add(self, reason: str, n: int = 1, example: str | None = None) -> None:
+        if n <= 0:
+            return
+        self.counts[reason] += n
+        if example is not None:
+            ex = self.examples.setdefault(reason, [])
+            if len(ex) < _MAX_EXAMPLES:
+                ex.append(example)
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.counts.values()))
+
+    def as_dict(self) -> dict:
+        return {k: int(v) for k, v in sorted(self.counts.items())}
+
+    def merge(self, other: "RejectCounter") -> None:
+        for reason, n in other.counts.items():
+            self.counts[reason] += n
+        for reason, ex in other.examples.items():
+            mine = self.examples.setdefault(reason, [])
+            mine.extend(ex[: _MAX_EXAMPLES - len(mine)])
+
+
+def empty_flows() -> pd.DataFrame:
+    """A zero-row flow frame with the canonical dtypes."""
+    return pd.DataFrame(
+        {
+            "start_ns": np.empty(0, np.int64),
+            "duration_ns": np.empty(0, np.int64),
+            "src": pd.Series([], dtype=object),
+            "dst": pd.Series([], dtype=object),
+            "size": np.empty(0, np.int64),
+            "switches": pd.Series([], dtype=object),
+        }
+    )
+
+
+def _parse_int(values) -> tuple[np.ndarray, np.ndarray]:
+    """Parse a column to int64 exactly; return (values, bad_mask).
+
+    Integers stay as they are, integral floats are accepted, strings are
+    matched against an integer pattern and cast in one vectorised call. Going
+    through float64 (as ``pd.to_numeric`` does when a value is missing) would
+    round nanosecond timestamps, so it is avoided.
+    """
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        arr = values
+    elif isinstance(values, pd.Series) and values.dtype == object:
+        # object column from the JSON fallback: a mix of Python values
+        arr = pa.array(values.map(_object_to_text), type=pa.string(), from_pandas=True)
+    else:
+        arr = pa.array(values, from_pandas=True)
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if pa.types.is_integer(t):
+        bad = arr.is_null().to_numpy(zero_copy_only=False)
+        out = pc.fill_null(arr, 0).cast(pa.int64()).to_numpy(zero_copy_only=False)
+        return out, bad
+    if pa.types.is_floating(t):
+        f = arr.to_numpy(zero_copy_only=False)
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(f) | (np.floor(f) != f) | (np.abs(f) > 9.2e18)
+        out = np.where(bad, 0, f).astype(np.int64)
+        return out, bad
+    if pa.types.is_dictionary(t):
+        arr = arr.cast(pa.string())
+        t = arr.type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+        arr = arr.cast(pa.string())
+    if arr.null_count == 0:
+        try:  # clean column: one C cast, no regex
+            return arr.cast(pa.int64()).to_numpy(zero_copy_only=False), np.zeros(len(arr), dtype=bool)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass  # some value is not a plain integer: find which below
+    s = pc.utf8_trim_whitespace(arr)
+    ok = pc.fill_null(pc.match_substring_regex(s, _INT_RE), False)
+    # strip an integral ".000" suffix before casting
+    s = pc.replace_substring_regex(s, r"\.0*$", "")
+    nineteen = pc.fill_null(pc.greater_equal(pc.utf8_length(pc.replace_substring_regex(s, r"^[+-]", "")), 19), False)
+    if pc.any(nineteen).as_py():
+        # 19-digit values may overflow int64: compare as text against the bound
+        digits = pc.replace_substring_regex(s, r"^[+-]", "")
+        over = pc.and_(nineteen, pc.greater(digits, "9223372036854775807"))
+        ok = pc.and_(ok, pc.invert(pc.fill_null(over, False)))
+    safe = pc.if_else(ok, s, "0")
+    out = safe.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    bad = pc.invert(ok).to_numpy(zero_copy_only=False)
+    return out, bad
+
+
+def _object_to_text(v) -> str | None:
+    # bools are ints in Python; a JSON true is not a size
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _address_column(values) -> pd.Series:
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        values = values.to_pandas()
+    return pd.Series(values)
+
+
+_ADDRESS_CACHE: dict[str, str | None] = {}
+_ADDRESS_CACHE_MAX = 1 << 20
+
+
+def normalise_address(text) -> str | None:
+    """Canonical text form of an IPv4/IPv6 address, or None if it is not one.
+
+    IPv6 has many spellings of one address (``fe80:0::1`` and ``fe80::1``);
+    comparing canonical forms makes the topology match regardless.
+    """
+    try:
+        return _ADDRESS_CACHE[text]
+    except KeyError:
+        pass
+    try:
+        out = ipaddress.ip_address(str(text).strip()).compressed
+    except ValueError:
+        out = None
+    if len(_ADDRESS_CACHE) < _ADDRESS_CACHE_MAX:
+        _ADDRESS_CACHE[text] = out
+    return out
+
+
+def _normalise_addresses(col: pd.Series) -> tuple[pd.Categorical, np.ndarray, np.ndarray]:
+    """Factorise a column of addresses and normalise each distinct value once.
+
+    Returns (categorical of canonical addresses, empty_mask, bad_mask).
+    The per-value Python work is over distinct addresses (a cluster has
+    thousands), never over rows.
+    """
+    codes, uniques = pd.factorize(col, use_na_sentinel=True)
+    uniq = pd.Index(uniques).astype(str)
+    stripped = [u.strip() for u in uniq]
+    canon = [normalise_address(u) if u else None for u in stripped]
+    is_empty_u = np.array([not u for u in stripped], dtype=bool)
+    is_bad_u = np.array([c is None for c in canon], dtype=bool) & ~is_empty_u
+    empty = codes < 0
+    bad = np.zeros(len(codes), dtype=bool)
+    if len(uniq):
+        valid_codes = np.where(codes < 0, 0, codes)
+        empty |= (codes >= 0) & is_empty_u[valid_codes]
+        bad = (codes >= 0) & is_bad_u[valid_codes]
+    # map to canonical categories (two spellings may collapse to one)
+    cats, remap = np.unique(np.array([c or "" for c in canon], dtype=object), return_inverse=True)
+    safe = np.where(codes < 0, 0, codes)
+    new_codes = np.where(codes < 0, -1, remap[safe] if len(remap) else -1)
+    cat = pd.Categorical.from_codes(new_codes, categories=pd.Index(cats, dtype=object))
+    return cat, empty, bad
+
+
+def validate_flows(
+    table: pa.Table | pd.DataFrame,
+    rejects: RejectCounter,
+    source: str = "<input>",
+    first_line: int | None = None,
+    line_step: str = "line",
+    malformed_rows: np.ndarray | None = None,
+    line_numbers: np.ndarray | None = None,
+) -> pd.DataFrame:
+    """Validate one chunk of raw flow columns; return the good rows.
+
+    Parameters
+    ----------
+    table : pyarrow.Table or pandas.DataFrame
+        Raw columns as read (strings, numbers or a mix). Must contain every
+        column of :data:`REQUIRED_COLUMNS`; the caller checks that.
+    rejects : RejectCounter
+        Updated in place with one count per rejected row.
+    source : str
+        File name used in examples.
+    first_line : int, optional
+        Line (or row) number of the chunk's first row, for examples.
+    malformed_rows : bool array, optional
+        Rows the reader already knows are malformed (rejected first).
+    line_numbers : int array, optional
+        Line of each row, where rows are not consecutive lines (blank or
+        skipped lines in between); overrides ``first_line``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns ``start_ns, duration_ns, src, dst, size, switches`` (and
+        ``src_qp, dst_qp`` when present, as nullable Int64); ``src``/``dst``
+        are categoricals of canonical addresses, ``switches`` a categorical
+        of path strings.
+
+    Notes
+    -----
+    O(n) vectorised work plus O(distinct addresses) Python work.
+    """
+    n = table.num_rows if isinstance(table, pa.Table) else len(table)
+    names = table.column_names if isinstance(table, pa.Table) else list(table.columns)
+
+    def col(name):
+        return table.column(name) if isinstance(table, pa.Table) else table[name]
+
+    reason = np.zeros(n, dtype=np.int8)  # 0 = ok, else 1 + index in REJECT_REASONS
+    bad_field = np.full(n, "", dtype=object)
+
+    def mark(mask, reason_name, field_name):
+        code = REJECT_REASONS.index(reason_name) + 1
+        sel = mask & (reason == 0)
+        reason[sel] = code
+        bad_field[sel] = field_name
+
+    if malformed_rows is not None:
+        mark(np.asarray(malformed_rows, dtype=bool), "malformed_row", "")
+
+    ints = {}
+    for name in INT_COLUMNS:
+        ints[name], bad = _parse_int(col(name))
+        mark(bad, "bad_number", name)
+    qps = {}
+    for name in OPTIONAL_COLUMNS:
+        if name in names:
+            c = col(name)
+            v, bad = _parse_int(c)
+            if isinstance(c, (pa.Array, pa.ChunkedArray)):
+                missing = c.is_null().to_numpy(zero_copy_only=False)
+            else:
+                missing = pd.isna(c).to_numpy()
+            missing = np.asarray(missing, dtype=bool)
+            # an absent qp is fine (optional); a present but unparseable one is not
+            mark(bad & ~missing, "bad_number", name)
+            qps[name] = pd.array(np.where(missing, 0, v), dtype="Int64")
+            qps[name][missing] = pd.NA
+    mark(ints["start_ns"] < 0, "negative_start", "start_ns")
+    mark(ints["duration_ns"] < 0, "negative_duration", "duration_ns")
+    mark(ints["size"] < 0, "negative_size", "size")
+
+    addr = {}
+    for name in ("src", "dst"):
+        cat, empty, badaddr = _normalise_addresses(_address_column(col(name)))
+        mark(empty, "empty_address", name)
+        mark(badaddr, "bad_address", name)
+        addr[name] = cat
+
+    # paths repeat: keep them categorical (missing -> empty path)
+    sw = col("switches")
+    if isinstance(sw, (pa.Array, pa.ChunkedArray)):
+        sw = sw.to_pandas()
+    sw = pd.Series(sw)
+    if not isinstance(sw.dtype, pd.CategoricalDtype):
+        sw = sw.astype(object).where(pd.notna(sw), "").astype(str).astype("category")
+    elif sw.isna().any():
+        if "" not in sw.cat.categories:
+            sw = sw.cat.add_categories([""])
+        sw = sw.fillna("")
+
+    rejected = reason > 0
+    if rejected.any():
+        codes, counts = np.unique(reason[rejected], return_counts=True)
+        for code, cnt in zip(codes, counts):
+            rname = REJECT_REASONS[code - 1]
+            idx = int(np.flatnonzero(reason == code)[0])
+            fname = bad_field[idx]
+            if line_numbers is not None:
+                where = f"{source}:{line_step} {int(line_numbers[idx])}"
+            elif first_line is not None:
+                where = f"{source}:{line_step} {first_line + idx}"
+            else:
+                where = source
+            value = ""
+            if fname:
+                raw = col(fname)
+                v = raw[idx]
+                v = v.as_py() if hasattr(v, "as_py") else v
+                v = v.item() if isinstance(v, np.generic) else v
+                value = f" {fname}={v!r}"
+            rejects.add(rname, int(cnt), f"{where}:{value}" if value else where)
+
+    keep = ~rejected
+    out = pd.DataFrame(
+        {
+            "start_ns": ints["start_ns"][keep],
+            "duration_ns": ints["duration_ns"][keep],
+            "src": addr["src"][keep],
+            "dst": addr["dst"][keep],
+            "size": ints["size"][keep],
+            "switches": sw.array[keep],
+        }
+    )
+    for name, v in qps.items():
+        out[name] = v[keep]
+    return out

@@ -1,0 +1,546 @@
+"""The cluster generator (SYNTHETIC): jobs + fabric + faults -> flows and truth.
+
+Randomness comes from one ``numpy.random.SeedSequence`` per job, the storage
+noise and the placement, and every step draws arrays of a fixed shape, so a
+run with faults and its ``--no-faults`` twin see exactly the same random
+numbers: the twin is the counterfactual "same cluster, nothing broken".
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from .fabric import Fabric
+from .faults import DegradedSwitch, SlowServer, SlowStep
+from .workload import JobSpec, one_f_one_b
+
+__all__ = ["ClusterGenerator", "GeneratedCluster", "EPOCH_NS"]
+
+#: Capture windows start at 2026-01-01T00:00:00Z.
+EPOCH_NS = 1_767_225_600 * 1_000_000_000
+
+
+@dataclass
+class GeneratedCluster:
+    """Output of :meth:`ClusterGenerator.generate`.
+
+    ``flows`` has the flow-record columns (``src``/``dst``/``switches`` as
+    categoricals); the truth frames use the same formats as
+    ``prism replay``'s outputs so they compare directly.
+    """
+
+    flows: pd.DataFrame
+    topology: pd.DataFrame
+    jobs: pd.DataFrame  # job_id, ip
+    pairs: pd.DataFrame  # job_id, src, dst, type
+    steps: pd.DataFrame  # job_id, step, start_ns, end_ns
+    faults: pd.DataFrame  # kind, job_id, step, start_ns, end_ns, subject, factor
+    meta: dict = field(default_factory=dict)
+
+    def write(self, out: str | os.PathLike, fmt: str = "parquet") -> Path:
+        """Write ``flows.<fmt>``, ``topology.csv``, ``truth/*`` and ``manifest.json``.
+
+        ``fmt`` is ``parquet``, ``csv``, ``jsonl``, or either of the latter
+        two with ``.gz``.
+        """
+        out = Path(out)
+        (out / "truth").mkdir(parents=True, exist_ok=True)
+        flows_path = out / f"flows.{fmt}"
+        write_flows(self.flows, flows_path)
+        self.topology.to_csv(out / "topology.csv", index=False)
+        self.jobs.to_csv(out / "truth" / "jobs.csv", index=False)
+        self.pairs.to_csv(out / "truth" / "pairs.csv", index=False)
+        self.steps.to_csv(out / "truth" / "steps.csv", index=False)
+        self.faults.to_csv(out / "truth" / "faults.csv", index=False)
+        meta = dict(self.meta, flows_file=flows_path.name, flows=len(self.flows))
+        (out / "manifest.json").write_text(json.dumps(meta, indent=2, default=_json_default) + "\n")
+        return flows_path
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    raise TypeError(type(o))
+
+
+def write_flows(flows: pd.DataFrame, path: Path) -> None:
+    """Write a flow frame as Parquet, CSV or JSON Lines (by extension, .gz ok)."""
+    name = str(path)
+    table = pa.Table.from_pandas(flows, preserve_index=False)
+    if name.endswith(".parquet"):
+        pq.write_table(table, name, compression="zstd")
+    elif name.endswith(".csv") or name.endswith(".csv.gz"):
+        # dictionary columns are written as their strings
+        table = table.cast(pa.schema([pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type) for f in table.schema]))
+        with pa.CompressedOutputStream(name, "gzip") if name.endswith(".gz") else pa.OSFile(name, "wb") as f:
+            pacsv.write_csv(table, f)
+    elif name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
+        import gzip
+
+        df = flows.astype({c: str for c in ("src", "dst", "switches")})
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(name, "wt") as f:
+            df.to_json(f, orient="records", lines=True)
+    else:
+        raise ValueError(f"{name}: unknown flow format (parquet, csv, csv.gz, jsonl, jsonl.gz)")
+
+
+class ClusterGenerator:
+    """Simulate a cluster of training jobs and emit its network flows.
+
+    Parameters
+    ----------
+    fabric : Fabric
+    jobs : list of JobSpec
+        Placed on consecutive servers, in a seeded random order, with a
+        seeded number of idle servers between them.
+    duration_s : float
+        Capture window length.
+    faults : list
+        :class:`SlowStep`, :class:`SlowServer`, :class:`DegradedSwitch`.
+    seed : int
+    with_faults : bool
+        False gives the fault-free twin (same seed, same random draws).
+    uniform_dp_share : float
+        Share of DP ring edges whose messages all have one size (a DP pair
+        that looks like PP by the size-count rule).
+    split_pp_prob : float
+        Probability that a PP message is sent as two flows of different sizes.
+    storage_flows_per_s : float
+        Rate of storage traffic between GPUs and storage hosts (not training).
+    """
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        jobs: list[JobSpec],
+        duration_s: float = 60.0,
+        faults: list | None = None,
+        seed: int = 0,
+        with_faults: bool = True,
+        uniform_dp_share: float = 0.05,
+        split_pp_prob: float = 0.002,
+        storage_flows_per_s: float = 50.0,
+    ):
+        self.fabric = fabric
+        self.jobs = list(jobs)
+        self.duration_ns = float(duration_s) * 1e9
+        self.faults = list(faults or [])
+        self.seed = int(seed)
+        self.with_faults = with_faults
+        self.uniform_dp_share = uniform_dp_share
+        self.split_pp_prob = split_pp_prob
+        self.storage_flows_per_s = storage_flows_per_s
+        names = [j.name for j in self.jobs]
+        if len(set(names)) != len(names):
+            raise ValueError("job names must be unique")
+        for j in self.jobs:
+            j.check(fabric.gpus_per_server)
+        need = sum(j.n_servers(fabric.gpus_per_server) for j in self.jobs)
+        if need > fabric.servers:
+            raise ValueError(f"jobs need {need} servers, the fabric has {fabric.servers}")
+        for f in self.faults:
+            if isinstance(f, (SlowStep, SlowServer)) and f.job not in names:
+                raise ValueError(f"fault {f} names an unknown job")
+
+    # ------------------------------------------------------------------
+    def _place(self, rng) -> dict[str, np.ndarray]:
+        """Server indices per job: random order, random gaps, consecutive servers."""
+        gps = self.fabric.gpus_per_server
+        order = rng.permutation(len(self.jobs))
+        spare = self.fabric.servers - sum(j.n_servers(gps) for j in self.jobs)
+        gaps = rng.multinomial(spare, np.ones(len(self.jobs) + 1) / (len(self.jobs) + 1)) if spare else np.zeros(len(self.jobs) + 1, int)
+        placement, s = {}, int(gaps[0])
+        for k, i in enumerate(order):
+            j = self.jobs[i]
+            n = j.n_servers(gps)
+            placement[j.name] = np.arange(s, s + n)
+            s += n + int(gaps[k + 1])
+        return placement
+
+    def generate(self) -> GeneratedCluster:
+        fab = self.fabric
+        root = np.random.SeedSequence(self.seed)
+        place_seq, noise_seq, *job_seqs = root.spawn(2 + len(self.jobs))
+        placement = self._place(np.random.default_rng(place_seq))
+        switch_names = fab.switch_names()
+        degraded = self._resolve_switch_faults(placement, switch_names)
+
+        cols = _Columns()
+        truth_pairs, truth_steps, truth_faults = [], [], []
+        for spec, seq in zip(self.jobs, job_seqs):
+            _JobSimulation(self, spec, placement[spec.name], np.random.default_rng(seq), degraded).run(
+                cols, truth_pairs, truth_steps, truth_faults
+            )
+        self._storage_noise(cols, np.random.default_rng(noise_seq))
+        for name, sw_id, t0, t1, factor in degraded:
+            truth_faults.append(("slow_switch", "", -1, t0, t1, name, factor))
+
+        flows = cols.frame(fab, switch_names, self.duration_ns)
+        topo = pd.DataFrame(fab.topology_rows())
+        ips = np.array(topo["ip"])
+
+        pairs = pd.concat(truth_pairs, ignore_index=True) if truth_pairs else pd.DataFrame(columns=["job_id", "a", "b", "type"])
+        # only pairs that really carried flows inside the window are truth
+        seen = flows_pair_keys(cols, self.duration_ns, fab.n_gpus)
+        pairs = pairs[np.isin(pairs["a"].to_numpy() * fab.n_gpus + pairs["b"].to_numpy(), seen)]
+        s_ip, d_ip = ips[pairs["a"].to_numpy()], ips[pairs["b"].to_numpy()]
+        lo = np.where(s_ip < d_ip, s_ip, d_ip)
+        hi = np.where(s_ip < d_ip, d_ip, s_ip)
+        pairs_df = pd.DataFrame({"job_id": pairs["job_id"].to_numpy(), "src": lo, "dst": hi, "type": pairs["type"].to_numpy()})
+        pairs_df = pairs_df.drop_duplicates(["job_id", "src", "dst"]).sort_values(["job_id", "src", "dst"]).reset_index(drop=True)
+        jobs_df = (
+            pd.concat([pairs_df[["job_id", "src"]].rename(columns={"src": "ip"}), pairs_df[["job_id", "dst"]].rename(columns={"dst": "ip"})])
+            .drop_duplicates()
+            .sort_values(["job_id", "ip"])
+            .reset_index(drop=True)
+        )
+        steps_df = pd.DataFrame(truth_steps, columns=["job_id", "step", "start_ns", "end_ns"])
+        faults_df = pd.DataFrame(truth_faults, columns=["kind", "job_id", "step", "start_ns", "end_ns", "subject", "factor"])
+        for df in (steps_df, faults_df):
+            for c in ("start_ns", "end_ns"):
+                df[c] = EPOCH_NS + df[c].astype(np.float64).round().astype(np.int64)
+        faults_df["step"] = faults_df["step"].astype(np.int64)
+        meta = {
+            "synthetic": True,
+            "generator": "prism synthetic",
+            "seed": self.seed,
+            "with_faults": self.with_faults,
+            "window_start_ns": EPOCH_NS,
+            "window_end_ns": EPOCH_NS + int(self.duration_ns),
+            "fabric": asdict(fab),
+            "jobs": {
+                j.name: dict(asdict(j), servers=[fab.server_name(s) for s in placement[j.name]]) for j in self.jobs
+            },
+            "uniform_dp_share": self.uniform_dp_share,
+            "split_pp_prob": self.split_pp_prob,
+            "storage_flows_per_s": self.storage_flows_per_s,
+        }
+        return GeneratedCluster(flows, topo, jobs_df, pairs_df, steps_df, faults_df, meta)
+
+    # ------------------------------------------------------------------
+    def _resolve_switch_faults(self, placement, switch_names):
+        """(name, switch index, t0_ns, t1_ns, factor) for each active switch fault."""
+        out = []
+        if not self.with_faults:
+            return out
+        for f in self.faults:
+            if not isinstance(f, DegradedSwitch):
+                continue
+            if f.switch == "auto":
+                idx = self._busiest_dp_switch(placement)
+            elif f.switch in switch_names:
+                idx = switch_names.index(f.switch)
+            else:
+                raise ValueError(f"degraded switch {f.switch!r} is not in the fabric")
+            out.append((switch_names[idx], idx, f.start_frac * self.duration_ns, f.end_frac * self.duration_ns, f.factor))
+        return out
+
+    def _busiest_dp_switch(self, placement) -> int:
+        """The spine (or else leaf) crossed by most DP ring edges of the first DP job."""
+        fab = self.fabric
+        for spec in self.jobs:
+            if spec.dp < 2:
+                continue
+            base = placement[spec.name][0] * fab.gpus_per_server
+            t, d, p = np.meshgrid(np.arange(spec.tp), np.arange(spec.dp), np.arange(spec.pp), indexing="ij")
+            a = base + spec.rank(t, d, p).ravel()
+            b = base + spec.rank(t, (d + 1) % spec.dp, p).ravel()
+            paths = fab.paths(a, b)
+            hops = paths[paths >= 0]
+            if hops.size == 0:
+                continue
+            spines = hops[(hops >= fab.groups * fab.gpus_per_server) & (hops < fab.storage_leaf)]
+            pool = spines if spines.size else hops
+            vals, counts = np.unique(pool, return_counts=True)
+            return int(vals[np.argmax(counts)])
+        raise ValueError("degraded switch 'auto' needs a job with dp >= 2 whose ring crosses a switch")
+
+    def _storage_noise(self, cols: "_Columns", rng) -> None:
+        fab = self.fabric
+        n = rng.poisson(self.storage_flows_per_s * self.duration_ns / 1e9)
+        if n == 0 or fab.storage_hosts == 0:
+            return
+        start = np.sort(rng.uniform(0, self.duration_ns, n))
+        gpu = rng.integers(0, fab.n_gpus, n)
+        host = rng.integers(0, fab.storage_hosts, n)
+        to_storage = rng.random(n) < 0.3  # mostly reads (GPU <- storage)
+        size = np.minimum(rng.lognormal(np.log(1 << 20), 1.0, n), 256 << 20).astype(np.int64) + 4096
+        dur = fab.latency_ns + size / fab.bytes_per_ns * rng.uniform(1.0, 1.5, n)
+        # storage hosts get NIC indices after the GPUs
+        s_node = np.where(to_storage, gpu, fab.n_gpus + host)
+        d_node = np.where(to_storage, fab.n_gpus + host, gpu)
+        cols.add(start, dur, s_node, d_node, size, fab.storage_paths(gpu, to_storage, host))
+
+
+def flows_pair_keys(cols: "_Columns", duration_ns: float, n_gpus: int) -> np.ndarray:
+    """Unordered GPU pair keys (lo * n + hi) of flows inside the window."""
+    start = np.concatenate(cols.start) if cols.start else np.empty(0)
+    a = np.concatenate(cols.src) if cols.src else np.empty(0, np.int64)
+    b = np.concatenate(cols.dst) if cols.dst else np.empty(0, np.int64)
+    keep = (start >= 0) & (start < duration_ns) & (a < n_gpus) & (b < n_gpus)
+    lo, hi = np.minimum(a[keep], b[keep]), np.maximum(a[keep], b[keep])
+    return np.unique(lo * n_gpus + hi)
+
+
+class _Columns:
+    """Flow columns accumulated as arrays; turned into a frame once at the end."""
+
+    def __init__(self):
+        self.start, self.dur, self.src, self.dst, self.size, self.path = [], [], [], [], [], []
+
+    def add(self, start, dur, src, dst, size, paths):
+        n = len(start)
+        if n == 0:
+            return
+        self.start.append(np.asarray(start, dtype=np.float64))
+        self.dur.append(np.broadcast_to(np.asarray(dur, dtype=np.float64), (n,)))
+        self.src.append(np.broadcast_to(np.asarray(src, dtype=np.int64), (n,)))
+        self.dst.append(np.broadcast_to(np.asarray(dst, dtype=np.int64), (n,)))
+        self.size.append(np.broadcast_to(np.asarray(size, dtype=np.int64), (n,)))
+        self.path.append(np.broadcast_to(np.asarray(paths, dtype=np.int64), (n, 3)))
+
+    def frame(self, fab: Fabric, switch_names: list[str], duration_ns: float) -> pd.DataFrame:
+        start = np.concatenate(self.start)
+        keep = (start >= 0) & (start < duration_ns)
+        start = start[keep]
+        order = np.argsort(start, kind="stable")
+        take = lambda xs: np.concatenate(xs)[keep][order]  # noqa: E731
+        start = start[order]
+        dur = take(self.dur)
+        src, dst, size = take(self.src), take(self.dst), take(self.size)
+        paths = np.concatenate(self.path)[keep][order]
+        # switches strings: one per distinct path, then a categorical
+        uniq, inv = np.unique(paths, axis=0, return_inverse=True)
+        names = np.array(switch_names + [""], dtype=object)
+        path_str = ["|".join(names[x] for x in row if x >= 0) for row in uniq]
+        n_gpu = fab.n_gpus
+        addr = [fab.gpu_ip(g) for g in range(n_gpu)] + [fab.storage_ip(h) for h in range(fab.storage_hosts)]
+        addr_cat = pd.Index(addr, dtype=object)
+        return pd.DataFrame(
+            {
+                "start_ns": EPOCH_NS + np.round(start).astype(np.int64),
+                "duration_ns": np.maximum(np.round(dur), 1).astype(np.int64),
+                "src": pd.Categorical.from_codes(src, categories=addr_cat),
+                "dst": pd.Categorical.from_codes(dst, categories=addr_cat),
+                "size": size.astype(np.int64),
+                "switches": pd.Categorical.from_codes(inv.ravel(), categories=pd.Index(path_str, dtype=object)),
+            }
+        )
+
+
+class _JobSimulation:
+    """One job, step by step, from before the window start to past its end."""
+
+    def __init__(self, gen: ClusterGenerator, spec: JobSpec, servers: np.ndarray, rng, degraded):
+        self.gen, self.spec, self.rng = gen, spec, rng
+        fab = gen.fabric
+        self.fab = fab
+        self.degraded = degraded
+        self.base = int(servers[0]) * fab.gpus_per_server
+        self.servers = servers
+        T, D, P = spec.tp, spec.dp, spec.pp
+        t, d, p = np.meshgrid(np.arange(T), np.arange(D), np.arange(P), indexing="ij")
+        self.gpu = self.base + spec.rank(t, d, p)  # (T, D, P) global GPU index
+        # PP pairs: (t, d, p) -> (t, d, p+1)
+        self.pp_a = self.gpu[:, :, :-1]
+        self.pp_b = self.gpu[:, :, 1:]
+        # DP ring edges: (t, d, p) -> (t, d+1 mod D, p)
+        self.dp_a = self.gpu
+        self.dp_b = np.roll(self.gpu, -1, axis=1)
+        # fixed per-edge properties
+        self.uniform_edge = rng.random(self.dp_a.shape) < gen.uniform_dp_share
+        self.buckets = spec.bucket_sizes()
+        fault_rng = rng  # faults add no draws: the twin stays identical
+        del fault_rng
+        self._paths = {}
+
+    # path helpers ---------------------------------------------------------
+    def _pair_info(self, a, b):
+        paths = self.fab.paths(a.ravel(), b.ravel()).reshape(a.shape + (3,))
+        net = paths[..., 0] >= 0
+        return paths, net
+
+    def _bw_factor(self, paths, t_ns: float):
+        """Bandwidth multiplier per pair at time t (min over degraded switches)."""
+        f = np.ones(paths.shape[:-1])
+        for _, idx, t0, t1, factor in self.degraded:
+            if t0 <= t_ns < t1:
+                f = np.where((paths == idx).any(axis=-1), np.minimum(f, factor), f)
+        return f
+
+    def _xfer(self, size, paths, net, factor):
+        fab = self.fab
+        return np.where(net, fab.latency_ns + size / (fab.bytes_per_ns * factor), size / fab.nvlink_bytes_per_ns)
+
+    # ----------------------------------------------------------------------
+    def run(self, cols: _Columns, truth_pairs, truth_steps, truth_faults):
+        gen, spec, fab, rng = self.gen, self.spec, self.fab, self.rng
+        T, D, P, M = spec.tp, spec.dp, spec.pp, spec.microbatches
+        window = gen.duration_ns
+        # the job started before the window: its first step is cut by the window start
+        t = -rng.uniform(0.2, 0.8) * spec.lower_bound_step_ns()
+        pp_paths, pp_net = self._pair_info(self.pp_a, self.pp_b)
+        pp_back_paths, _ = self._pair_info(self.pp_b, self.pp_a)
+        dp_paths, dp_net = self._pair_info(self.dp_a, self.dp_b)
+        self._record_pairs(truth_pairs, pp_net, dp_net)
+
+        faults = [f for f in gen.faults if getattr(f, "job", None) == spec.name] if gen.with_faults else []
+        slow_cells = np.zeros((D, P), dtype=bool)
+        slow_server = None
+        for f in faults:
+            if isinstance(f, SlowServer):
+                srv = self.servers[f.server]
+                gpus_on = (self.gpu // fab.gpus_per_server) == srv  # (T, D, P)
+                slow_cells = gpus_on.any(axis=0)
+                slow_server = (f, srv)
+
+        sim_step = 0
+        whole = -1  # index among whole steps in the window
+        prev_end = t
+        while t < window:
+            # fixed-shape draws for this step (identical with and without faults)
+            jit = rng.lognormal(0.0, spec.jitter, size=(2, M, D, P))
+            split_draw = rng.random((2, M, T, D, max(P - 1, 1)))
+            split_frac = rng.uniform(0.3, 0.7, size=(2, M, T, D, max(P - 1, 1)))
+            flow_noise = rng.lognormal(0.0, 0.02, size=(T, D, P))
+            k = whole + 1 if sim_step > 0 else -1  # the whole-step index this step would get
+            factor = np.ones((D, P))
+            for f in faults:
+                if isinstance(f, SlowStep) and f.step == k:
+                    factor *= f.factor
+                if isinstance(f, SlowServer) and k >= f.from_step:
+                    factor = np.where(slow_cells, factor * f.factor, factor)
+            F = spec.fwd_ms * 1e6 * factor[None] * jit[0]
+            B = spec.fwd_ms * spec.bwd_ratio * 1e6 * factor[None] * jit[1]
+            # PP transfer times at this step's bandwidth, slowest TP rail gates the stage
+            f_pp = self._bw_factor(pp_paths, t)
+            f_ppb = self._bw_factor(pp_back_paths, t)
+            xf_rail = self._xfer(spec.activation_bytes, pp_paths, pp_net, f_pp)  # (T, D, P-1)
+            xb_rail = self._xfer(spec.activation_bytes, pp_back_paths, pp_net, f_ppb)
+            xf = xf_rail.max(axis=0) if P > 1 else np.zeros((D, 0))
+            xb = xb_rail.max(axis=0) if P > 1 else np.zeros((D, 0))
+            sF, eF, sB, eB = one_f_one_b(F, B, xf, xb, t)
+
+            last_flow_end = self._emit_pp(cols, eF, eB, xf_rail, xb_rail, pp_paths, pp_back_paths, pp_net, split_draw, split_frac)
+            dp_end = self._emit_dp(cols, eB, dp_paths, dp_net, flow_noise, t)
+            step_end = max(last_flow_end, dp_end)
+            if P == 1 and D == 1:
+                step_end = float(eB.max())
+            if sim_step > 0 and prev_end >= 0 and step_end <= window:
+                whole += 1
+                truth_steps.append((spec.name, whole, prev_end, step_end))
+                for f in faults:
+                    if isinstance(f, SlowStep) and f.step == whole:
+                        truth_faults.append(("slow_step", spec.name, whole, prev_end, step_end, "", f.factor))
+                    if isinstance(f, SlowServer) and f.from_step == whole:
+                        servers = "|".join(sorted({fab.server_name(s) for s in np.unique(self.gpu[:, slow_cells] // fab.gpus_per_server)}))
+                        truth_faults.append(("slow_group", spec.name, whole, prev_end, window, servers, f.factor))
+            elif sim_step > 0 and prev_end >= 0:
+                break  # ends past the window
+            prev_end = step_end
+            t = step_end + spec.optimizer_ms * 1e6
+            sim_step += 1
+        del slow_server
+
+    def _record_pairs(self, truth_pairs, pp_net, dp_net):
+        spec = self.spec
+        frames = []
+        if spec.pp > 1:
+            a, b = self.pp_a[pp_net], self.pp_b[pp_net]
+            frames.append(pd.DataFrame({"job_id": spec.name, "a": np.minimum(a, b), "b": np.maximum(a, b), "type": "PP"}))
+        if spec.dp > 1:
+            a, b = self.dp_a[dp_net], self.dp_b[dp_net]
+            frames.append(pd.DataFrame({"job_id": spec.name, "a": np.minimum(a, b), "b": np.maximum(a, b), "type": "DP"}))
+        truth_pairs.extend(frames)
+
+    def _emit_pp(self, cols, eF, eB, xf_rail, xb_rail, pp_paths, pp_back_paths, pp_net, split_draw, split_frac) -> float:
+        spec = self.spec
+        T, D, P, M = spec.tp, spec.dp, spec.pp, spec.microbatches
+        if P == 1:
+            return -np.inf
+        last = -np.inf
+        size = spec.activation_bytes
+        for direction in (0, 1):
+            if direction == 0:  # forward: stage p -> p+1 after F(p, m)
+                t_send = eF[:, :, :-1]  # (M, D, P-1)
+                dur = xf_rail  # (T, D, P-1)
+                a, b, paths = self.pp_a, self.pp_b, pp_paths
+            else:  # backward: stage p+1 -> p after B(p+1, m)
+                t_send = eB[:, :, 1:]
+                dur = xb_rail
+                a, b, paths = self.pp_b, self.pp_a, pp_back_paths
+            start = np.broadcast_to(t_send[:, None], (M, T, D, P - 1))
+            d = np.broadcast_to(dur[None], (M, T, D, P - 1))
+            net = np.broadcast_to(pp_net[None], (M, T, D, P - 1))
+            split = (split_draw[direction][..., : P - 1] < self.gen.split_pp_prob) & net
+            whole = net & ~split
+            aa = np.broadcast_to(a[None], start.shape)
+            bb = np.broadcast_to(b[None], start.shape)
+            pth = np.broadcast_to(paths[None], start.shape + (3,))
+            cols.add(start[whole], d[whole], aa[whole], bb[whole], size, pth[whole])
+            if split.any():
+                s1 = (size * split_frac[direction][..., : P - 1][split]).astype(np.int64) // 4096 * 4096
+                s2 = size - s1
+                frac1 = s1 / size
+                cols.add(start[split], d[split] * frac1, aa[split], bb[split], s1, pth[split])
+                cols.add(start[split] + d[split] * frac1, d[split] * (1 - frac1), aa[split], bb[split], s2, pth[split])
+            if net.any():
+                last = max(last, float((start + d)[net].max()))
+        return last
+
+    def _emit_dp(self, cols, eB, dp_paths, dp_net, flow_noise, t_step) -> float:
+        """Ring all-reduce per stage once every replica finished its backwards."""
+        spec, fab = self.spec, self.fab
+        T, D, P = spec.tp, spec.dp, spec.pp
+        if D == 1:
+            return -np.inf
+        bw = fab.bytes_per_ns * self._bw_factor(dp_paths, t_step) / flow_noise  # (T, D, P) per edge
+        msg = spec.message_bytes
+        end = -np.inf
+        for p in range(P):
+            t0 = float(eB[-1, :, p].max())  # the collective starts when all members are ready
+            net = dp_net[:, :, p]  # (T, D)
+            bw_p = bw[:, :, p]
+            uni = self.uniform_edge[:, :, p]
+            offset = np.zeros(T)  # per rail: rings on different rails run independently
+            for bucket in self.buckets:
+                chunk = -(-int(bucket) // D)
+                n_full, rem = divmod(chunk, msg)
+                sizes = np.array([msg] * n_full + ([rem] if rem else []), dtype=np.int64)
+                n_uni = max(1, int(round(chunk / msg)))
+                sizes_u = np.full(n_uni, min(msg, chunk) if chunk < msg else msg, dtype=np.int64)
+                # ring step time per rail = slowest edge of that rail's ring
+                edge_t = np.where(net, fab.latency_ns + chunk / bw_p, chunk / fab.nvlink_bytes_per_ns)
+                step_t = edge_t.max(axis=1)  # (T,)
+                R = 2 * (D - 1)
+                r = np.arange(R)
+                for sz, mask in ((sizes, net & ~uni), (sizes_u, net & uni)):
+                    if not mask.any():
+                        continue
+                    ti, di = np.nonzero(mask)
+                    offs = np.concatenate([[0], np.cumsum(sz)[:-1]])
+                    # flows: (edge, ring step, message)
+                    base = t0 + offset[ti][:, None, None] + r[None, :, None] * step_t[ti][:, None, None]
+                    st = base + offs[None, None, :] / bw_p[ti, di][:, None, None]
+                    du = fab.latency_ns + sz[None, None, :] / bw_p[ti, di][:, None, None]
+                    du = np.broadcast_to(du, st.shape)
+                    shape = st.shape
+                    a = np.broadcast_to(self.dp_a[ti, di, p][:, None, None], shape)
+                    b = np.broadcast_to(self.dp_b[ti, di, p][:, None, None], shape)
+                    s = np.broadcast_to(sz[None, None, :], shape)
+                    pth = np.broadcast_to(dp_paths[ti, di, p][:, None, None, :], shape + (3,))
+                    cols.add(st.ravel(), du.ravel(), a.ravel(), b.ravel(), s.ravel(), pth.reshape(-1, 3))
+                    end = max(end, float((st + du).max()))
+                offset = offset + R * step_t
+        return end

@@ -1,0 +1,27 @@
+import shutil
+from pathlib import Path
+
+import pytest
+
+from synthetic import preset
+
+DATA = Path(__file__).parent / "data"
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_cluster():
+    """The SYNTHETIC tiny preset, seed 0, generated once per test session."""
+    return preset("tiny", seed=0).generate()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tiny_cluster, tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    tiny_cluster.write(d)
+    return d
+
+
+@pytest.fixture
+def data_dir():
+    return DATA

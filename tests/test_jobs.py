@@ -1,0 +1,104 @@
+"""Job recognition (LLMPrism Algorithm 1) against the generator's ground truth."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from prism.evaluation import adjusted_rand_index
+from prism.jobs import JobRecognizer, gpu_clusters, merge_identical_server_sets
+from prism.replay import replay
+from prism.topology import Topology
+from synthetic import preset
+
+
+def _score(found: pd.DataFrame, truth: pd.DataFrame) -> tuple[float, int, int]:
+    f = found.set_index("ip")["job_id"].reindex(truth["ip"])
+    missing = int(f.isna().sum())
+    extra = len(set(found["ip"]) - set(truth["ip"]))
+    return adjusted_rand_index(truth["job_id"], f.fillna("<none>")), missing, extra
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5])
+def test_exact_job_recognition_on_generator_seeds(seed, tmp_path):
+    cluster = preset("tiny", seed=seed).generate()
+    path = cluster.write(tmp_path)
+    res = replay([str(path)], Topology.from_csv(tmp_path / "topology.csv"), progress=False)
+    ari, missing, extra = _score(res.jobs, cluster.jobs)
+    assert (ari, missing, extra) == (1.0, 0, 0)
+    assert res.jobs["job_id"].nunique() == cluster.jobs["job_id"].nunique() == 4
+
+
+def test_rail_split_jobs_need_the_server_set_merge(tiny_cluster):
+    """TP=8 jobs never cross rails: union-find alone splits them per rail."""
+    topo = Topology.from_frame(tiny_cluster.topology)
+    flows = tiny_cluster.flows
+    a = topo.nic_index(flows["src"])
+    b = topo.nic_index(flows["dst"])
+    gpu = (a >= 0) & (b >= 0)
+    raw = JobRecognizer(topo, merge_rails=False).partial_fit_pairs(a[gpu], b[gpu])
+    labels = raw.labels()
+    truth = tiny_cluster.jobs.assign(nic=topo.ips.get_indexer(tiny_cluster.jobs["ip"]))
+    clusters_per_job = truth.assign(c=labels[truth["nic"]]).groupby("job_id")["c"].nunique()
+    # the TP=8 jobs are 8 rail clusters each; the TP=4 job's DP rings hop
+    # between rails r and r+4 across servers (NVLink joins them inside one),
+    # which on the network is 8 clusters too, each spanning two rails
+    assert clusters_per_job.to_dict() == {"tp4-pp2-dp4": 8, "tp8-dp4": 8, "tp8-pp2-dp2": 8, "tp8-pp3": 8}
+    rails = tiny_cluster.topology["rail"].to_numpy()
+    tp4 = truth[truth.job_id == "tp4-pp2-dp4"]
+    assert (pd.Series(rails[tp4["nic"]]).groupby(labels[tp4["nic"]]).nunique() == 2).all()
+    merged = JobRecognizer(topo).partial_fit_pairs(a[gpu], b[gpu]).predict()
+    assert _score(merged, tiny_cluster.jobs)[0] == 1.0
+
+
+def test_storage_traffic_is_kept_out_of_jobs(tiny_dir, tiny_cluster):
+    res = replay([str(tiny_dir / "flows.parquet")], Topology.from_csv(tiny_dir / "topology.csv"), progress=False)
+    storage = tiny_cluster.flows["src"].astype(str).str.startswith("10.200.") | tiny_cluster.flows["dst"].astype(str).str.startswith("10.200.")
+    assert storage.sum() > 50
+    assert res.ignored["non_gpu_address"] == int(storage.sum())
+    assert res.flows_gpu == len(tiny_cluster.flows) - int(storage.sum())
+    assert not res.jobs["ip"].str.startswith("10.200.").any()
+    # a GPU that only talks to storage would have joined a job if storage counted
+    assert set(res.jobs["ip"]) == set(tiny_cluster.jobs["ip"])
+
+
+def test_storage_host_bridging_two_jobs_does_not_merge_them():
+    """One storage host serving two jobs must not glue them into one."""
+    topo = Topology.from_frame(pd.DataFrame({"ip": [f"10.0.{s}.{g}" for s in range(4) for g in (1, 2)], "server": [f"s{s}" for s in range(4) for _ in (1, 2)]}))
+    flows = pd.DataFrame(
+        {
+            "src": ["10.0.0.1", "10.0.2.1", "10.0.0.2", "10.9.9.9", "10.9.9.9"],
+            "dst": ["10.0.1.1", "10.0.3.1", "10.0.1.2", "10.0.0.1", "10.0.2.1"],
+        }
+    )
+    a, b = topo.nic_index(flows["src"]), topo.nic_index(flows["dst"])
+    gpu = (a >= 0) & (b >= 0)
+    jobs = JobRecognizer(topo).partial_fit_pairs(a[gpu], b[gpu]).predict()
+    assert jobs.groupby("job_id")["server"].agg(lambda s: tuple(sorted(set(s)))).sort_values().tolist() == [("s0", "s1"), ("s2", "s3")]
+
+
+def test_gpu_clusters_union_find():
+    labels = gpu_clusters(np.array([0, 1, 5]), np.array([1, 2, 6]), 8)
+    assert labels.tolist() == [0, 0, 0, -1, -1, 1, 1, -1]
+
+
+def test_merge_keeps_different_server_sets_apart():
+    # clusters 0,1 on servers {0,1}; cluster 2 on {0,1,2}: not identical, not merged
+    clusters = np.array([0, 1, 0, 1, 2, 2, 2])
+    servers = np.array([0, 0, 1, 1, 0, 1, 2])
+    assert merge_identical_server_sets(clusters, servers).tolist() == [0, 0, 0, 0, 1, 1, 1]
+
+
+def test_job_ids_are_stable_across_runs(tiny_cluster):
+    topo = Topology.from_frame(tiny_cluster.topology)
+    flows = tiny_cluster.flows
+    a, b = topo.nic_index(flows["src"]), topo.nic_index(flows["dst"])
+    g = (a >= 0) & (b >= 0)
+    first = JobRecognizer(topo).partial_fit_pairs(a[g], b[g]).predict()
+    half = len(a) // 2
+    r = JobRecognizer(topo).partial_fit_pairs(a[g][half:], b[g][half:]).partial_fit_pairs(a[g][:half], b[g][:half])
+    pd.testing.assert_frame_equal(first, r.predict())
+
+
+def test_adjusted_rand_index_detects_a_wrong_partition():
+    assert adjusted_rand_index([0, 0, 1, 1], ["x", "x", "y", "y"]) == 1.0
+    assert adjusted_rand_index([0, 0, 1, 1], [0, 1, 0, 1]) < 0
+    assert 0 < adjusted_rand_index([0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]) < 1

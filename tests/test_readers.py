@@ -1,0 +1,184 @@
+"""Readers: every format, gzip, stdin, chunking, malformed rows, missing columns."""
+import gzip
+import io
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from prism.readers import FlowReader, detect_format, read_flows
+from prism.records import FlowFormatError, RejectCounter
+from synthetic.generator import write_flows
+
+FORMATS = ["csv", "csv.gz", "parquet", "jsonl", "jsonl.gz"]
+
+
+@pytest.fixture(scope="module")
+def sample(tiny_cluster):
+    """3,000 synthetic flows, with storage traffic among them."""
+    return tiny_cluster.flows.iloc[::30].head(3000).reset_index(drop=True)
+
+
+def _canon(df):
+    out = df[["start_ns", "duration_ns", "src", "dst", "size", "switches"]].copy()
+    for c in ("src", "dst", "switches"):
+        out[c] = out[c].astype(str)
+    return out.reset_index(drop=True)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip_every_format(sample, tmp_path, fmt):
+    path = tmp_path / f"flows.{fmt}"
+    write_flows(sample, path)
+    rejects = RejectCounter()
+    got = pd.concat(list(FlowReader(str(path), rejects=rejects)), ignore_index=True)
+    assert rejects.total == 0
+    pd.testing.assert_frame_equal(_canon(got), _canon(sample))
+    assert got["start_ns"].dtype == np.int64
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_chunking_streams_in_pieces(sample, tmp_path, fmt):
+    path = tmp_path / f"flows.{fmt}"
+    write_flows(sample, path)
+    reader = FlowReader(str(path), chunk_rows=257)
+    chunks = list(reader)
+    assert len(chunks) >= len(sample) // 257  # really in pieces
+    assert max(len(c) for c in chunks) <= 257
+    assert reader.rows_read == len(sample)
+    pd.testing.assert_frame_equal(_canon(pd.concat(chunks, ignore_index=True)), _canon(sample))
+
+
+def test_gzipped_parquet(sample, tmp_path):
+    path = tmp_path / "flows.parquet"
+    write_flows(sample, path)
+    with open(path, "rb") as f, gzip.open(tmp_path / "flows.parquet.gz", "wb") as g:
+        shutil.copyfileobj(f, g)
+    got = pd.concat(list(FlowReader(str(tmp_path / "flows.parquet.gz"))), ignore_index=True)
+    pd.testing.assert_frame_equal(_canon(got), _canon(sample))
+
+
+def test_stdin_jsonl(sample, tmp_path):
+    path = tmp_path / "flows.jsonl"
+    write_flows(sample, path)
+    got = pd.concat(list(FlowReader("-", chunk_rows=500, stdin=io.BytesIO(path.read_bytes()))), ignore_index=True)
+    pd.testing.assert_frame_equal(_canon(got), _canon(sample))
+
+
+def test_stdin_through_the_cli(sample, tmp_path, data_dir):
+    path = tmp_path / "flows.jsonl"
+    write_flows(sample, path)
+    topo = tmp_path / "topology.csv"
+    from synthetic import preset
+
+    pd.DataFrame(preset("tiny").fabric.topology_rows()).to_csv(topo, index=False)
+    out = tmp_path / "out"
+    with open(path, "rb") as f:
+        proc = subprocess.run(
+            [sys.executable, "-m", "prism", "replay", "-", "--topology", str(topo), "--out", str(out), "--no-progress"],
+            stdin=f, capture_output=True, text=True, timeout=120,
+        )
+    assert proc.returncode == 0, proc.stderr
+    assert f"read {len(sample):,} rows" in proc.stdout
+    assert (out / "jobs.csv").read_text().startswith("job_id,ip\n")
+
+
+def test_nanosecond_precision_survives(tmp_path):
+    t = 1767225600123456789
+    (tmp_path / "f.csv").write_text(f"start_ns,duration_ns,src,dst,size,switches\n{t},1,10.0.0.1,10.0.0.2,1,\n")
+    (tmp_path / "f.jsonl").write_text(f'{{"start_ns": {t}, "duration_ns": 1, "src": "10.0.0.1", "dst": "10.0.0.2", "size": 1, "switches": ""}}\n')
+    for name in ("f.csv", "f.jsonl"):
+        (df,) = list(FlowReader(str(tmp_path / name)))
+        assert int(df["start_ns"].iloc[0]) == t
+
+
+def test_malformed_csv_counted_per_reason_with_lines(data_dir):
+    rejects = RejectCounter()
+    reader = FlowReader(str(data_dir / "malformed.csv"), rejects=rejects)
+    good = pd.concat(list(reader), ignore_index=True)
+    assert len(good) == 4
+    assert reader.rows_read == 10
+    assert rejects.as_dict() == {
+        "malformed_row": 1,
+        "bad_number": 1,
+        "negative_duration": 1,
+        "negative_size": 1,
+        "empty_address": 1,
+        "bad_address": 1,
+    }
+    ex = {k: v[0] for k, v in rejects.examples.items()}
+    assert "malformed.csv:line 4" in ex["malformed_row"]
+    assert "malformed.csv:line 5: size='4k'" in ex["bad_number"]
+    assert "line 6: duration_ns='-7'" in ex["negative_duration"]
+    assert "line 7: size='-1'" in ex["negative_size"]
+    assert "line 8: src=''" in ex["empty_address"]
+    assert "line 9: src='gpu-seven'" in ex["bad_address"]
+    assert good["start_ns"].tolist() == [1767225600000000001, 1767225600000000002, 1767225600000000009, 1767225600000000010]
+
+
+def test_malformed_jsonl_counted_per_reason_with_lines(data_dir):
+    rejects = RejectCounter()
+    reader = FlowReader(str(data_dir / "malformed.jsonl"), rejects=rejects)
+    good = pd.concat(list(reader), ignore_index=True)
+    assert good["start_ns"].tolist() == [1767225600000000001, 1767225600000000006, 1767225600000000008]
+    assert rejects.as_dict() == {"malformed_row": 2, "bad_number": 1, "empty_address": 1}
+    assert [e.rsplit(":", 1)[1] for e in rejects.examples["malformed_row"]] == ["line 2"]
+    assert "malformed.jsonl:line 5: start_ns='12x'" in rejects.examples["bad_number"][0]
+    assert "malformed.jsonl:line 7: dst=None" in rejects.examples["empty_address"][0]
+    assert good["src_qp"].isna().tolist() == [True, True, False]
+
+
+def test_malformed_rows_in_a_clean_stream_only_cost_their_block(sample, tmp_path):
+    """A bad line among thousands: the rest of its block is still read."""
+    path = tmp_path / "flows.jsonl"
+    write_flows(sample, path)
+    lines = path.read_text().splitlines()
+    lines.insert(1500, "\x00\x01 binary garbage")
+    path.write_text("\n".join(lines) + "\n")
+    rejects = RejectCounter()
+    got = pd.concat(list(FlowReader(str(path), rejects=rejects, chunk_rows=1000)), ignore_index=True)
+    assert rejects.as_dict() == {"malformed_row": 1}
+    assert rejects.examples["malformed_row"][0].endswith(":line 1501")
+    pd.testing.assert_frame_equal(_canon(got), _canon(sample))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "jsonl"])
+def test_missing_column_names_file_and_column(sample, tmp_path, fmt):
+    path = tmp_path / f"flows.{fmt}"
+    write_flows(sample.drop(columns=["size"]), path)
+    with pytest.raises(FlowFormatError) as err:
+        list(FlowReader(str(path)))
+    msg = str(err.value)
+    assert str(path) in msg and "'size'" in msg
+
+
+def test_unknown_extension_is_a_clear_error(tmp_path):
+    with pytest.raises(FlowFormatError, match="cannot tell the format"):
+        detect_format(str(tmp_path / "flows.txt"))
+
+
+def test_missing_file():
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        FlowReader("/nonexistent/flows.csv")
+
+
+def test_ipv6_spellings_are_one_address(tmp_path):
+    (tmp_path / "f.csv").write_text(
+        "start_ns,duration_ns,src,dst,size,switches\n1,1,FE80:0:0::1,fe80::2,1,\n2,1,fe80::1,fe80:0::2,1,\n"
+    )
+    (df,) = list(read_flows([str(tmp_path / "f.csv")]))
+    assert df["src"].astype(str).tolist() == ["fe80::1", "fe80::1"]
+    assert df["dst"].astype(str).tolist() == ["fe80::2", "fe80::2"]
+
+
+def test_parquet_with_wrong_types_is_validated(tmp_path):
+    df = pd.DataFrame({"start_ns": ["1", "x"], "duration_ns": [1.0, 2.5], "src": ["10.0.0.1"] * 2, "dst": ["10.0.0.2"] * 2, "size": [1, 2], "switches": ["", ""]})
+    df.to_parquet(tmp_path / "f.parquet")
+    rejects = RejectCounter()
+    (got,) = list(FlowReader(str(tmp_path / "f.parquet"), rejects=rejects))
+    assert len(got) == 1 and rejects.as_dict() == {"bad_number": 1}
+    assert "f.parquet:row 2: start_ns='x'" in rejects.examples["bad_number"][0]
