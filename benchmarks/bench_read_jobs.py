@@ -1,10 +1,13 @@
 """Benchmark: generate the SYNTHETIC 'large' preset, then read + recognise jobs.
 
-Prints generation throughput and, per flow format, replay (read + job
-recognition) throughput and peak memory. Each replay runs in its own process
-so that its peak RSS is its own.
+Prints a Markdown table: generation throughput and, per flow format, replay
+(read + job recognition) throughput and peak memory.
 
-    python benchmarks/bench_read_jobs.py [--data DIR] [--formats parquet,csv.gz]
+Every step runs in its own process, started from this small one: Linux keeps
+a process's peak RSS across exec, so a replay forked from a parent that held
+the generated cluster would report the parent's memory as its own.
+
+    python benchmarks/bench_read_jobs.py [--data DIR] [--formats parquet,csv]
 """
 from __future__ import annotations
 
@@ -16,6 +19,22 @@ import tempfile
 import time
 from pathlib import Path
 
+GENERATE = """
+import sys, time
+from pathlib import Path
+from synthetic import preset
+from synthetic.generator import write_flows
+out, name, formats = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
+t = time.perf_counter()
+c = preset(name).generate()
+gen_s = time.perf_counter() - t
+c.write(out)
+for fmt in formats:
+    if fmt != "parquet":
+        write_flows(c.flows, out / f"flows.{fmt}")
+print(len(c.flows), c.jobs["ip"].nunique(), gen_s)
+"""
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -23,21 +42,17 @@ def main() -> int:
     ap.add_argument("--preset", default="large")
     ap.add_argument("--formats", default="parquet,csv", help="comma-separated flow formats to time")
     args = ap.parse_args()
-    from synthetic import preset
-    from synthetic.generator import write_flows
-
     data = Path(args.data or tempfile.mkdtemp(prefix="prism-bench-"))
-    t = time.perf_counter()
-    cluster = preset(args.preset).generate()
-    gen_s = time.perf_counter() - t
-    n = len(cluster.flows)
-    gpus = cluster.jobs["ip"].nunique()
-    cluster.write(data)
+    data.mkdir(parents=True, exist_ok=True)
+    formats = args.formats.split(",")
+    gen = subprocess.run([sys.executable, "-c", GENERATE, str(data), args.preset, ",".join(formats)], check=True, capture_output=True, text=True)
+    n, gpus, gen_s = gen.stdout.split()
+    n, gpus, gen_s = int(n), int(gpus), float(gen_s)
+    print("| step | wall time | throughput | peak memory |")
+    print("|---|---|---|---|")
     print(f"| generate `{args.preset}` ({gpus:,} GPUs, {n:,} flows) | {gen_s:.1f} s | {n / gen_s:,.0f} flows/s | |")
-    for fmt in args.formats.split(","):
+    for fmt in formats:
         path = data / f"flows.{fmt}"
-        if not path.exists():
-            write_flows(cluster.flows, path)
         out = data / f"replay-{fmt}"
         t = time.perf_counter()
         subprocess.run(
@@ -47,9 +62,10 @@ def main() -> int:
         wall = time.perf_counter() - t
         summary = json.loads((out / "summary.json").read_text())
         rows = summary["rows_read"]
-        peak = f"{summary['peak_rss_mib']:,.0f} MiB"
-        print(f"| replay (read + jobs), {fmt}, {path.stat().st_size / 2**20:,.0f} MiB | {wall:.1f} s | {rows / wall:,.0f} flows/s | {peak} |")
-    del cluster
+        print(
+            f"| `prism replay` (read + jobs), {fmt}, {path.stat().st_size / 2**20:,.0f} MiB "
+            f"| {wall:.1f} s | {rows / wall:,.0f} flows/s | {summary['peak_rss_mib']:,.0f} MiB |"
+        )
     return 0
 
 

@@ -26,7 +26,7 @@ def _add_synth(sub):
             "OUT/flows.<format>, OUT/topology.csv, OUT/truth/{jobs,pairs,steps,faults}.csv and OUT/manifest.json."
         ),
     )
-    p.add_argument("--preset", default="demo", choices=["tiny", "demo", "large"], help="cluster size and jobs (default: %(default)s)")
+    p.add_argument("--preset", default="demo", choices=["tiny", "demo", "large", "accuracy"], help="cluster size and jobs (default: %(default)s)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="capture window (default: the preset's)")
@@ -53,6 +53,10 @@ def _add_replay(sub):
     p.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.add_argument(
+        "--stop-after", choices=["jobs", "pairs"], default="pairs",
+        help="last analysis to run: 'jobs' is a quick job inventory whose memory does not grow with the flows (default: %(default)s)",
+    )
     p.set_defaults(func=cmd_replay)
 
 
@@ -67,7 +71,7 @@ def _add_demo(sub):
     )
     p.add_argument("--out", default=None, help="keep the cluster and the results here (default: a temporary directory)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    p.add_argument("--preset", default="demo", choices=["tiny", "demo", "large"], help="cluster (default: %(default)s)")
+    p.add_argument("--preset", default="demo", choices=["tiny", "demo", "large", "accuracy"], help="cluster (default: %(default)s)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -104,7 +108,7 @@ def cmd_replay(args) -> int:
 
     try:
         topo = Topology.from_csv(args.topology)
-        res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=args.progress)
+        res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=args.progress, stop_after=args.stop_after)
     except (FlowFormatError, FileNotFoundError) as e:
         print(f"prism replay: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

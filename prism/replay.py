@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from .jobs import JobRecognizer
+from .parallelism import ParallelismClassifier
 from .readers import DEFAULT_CHUNK_ROWS, FlowReader
 from .records import RejectCounter
 from .topology import Topology
@@ -60,6 +61,7 @@ class ReplayResult:
     last_ns: int | None = None
     jobs: pd.DataFrame | None = None
     job_spans: pd.DataFrame | None = None  # job_id, first_ns, last_ns, flows
+    pairs: pd.DataFrame | None = None  # job_id, src, dst, type
     seconds: float = 0.0
 
     def summary(self) -> dict:
@@ -69,6 +71,9 @@ class ReplayResult:
             for job_id, g in self.jobs.groupby("job_id", sort=True):
                 servers = sorted(g["server"].unique())
                 row = {"job_id": job_id, "gpus": int(len(g)), "servers": servers}
+                if self.pairs is not None:
+                    types = self.pairs.loc[self.pairs["job_id"] == job_id, "type"].value_counts()
+                    row.update(dp_pairs=int(types.get("DP", 0)), pp_pairs=int(types.get("PP", 0)))
                 if spans is not None and job_id in spans.index:
                     row.update(
                         flows=int(spans.at[job_id, "flows"]),
@@ -119,12 +124,34 @@ class _NicActivity:
         self.flows += np.bincount(src, minlength=len(self.flows))
 
 
+STAGES = ("jobs", "pairs")
+
+
+class _GpuFlows:
+    """Compact columns of the GPU flows the per-pair analyses need (24 B/flow)."""
+
+    def __init__(self):
+        self.parts: list[tuple] = []
+
+    def add(self, a, b, start, size):
+        self.parts.append((a.astype(np.int32), b.astype(np.int32), start, size))
+
+    def columns(self):
+        if not self.parts:
+            e = np.empty(0, dtype=np.int64)
+            return e, e, e, e
+        cols = [np.concatenate(c) for c in zip(*self.parts)]
+        self.parts = []
+        return cols
+
+
 def replay(
     paths,
     topology: Topology,
     out_dir: str | Path | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     progress: bool | None = None,
+    stop_after: str = "pairs",
 ) -> ReplayResult:
     """Read flow dumps, recognise jobs, and write the output contract.
 
@@ -139,34 +166,63 @@ def replay(
         Rows per chunk: bounds memory, whatever the input size.
     progress : bool, optional
         Show a progress bar (default: when stderr is a terminal).
-
-    Memory is O(chunk_rows + distinct GPU pairs + NICs), not O(flows).
+    stop_after : {"jobs", "pairs"}
+        Last analysis to run. ``"jobs"`` keeps memory at O(chunk_rows +
+        distinct GPU pairs); the per-pair analyses keep 24 bytes per GPU flow.
     """
     from tqdm.auto import tqdm
 
+    if stop_after not in STAGES:
+        raise ValueError(f"stop_after must be one of {STAGES}")
     t_start = time.perf_counter()
     res = ReplayResult(files=[str(p) for p in paths])
     recognizer = JobRecognizer(topology)
     activity = _NicActivity(len(topology))
+    gpu_flows = _GpuFlows() if stop_after != "jobs" else None
     for path in paths:
         reader = FlowReader(path, chunk_rows=chunk_rows, rejects=res.rejects)
         total = reader.bytes_total or None
         with tqdm(total=total, unit="B", unit_scale=True, desc=Path(str(path)).name, disable=(None if progress is None else not progress), leave=False) as bar:
             for chunk in reader:
-                _consume(chunk, topology, recognizer, activity, res)
+                _consume(chunk, topology, recognizer, activity, res, gpu_flows)
                 if total:
                     bar.update(reader.bytes_done - bar.n)
                 bar.set_postfix(rows=f"{reader.rows_read:,}", refresh=False)
         res.rows_read += reader.rows_read
     res.jobs = recognizer.predict()
     res.job_spans = _job_spans(res.jobs, topology, activity)
+    if gpu_flows is not None:
+        res.pairs = classify_pairs(gpu_flows, recognizer, topology, res.jobs)
     res.seconds = time.perf_counter() - t_start
     if out_dir is not None:
         write_outputs(res, Path(out_dir))
     return res
 
 
-def _consume(chunk: pd.DataFrame, topology: Topology, recognizer: JobRecognizer, activity: _NicActivity, res: ReplayResult) -> None:
+def classify_pairs(gpu_flows: _GpuFlows, recognizer: JobRecognizer, topology: Topology, jobs: pd.DataFrame) -> pd.DataFrame:
+    """``pairs.csv``: DP/PP per communicating GPU pair, ``src < dst`` as text."""
+    a, b, start, size = gpu_flows.columns()
+    if len(a) == 0:
+        return pd.DataFrame(columns=OUTPUT_COLUMNS["pairs.csv"])
+    labels = recognizer.labels()
+    pred = ParallelismClassifier().fit(a, b, start, size, labels).predict()
+    ips = topology.nics["ip"].to_numpy()
+    job_id = jobs.set_index("ip")["job_id"]
+    sa, sb = ips[pred["a"].to_numpy()], ips[pred["b"].to_numpy()]
+    swap = sa > sb
+    src, dst = np.where(swap, sb, sa), np.where(swap, sa, sb)
+    out = pd.DataFrame({"job_id": job_id.reindex(sa).to_numpy(), "src": src, "dst": dst, "type": pred["type"].to_numpy()})
+    return out.sort_values(["job_id", "src", "dst"]).reset_index(drop=True)
+
+
+def _consume(
+    chunk: pd.DataFrame,
+    topology: Topology,
+    recognizer: JobRecognizer,
+    activity: _NicActivity,
+    res: ReplayResult,
+    gpu_flows: _GpuFlows | None,
+) -> None:
     n = len(chunk)
     if n == 0:
         return
@@ -190,6 +246,8 @@ def _consume(chunk: pd.DataFrame, topology: Topology, recognizer: JobRecognizer,
     res.last_ns = hi if res.last_ns is None else max(res.last_ns, hi)
     recognizer.partial_fit_pairs(a, b)
     activity.update(a, b, start, end)
+    if gpu_flows is not None:
+        gpu_flows.add(a, b, start, chunk["size"].to_numpy()[gpu])
 
 
 def _job_spans(jobs: pd.DataFrame, topology: Topology, activity: _NicActivity) -> pd.DataFrame:
@@ -206,8 +264,10 @@ def write_outputs(res: ReplayResult, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     jobs = res.jobs if res.jobs is not None else pd.DataFrame(columns=["job_id", "ip"])
     jobs[OUTPUT_COLUMNS["jobs.csv"]].to_csv(out / "jobs.csv", index=False)
-    # filled in by the DP/PP, timeline and diagnosis stages
-    for name in ("pairs.csv", "steps.csv", "anomalies.csv"):
+    pairs = res.pairs if res.pairs is not None else pd.DataFrame(columns=OUTPUT_COLUMNS["pairs.csv"])
+    pairs[OUTPUT_COLUMNS["pairs.csv"]].to_csv(out / "pairs.csv", index=False)
+    # filled in by the timeline and diagnosis stages (issue 4)
+    for name in ("steps.csv", "anomalies.csv"):
         pd.DataFrame(columns=OUTPUT_COLUMNS[name]).to_csv(out / name, index=False)
     (out / "timeline.json").write_text(json.dumps(chrome_trace(res), indent=None) + "\n")
     (out / "summary.json").write_text(json.dumps(res.summary(), indent=2) + "\n")
@@ -263,5 +323,7 @@ def format_summary(res: ReplayResult) -> str:
         srv = j["servers"]
         srv_txt = srv[0] if len(srv) == 1 else f"{srv[0]}..{srv[-1]}"
         extra = f", {j['flows']:,} flows" if "flows" in j else ""
+        if "dp_pairs" in j:
+            extra += f", {j['dp_pairs']} DP / {j['pp_pairs']} PP pairs"
         lines.append(f"  {j['job_id']}  {j['gpus']:>5} GPUs on {len(srv):>4} servers ({srv_txt}){extra}")
     return "\n".join(lines)

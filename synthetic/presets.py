@@ -64,7 +64,28 @@ def _large(seed, with_faults, duration_s):
     return ClusterGenerator(fabric, jobs, duration_s=duration_s or 40.0, faults=faults, seed=seed, with_faults=with_faults, storage_flows_per_s=2000)
 
 
-PRESETS = {"tiny": _tiny, "demo": _demo, "large": _large}
+def _accuracy(seed, with_faults, duration_s):
+    """DP/PP accuracy: realistic step times (1-2 s) and the noise that fools
+    the size rule: 10% of DP ring edges with one message size, split PP
+    messages, and a job whose buckets split evenly into messages (every DP
+    message the same size)."""
+    jobs = [
+        JobSpec("tp8-pp4-dp2", tp=8, pp=4, dp=2, microbatches=8, fwd_ms=40, grad_bytes=512 * MiB, bucket_bytes=100 * MiB, message_bytes=16 * MiB),
+        JobSpec("tp8-pp2-dp4", tp=8, pp=2, dp=4, microbatches=8, fwd_ms=45, grad_bytes=384 * MiB, bucket_bytes=100 * MiB, message_bytes=16 * MiB),
+        JobSpec("tp4-pp2-dp4", tp=4, pp=2, dp=4, microbatches=8, fwd_ms=35, grad_bytes=256 * MiB, bucket_bytes=90 * MiB, message_bytes=16 * MiB),
+        JobSpec("tp8-dp8", tp=8, pp=1, dp=8, microbatches=8, fwd_ms=30, grad_bytes=384 * MiB, bucket_bytes=100 * MiB, message_bytes=16 * MiB),
+        JobSpec("tp8-pp4", tp=8, pp=4, dp=1, microbatches=8, fwd_ms=40),
+        JobSpec("tp8-pp2-dp2-even", tp=8, pp=2, dp=2, microbatches=8, fwd_ms=40, grad_bytes=256 * MiB, bucket_bytes=64 * MiB, message_bytes=16 * MiB),
+    ]
+    faults = [SlowStep("tp8-pp2-dp4", step=10, factor=1.6), DegradedSwitch("auto", start_frac=0.5, end_frac=1.0, factor=0.3)]
+    fabric = Fabric(servers=40, servers_per_group=8, spines=8)
+    return ClusterGenerator(
+        fabric, jobs, duration_s=duration_s or 600.0, faults=faults, seed=seed, with_faults=with_faults,
+        uniform_dp_share=0.10, split_pp_prob=0.002, storage_flows_per_s=100,
+    )
+
+
+PRESETS = {"tiny": _tiny, "demo": _demo, "large": _large, "accuracy": _accuracy}
 
 
 def preset(name: str, seed: int = 0, with_faults: bool = True, duration_s: float | None = None) -> ClusterGenerator:
