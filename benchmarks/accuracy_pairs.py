@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pandas as pd
 
+from prism.evaluation import gpu_flow_arrays, pair_type_truth
 from prism.jobs import JobRecognizer
 from prism.parallelism import ParallelismClassifier
 from prism.topology import Topology
@@ -34,11 +35,9 @@ ABLATIONS = {
 }
 
 
-def accuracy(clf, a, b, start, size, labels, ips, truth):
+def accuracy(clf, a, b, start, size, labels, topo, truth_pairs):
     p = clf.fit(a, b, start, size, labels).pairs_
-    sa, sb = ips[p["a"].to_numpy()], ips[p["b"].to_numpy()]
-    lo, hi = np.where(sa < sb, sa, sb), np.where(sa < sb, sb, sa)
-    t = truth.reindex(list(zip(lo, hi))).to_numpy()
+    t = pair_type_truth(p["a"], p["b"], topo, truth_pairs)
     pred = np.where(p["dp"], "DP", "PP")
     return float((t == pred).mean()), int((t != pred).sum()), len(t)
 
@@ -56,15 +55,9 @@ def main() -> int:
         t0 = time.perf_counter()
         c = preset("accuracy", seed=seed, duration_s=max(windows) * 60).generate()
         topo = Topology.from_frame(c.topology)
-        f = c.flows
-        a, b = topo.nic_index(f["src"]), topo.nic_index(f["dst"])
-        g = (a >= 0) & (b >= 0)
-        a, b = a[g], b[g]
-        start, size = f["start_ns"].to_numpy()[g], f["size"].to_numpy()[g]
-        ips = topo.nics["ip"].to_numpy()
-        truth = c.pairs.set_index(["src", "dst"])["type"]
+        a, b, start, size = gpu_flow_arrays(c.flows, topo)
         w0 = c.meta["window_start_ns"]
-        print(f"seed {seed}: {len(f):,} flows generated in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"seed {seed}: {len(c.flows):,} flows generated in {time.perf_counter() - t0:.0f} s", flush=True)
         for w in windows:
             m = start < w0 + int(w * 60e9)
             labels = JobRecognizer(topo).partial_fit_pairs(a[m], b[m]).labels()
@@ -73,7 +66,7 @@ def main() -> int:
                 configs.update({k: (lambda kw=kw: ParallelismClassifier(**kw)) for k, kw in ABLATIONS.items()})
             for name, make in configs.items():
                 t = time.perf_counter()
-                acc, wrong, n = accuracy(make(), a[m], b[m], start[m], size[m], labels, ips, truth)
+                acc, wrong, n = accuracy(make(), a[m], b[m], start[m], size[m], labels, topo, c.pairs)
                 rows.append(dict(seed=seed, window=w, config=name, accuracy=acc, wrong=wrong, pairs=n, seconds=time.perf_counter() - t, flows=int(m.sum())))
                 print(f"  {w:g} min  {name:32s} {acc:.4f} ({wrong} wrong of {n})  {time.perf_counter() - t:.1f} s", flush=True)
     df = pd.DataFrame(rows)

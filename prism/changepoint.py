@@ -135,26 +135,29 @@ class BOCD:
         -----
         O(total points x max_run) arithmetic, with O(max series length)
         numpy calls: all series advance together, sorted by length so that
-        the ones still running are always a prefix of the arrays.
+        the ones still running are always a prefix of the arrays. Memory is
+        O(total points + series x max_run).
         """
         n = len(series)
         if n == 0:
             return []
         lengths = np.array([len(s) for s in series], dtype=np.int64)
         order = np.argsort(-lengths, kind="stable")
-        T = int(lengths.max()) if n else 0
-        X = np.zeros((n, T))
-        for i, k in enumerate(order):
-            X[i, : lengths[k]] = self._standardise(np.asarray(series[k], dtype=np.float64))
-        n_active = np.searchsorted(-lengths[order], -np.arange(T), side="right")  # rows with length > t
-        maps = np.zeros((n, T), dtype=np.int64)
+        T = int(lengths.max())
+        # series laid end to end, longest first: no padding, so memory is
+        # O(total points) however unequal the lengths are
+        flat = np.concatenate([self._standardise(np.asarray(series[k], dtype=np.float64)) for k in order] or [np.empty(0)])
+        offsets = np.concatenate([[0], np.cumsum(lengths[order])[:-1]])
+        n_active = np.searchsorted(-lengths[order], -np.arange(T), side="left")  # rows with length > t
+        maps = np.empty(len(flat), dtype=np.int64)
         state = self._init_state(n)
         for t in range(T):
             m = int(n_active[t])
-            maps[:m, t] = self._step(state, X[:m, t], m)
+            idx = offsets[:m] + t
+            maps[idx] = self._step(state, flat[idx], m)
         out: list[list[int]] = [None] * n  # type: ignore[list-item]
         for i, k in enumerate(order):
-            out[k] = self._breakpoints(maps[i, : lengths[k]])
+            out[k] = self._breakpoints(maps[offsets[i] : offsets[i] + lengths[k]])
         return out
 
     def fit(self, signal) -> "BOCD":

@@ -144,10 +144,15 @@ def cmd_demo(args) -> int:
     names = merged.dropna().groupby("found")["job_id"].agg(lambda s: ",".join(sorted(set(s))))
     for job_id, g in res.jobs.groupby("job_id"):
         print(f"      {job_id} = truth job {names.get(job_id, '?')} ({len(g)} GPUs)")
-    verdict = "MATCHES" if ari == 1.0 and missing == 0 and extra == 0 else "DIFFERS FROM"
-    print(f"      jobs {verdict} the ground truth: adjusted Rand index {ari:.4f}, {missing} GPUs missed, {extra} extra")
+    jobs_ok = ari == 1.0 and missing == 0 and extra == 0
+    print(f"      jobs {'MATCH' if jobs_ok else 'DIFFER FROM'} the ground truth: adjusted Rand index {ari:.4f}, {missing} GPUs missed, {extra} extra")
+    pairs = res.pairs.merge(cluster.pairs, on=["src", "dst"], how="outer", suffixes=("", "_truth"), indicator=True)
+    both = pairs[pairs["_merge"] == "both"]
+    correct = int((both["type"] == both["type_truth"]).sum())
+    pairs_ok = correct == len(pairs)
+    print(f"      DP/PP pair types {'MATCH' if pairs_ok else 'DIFFER FROM'} the ground truth: {correct:,} of {len(pairs):,} pairs correct")
     print(f"results: {result_dir}")
-    return 0 if verdict == "MATCHES" else 1
+    return 0 if jobs_ok and pairs_ok else 1
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import comb
 
-__all__ = ["adjusted_rand_index"]
+__all__ = ["adjusted_rand_index", "gpu_flow_arrays", "pair_type_truth"]
 
 
 def adjusted_rand_index(labels_true, labels_pred) -> float:
@@ -32,3 +32,21 @@ def adjusted_rand_index(labels_true, labels_pred) -> float:
     if max_index == expected:
         return 1.0
     return float((sum_comb - expected) / (max_index - expected))
+
+
+def gpu_flow_arrays(flows: pd.DataFrame, topology) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(src NIC, dst NIC, start_ns, size) of the flows between two GPU NICs."""
+    a, b = topology.nic_index(flows["src"]), topology.nic_index(flows["dst"])
+    g = (a >= 0) & (b >= 0)
+    return a[g], b[g], flows["start_ns"].to_numpy()[g], flows["size"].to_numpy()[g]
+
+
+def pair_type_truth(a: np.ndarray, b: np.ndarray, topology, truth_pairs: pd.DataFrame) -> np.ndarray:
+    """The true type of each pair (NIC indices), from a ``job_id,src,dst,type`` frame.
+
+    Pairs missing from the truth get NaN.
+    """
+    ips = topology.nics["ip"].to_numpy()
+    sa, sb = ips[np.asarray(a)], ips[np.asarray(b)]
+    lo, hi = np.where(sa < sb, sa, sb), np.where(sa < sb, sb, sa)
+    return truth_pairs.set_index(["src", "dst"])["type"].reindex(list(zip(lo, hi))).to_numpy()

@@ -160,22 +160,27 @@ def refine_by_dp_components(a: np.ndarray, b: np.ndarray, is_dp: np.ndarray) -> 
     return is_dp | (has_dp[ia] & has_dp[ib] & (comp[ia] == comp[ib]))
 
 
-def _burstiness(key: np.ndarray, start: np.ndarray, keys: np.ndarray, event_gap_ns: int = 2_000):
+def _burstiness(pair_id: np.ndarray, start: np.ndarray, n_pairs: int, event_gap_ns: int = 2_000):
     """Median / mean gap between a pair's flow events, and the event count.
 
-    Flows sorted by (key, start); ``keys`` the sorted distinct keys.
+    Flows sorted by (pair, start), ``pair_id`` numbering pairs 0..n-1.
+    Medians per pair come from one sort of the gaps, not a group-by.
     """
     gap = np.diff(start).astype(np.float64)
-    same = key[1:] == key[:-1]
-    ev = same & (gap >= event_gap_ns)
-    gk = key[1:][ev]
-    gv = gap[ev]
-    df = pd.DataFrame({"key": gk, "gap": gv}).groupby("key")["gap"]
-    med = df.median().reindex(keys)
-    mean = df.mean().reindex(keys)
-    cnt = df.size().reindex(keys, fill_value=0)
-    ratio = (med / mean).fillna(1.0).to_numpy()
-    return ratio, cnt.to_numpy() + 1
+    ev = (pair_id[1:] == pair_id[:-1]) & (gap >= event_gap_ns)
+    gk, gv = pair_id[1:][ev], gap[ev]
+    cnt = np.bincount(gk, minlength=n_pairs)
+    mean = np.bincount(gk, weights=gv, minlength=n_pairs) / np.maximum(cnt, 1)
+    order = np.lexsort((gv, gk))
+    sv = gv[order]
+    first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    has = cnt > 0
+    lo = first + (cnt - 1) // 2
+    hi = first + cnt // 2
+    med = np.zeros(n_pairs)
+    med[has] = (sv[lo[has]] + sv[hi[has]]) / 2
+    ratio = np.where(has & (mean > 0), med / np.where(mean > 0, mean, 1), 1.0)
+    return ratio, cnt + 1
 
 
 class ParallelismClassifier:
@@ -261,33 +266,57 @@ class ParallelismClassifier:
         One sort of the flows, then vectorised group-bys; BOCD runs over all
         pairs at once (:meth:`BOCD.fit_many`).
         """
-        src = np.asarray(src, dtype=np.int64)
-        dst = np.asarray(dst, dtype=np.int64)
+        src, dst = np.asarray(src), np.asarray(dst)
         n_nodes = int(max(src.max(initial=0), dst.max(initial=0))) + 1
-        lo, hi = np.minimum(src, dst), np.maximum(src, dst)
-        key = lo * n_nodes + hi
+        # the per-flow arrays dominate memory: build each once, free early
+        forward = src <= dst
+        key = np.minimum(src, dst).astype(np.int64)
+        key *= n_nodes
+        key += np.maximum(src, dst)
         order = np.lexsort((start, key))
-        key, start_s, size_s = key[order], np.asarray(start)[order], np.asarray(size)[order]
-        forward = (src == lo)[order]
+        key = key[order]
+        forward = forward[order]
+        start_s = np.asarray(start)[order]
+        size_s = np.asarray(size)[order]
+        del order
         step = pair_steps(key, start_s, self.detector)
-        df = pd.DataFrame({"key": key, "step": step, "size": size_s})
-        counted = df
-        if self.size_repeats > 1 or self.min_size_share > 0:
-            occurrences = df.groupby(["key", "size"], sort=False)["size"].transform("size").to_numpy()
-            pair_flows = df.groupby("key", sort=False)["size"].transform("size").to_numpy()
-            counted = df[(occurrences >= self.size_repeats) & (occurrences >= self.min_size_share * pair_flows)]
-        # distinct sizes per (pair, step), then the mode over the pair's steps
-        per_step = counted.drop_duplicates().groupby(["key", "step"], sort=False).size().rename("n_sizes").reset_index()
-        mode = per_step.groupby(["key", "n_sizes"], sort=False).size().rename("cnt").reset_index()
-        # mode: most frequent count; ties go to the smaller count (PP)
-        mode = mode.sort_values(["key", "cnt", "n_sizes"], ascending=[True, False, True]).drop_duplicates("key")
-        g = pd.DataFrame({"key": key, "fwd": forward}).groupby("key", sort=True)
-        pairs = pd.DataFrame({"flows": g.size(), "fwd_share": g["fwd"].mean()})
-        pairs["steps"] = per_step.groupby("key").size().reindex(pairs.index, fill_value=0).to_numpy()
-        pairs["size_mode"] = mode.set_index("key")["n_sizes"].reindex(pairs.index, fill_value=1).to_numpy()
-        pairs["burst"], pairs["events"] = _burstiness(key, start_s, pairs.index.to_numpy())
-        pairs["a"] = pairs.index.to_numpy() // n_nodes
-        pairs["b"] = pairs.index.to_numpy() % n_nodes
+        # One pass over the flows: unique (pair, step, size) triples with
+        # counts, packed into one int64. Everything after works on the
+        # triples, which are far fewer than the flows.
+        new_pair = np.ones(len(key), dtype=bool)
+        new_pair[1:] = key[1:] != key[:-1]
+        pair_id = np.cumsum(new_pair) - 1
+        pair_keys = key[new_pair]
+        size_code, size_values = pd.factorize(size_s)
+        n_sz = max(len(size_values), 1)
+        n_st = int(step.max()) + 1 if len(step) else 1
+        packed, counts = np.unique((pair_id * n_st + step) * n_sz + size_code, return_counts=True)
+        del new_pair, size_code
+        t_size = packed % n_sz
+        t_pair = packed // n_sz // n_st
+        t_step = packed // n_sz % n_st
+        # how often each (pair, size) occurs in the window, and the pair's flows
+        ps, ps_inv = np.unique(t_pair * n_sz + t_size, return_inverse=True)
+        occurrences = np.bincount(ps_inv, weights=counts)[ps_inv]
+        pair_flows = np.bincount(t_pair, weights=counts, minlength=len(pair_keys))
+        keep = (occurrences >= self.size_repeats) & (occurrences >= self.min_size_share * pair_flows[t_pair])
+        # distinct counted sizes per (pair, step), then the mode over steps;
+        # ties go to the smaller count (PP)
+        pst, n_sizes = np.unique(t_pair[keep] * n_st + t_step[keep], return_counts=True)
+        mode = pd.DataFrame({"pair": pst // n_st, "n": n_sizes}).value_counts().rename("cnt").reset_index()
+        mode = mode.sort_values(["pair", "cnt", "n"], ascending=[True, False, True]).drop_duplicates("pair")
+        n_pairs = len(pair_keys)
+        fwd = np.bincount(pair_id, weights=forward, minlength=n_pairs)
+        pairs = pd.DataFrame({"flows": pair_flows.astype(np.int64), "fwd_share": fwd / pair_flows}, index=pd.Index(pair_keys, name="key"))
+        pairs["steps"] = np.bincount(pst // n_st, minlength=n_pairs)
+        size_mode = np.ones(n_pairs, dtype=np.int64)
+        size_mode[mode["pair"].to_numpy()] = mode["n"].to_numpy()
+        pairs["size_mode"] = size_mode
+        pairs["burst"], pairs["events"] = _burstiness(pair_id, start_s, n_pairs)
+        pair_sizes = pd.DataFrame({"key": pair_keys[ps // n_sz], "size": size_values[ps % n_sz]})
+        del packed, counts, t_size, t_pair, t_step, ps, ps_inv, occurrences
+        pairs["a"] = pair_keys // n_nodes
+        pairs["b"] = pair_keys % n_nodes
         job_of = np.asarray(job_of)
         pairs["job"] = job_of[pairs["a"].to_numpy()]
         pairs["one_way"] = (np.maximum(pairs["fwd_share"], 1 - pairs["fwd_share"]) >= self.one_way_share) & (pairs["flows"] >= self.min_flows_one_way)
@@ -301,16 +330,19 @@ class ParallelismClassifier:
         if self.use_burstiness:
             dp = dp | ((pairs["burst"].to_numpy() <= self.burst_ratio) & (pairs["events"].to_numpy() >= self.min_events_burst))
         if self.use_job_sizes:
-            dp = dp | self._job_size_match(df, pairs, dp)
+            dp = dp | self._job_size_match(pair_sizes, pairs, dp)
         if self.refine and (self.use_direction or self.use_job_sizes or self.use_burstiness):
             dp = refine_by_dp_components(a, b, dp)
         pairs["dp"] = dp
         self.pairs_ = pairs.reset_index(drop=True)
         return self
 
-    def _job_size_match(self, flows: pd.DataFrame, pairs: pd.DataFrame, dp: np.ndarray) -> np.ndarray:
-        """PP-labelled pairs whose every size is a DP size of the job and no PP size."""
-        sizes = flows[["key", "size"]].drop_duplicates()
+    def _job_size_match(self, pair_sizes: pd.DataFrame, pairs: pd.DataFrame, dp: np.ndarray) -> np.ndarray:
+        """PP-labelled pairs whose every size is a DP size of the job and no PP size.
+
+        ``pair_sizes``: the distinct (key, size) of the window.
+        """
+        sizes = pair_sizes
         info = pd.DataFrame({"key": pairs.index.to_numpy(), "job": pairs["job"].to_numpy(), "dp": dp, "two_way": ~pairs["one_way"].to_numpy()})
         sizes = sizes.merge(info, on="key")
         dp_sizes = set(zip(sizes.loc[sizes.dp, "job"], sizes.loc[sizes.dp, "size"]))

@@ -137,10 +137,14 @@ class _GpuFlows:
         self.parts.append((a.astype(np.int32), b.astype(np.int32), start, size))
 
     def columns(self):
+        """The four columns, concatenated; the chunks are released as it goes."""
         if not self.parts:
             e = np.empty(0, dtype=np.int64)
             return e, e, e, e
-        cols = [np.concatenate(c) for c in zip(*self.parts)]
+        cols = []
+        for i in range(4):
+            cols.append(np.concatenate([p[i] for p in self.parts]))
+            self.parts = [tuple(None if j == i else x for j, x in enumerate(p)) for p in self.parts]
         self.parts = []
         return cols
 

@@ -361,9 +361,6 @@ class _JobSimulation:
         # fixed per-edge properties
         self.uniform_edge = rng.random(self.dp_a.shape) < gen.uniform_dp_share
         self.buckets = spec.bucket_sizes()
-        fault_rng = rng  # faults add no draws: the twin stays identical
-        del fault_rng
-        self._paths = {}
 
     # path helpers ---------------------------------------------------------
     def _pair_info(self, a, b):
@@ -379,7 +376,7 @@ class _JobSimulation:
                 f = np.where((paths == idx).any(axis=-1), np.minimum(f, factor), f)
         return f
 
-    def _xfer(self, size, paths, net, factor):
+    def _xfer(self, size, net, factor):
         fab = self.fab
         return np.where(net, fab.latency_ns + size / (fab.bytes_per_ns * factor), size / fab.nvlink_bytes_per_ns)
 
@@ -396,14 +393,13 @@ class _JobSimulation:
         self._record_pairs(truth_pairs, pp_net, dp_net)
 
         faults = [f for f in gen.faults if getattr(f, "job", None) == spec.name] if gen.with_faults else []
+        # faults only scale times; they add no random draws, so the
+        # fault-free twin sees the same numbers
         slow_cells = np.zeros((D, P), dtype=bool)
-        slow_server = None
         for f in faults:
             if isinstance(f, SlowServer):
                 srv = self.servers[f.server]
-                gpus_on = (self.gpu // fab.gpus_per_server) == srv  # (T, D, P)
-                slow_cells = gpus_on.any(axis=0)
-                slow_server = (f, srv)
+                slow_cells = ((self.gpu // fab.gpus_per_server) == srv).any(axis=0)  # (D, P)
 
         sim_step = 0
         whole = -1  # index among whole steps in the window
@@ -426,8 +422,8 @@ class _JobSimulation:
             # PP transfer times at this step's bandwidth, slowest TP rail gates the stage
             f_pp = self._bw_factor(pp_paths, t)
             f_ppb = self._bw_factor(pp_back_paths, t)
-            xf_rail = self._xfer(spec.activation_bytes, pp_paths, pp_net, f_pp)  # (T, D, P-1)
-            xb_rail = self._xfer(spec.activation_bytes, pp_back_paths, pp_net, f_ppb)
+            xf_rail = self._xfer(spec.activation_bytes, pp_net, f_pp)  # (T, D, P-1)
+            xb_rail = self._xfer(spec.activation_bytes, pp_net, f_ppb)
             xf = xf_rail.max(axis=0) if P > 1 else np.zeros((D, 0))
             xb = xb_rail.max(axis=0) if P > 1 else np.zeros((D, 0))
             sF, eF, sB, eB = one_f_one_b(F, B, xf, xb, t)
@@ -451,7 +447,6 @@ class _JobSimulation:
             prev_end = step_end
             t = step_end + spec.optimizer_ms * 1e6
             sim_step += 1
-        del slow_server
 
     def _record_pairs(self, truth_pairs, pp_net, dp_net):
         spec = self.spec

@@ -68,4 +68,6 @@ def test_no_command_prints_help(capsys):
 
 def test_demo_matches_truth(tmp_path, capsys):
     assert main(["demo", "--preset", "tiny", "--out", str(tmp_path)]) == 0
-    assert "MATCHES the ground truth" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "jobs MATCH the ground truth" in out
+    assert "DP/PP pair types MATCH the ground truth: 112 of 112 pairs correct" in out

@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from prism.changepoint import BOCD
+from prism.evaluation import gpu_flow_arrays, pair_type_truth
 from prism.jobs import JobRecognizer
 from prism.parallelism import ParallelismClassifier, pair_steps, refine_by_dp_components
 from prism.topology import Topology
@@ -12,16 +13,10 @@ from synthetic import preset
 
 def classify(cluster, clf):
     topo = Topology.from_frame(cluster.topology)
-    f = cluster.flows
-    a, b = topo.nic_index(f["src"]), topo.nic_index(f["dst"])
-    g = (a >= 0) & (b >= 0)
-    a, b = a[g], b[g]
+    a, b, start, size = gpu_flow_arrays(cluster.flows, topo)
     labels = JobRecognizer(topo).partial_fit_pairs(a, b).labels()
-    p = clf.fit(a, b, f["start_ns"].to_numpy()[g], f["size"].to_numpy()[g], labels).pairs_
-    ips = topo.nics["ip"].to_numpy()
-    sa, sb = ips[p["a"]], ips[p["b"]]
-    lo, hi = np.where(sa < sb, sa, sb), np.where(sa < sb, sb, sa)
-    truth = cluster.pairs.set_index(["src", "dst"])["type"].reindex(list(zip(lo, hi))).to_numpy()
+    p = clf.fit(a, b, start, size, labels).pairs_
+    truth = pair_type_truth(p["a"], p["b"], topo, cluster.pairs)
     assert not pd.isna(truth).any(), "every classified pair is a true GPU pair"
     assert len(p) == len(cluster.pairs), "every true pair is classified"
     return truth, np.where(p["dp"], "DP", "PP")
