@@ -134,17 +134,18 @@ class _GpuFlows:
         self.parts: list[tuple] = []
 
     def add(self, a, b, start, size):
-        self.parts.append((a.astype(np.int32), b.astype(np.int32), start, size))
+        self.parts.append([a.astype(np.int32), b.astype(np.int32), start, size])
 
     def columns(self):
-        """The four columns, concatenated; the chunks are released as it goes."""
+        """The four columns, concatenated; each column's chunks are freed once joined."""
         if not self.parts:
             e = np.empty(0, dtype=np.int64)
             return e, e, e, e
         cols = []
         for i in range(4):
             cols.append(np.concatenate([p[i] for p in self.parts]))
-            self.parts = [tuple(None if j == i else x for j, x in enumerate(p)) for p in self.parts]
+            for p in self.parts:
+                p[i] = None
         self.parts = []
         return cols
 

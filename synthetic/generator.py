@@ -191,8 +191,11 @@ class ClusterGenerator:
         ips = np.array(topo["ip"])
 
         pairs = pd.concat(truth_pairs, ignore_index=True) if truth_pairs else pd.DataFrame(columns=["job_id", "a", "b", "type"])
-        # only pairs that really carried flows inside the window are truth
-        seen = flows_pair_keys(cols, self.duration_ns, fab.n_gpus)
+        # only pairs that really carried flows inside the window are truth;
+        # the flow frame's address codes are the node ids (GPUs first)
+        a, b = flows["src"].cat.codes.to_numpy().astype(np.int64), flows["dst"].cat.codes.to_numpy().astype(np.int64)
+        gpu = (a < fab.n_gpus) & (b < fab.n_gpus)
+        seen = np.unique(np.minimum(a, b)[gpu] * fab.n_gpus + np.maximum(a, b)[gpu])
         pairs = pairs[np.isin(pairs["a"].to_numpy() * fab.n_gpus + pairs["b"].to_numpy(), seen)]
         s_ip, d_ip = ips[pairs["a"].to_numpy()], ips[pairs["b"].to_numpy()]
         lo = np.where(s_ip < d_ip, s_ip, d_ip)
@@ -281,16 +284,6 @@ class ClusterGenerator:
         s_node = np.where(to_storage, gpu, fab.n_gpus + host)
         d_node = np.where(to_storage, fab.n_gpus + host, gpu)
         cols.add(start, dur, s_node, d_node, size, fab.storage_paths(gpu, to_storage, host))
-
-
-def flows_pair_keys(cols: "_Columns", duration_ns: float, n_gpus: int) -> np.ndarray:
-    """Unordered GPU pair keys (lo * n + hi) of flows inside the window."""
-    start = np.concatenate(cols.start) if cols.start else np.empty(0)
-    a = np.concatenate(cols.src) if cols.src else np.empty(0, np.int64)
-    b = np.concatenate(cols.dst) if cols.dst else np.empty(0, np.int64)
-    keep = (start >= 0) & (start < duration_ns) & (a < n_gpus) & (b < n_gpus)
-    lo, hi = np.minimum(a[keep], b[keep]), np.maximum(a[keep], b[keep])
-    return np.unique(lo * n_gpus + hi)
 
 
 class _Columns:
