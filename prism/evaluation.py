@@ -46,7 +46,5 @@ def pair_type_truth(a: np.ndarray, b: np.ndarray, topology, truth_pairs: pd.Data
 
     Pairs missing from the truth get NaN.
     """
-    ips = topology.nics["ip"].to_numpy()
-    sa, sb = ips[np.asarray(a)], ips[np.asarray(b)]
-    lo, hi = np.where(sa < sb, sa, sb), np.where(sa < sb, sb, sa)
+    lo, hi = topology.pair_addresses(a, b)
     return truth_pairs.set_index(["src", "dst"])["type"].reindex(list(zip(lo, hi))).to_numpy()

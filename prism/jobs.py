@@ -150,6 +150,7 @@ class JobRecognizer:
         # bounded by the number of distinct GPU pairs, not by flows
         self._pairs = np.empty(0, dtype=np.int64)
         self._n = n
+        self._labels = None  # cached until new pairs arrive
 
     def partial_fit_pairs(self, a: np.ndarray, b: np.ndarray) -> "JobRecognizer":
         """Add GPU pairs given as NIC indices (both >= 0)."""
@@ -157,6 +158,7 @@ class JobRecognizer:
         hi = np.maximum(a, b).astype(np.int64)
         keys = np.unique(lo * self._n + hi)
         self._pairs = np.union1d(self._pairs, keys)
+        self._labels = None
         return self
 
     @property
@@ -166,11 +168,11 @@ class JobRecognizer:
 
     def labels(self) -> np.ndarray:
         """Job label per NIC (-1 for NICs with no GPU traffic)."""
-        a, b = self.pairs
-        clusters = gpu_clusters(a, b, self._n)
-        if not self.merge_rails:
-            return clusters
-        return merge_identical_server_sets(clusters, self.topology.server_codes)
+        if self._labels is None:
+            a, b = self.pairs
+            clusters = gpu_clusters(a, b, self._n)
+            self._labels = clusters if not self.merge_rails else merge_identical_server_sets(clusters, self.topology.server_codes)
+        return self._labels.copy()
 
     def predict(self) -> pd.DataFrame:
         """Jobs as a frame ``job_id, ip, server`` sorted by job and ip."""

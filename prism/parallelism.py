@@ -49,13 +49,28 @@ from .changepoint import BOCD
 
 __all__ = ["ParallelismClassifier", "pair_steps", "refine_by_dp_components"]
 
+#: Flows of one pair starting closer than this are one event (e.g. both
+#: directions of a two-member ring start together).
+EVENT_GAP_NS = 2_000
+
+
+def _event_gaps(pair_id: np.ndarray, start: np.ndarray, event_gap_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gaps that open a new event within a pair.
+
+    Flows sorted by (pair, start). Returns ``(pos, gap)``: flow ``pos + 1``
+    opens an event, ``gap`` nanoseconds after the flow before it.
+    """
+    gap = np.diff(start).astype(np.float64)
+    pos = np.flatnonzero((pair_id[1:] == pair_id[:-1]) & (gap >= event_gap_ns))
+    return pos, gap[pos]
+
 
 def pair_steps(
     order_key: np.ndarray,
     start: np.ndarray,
     detector: BOCD,
     min_gap_ratio: float = 4.0,
-    event_gap_ns: int = 2_000,
+    event_gap_ns: int = EVENT_GAP_NS,
 ) -> np.ndarray:
     """Step index of every flow within its pair, from BOCD over inter-arrivals.
 
@@ -93,15 +108,10 @@ def pair_steps(
     bounds = np.flatnonzero(np.diff(order_key)) + 1
     starts = np.concatenate([[0], bounds])
     ends = np.concatenate([bounds, [n]])
-    gap = np.diff(start).astype(np.float64)
-    # gap i lies before flow i + 1; it counts if it opens a new event in the same pair
-    same_pair = np.ones(n - 1, dtype=bool)
-    same_pair[bounds - 1] = False
-    event = same_pair & (gap >= event_gap_ns)
-    ev_pos = np.flatnonzero(event)  # flow ev_pos + 1 opens an event
+    ev_pos, ev_gap = _event_gaps(order_key, start, event_gap_ns)  # flow ev_pos + 1 opens an event
     ev_pair = np.searchsorted(starts, ev_pos + 1, side="right") - 1
     ev_bounds = np.searchsorted(ev_pair, np.arange(len(starts) + 1))
-    signal = np.log(gap[ev_pos])
+    signal = np.log(ev_gap)
     series = [signal[ev_bounds[i] : ev_bounds[i + 1]] for i in range(len(starts))]
     bkps = detector.fit_many(series)
     new_step = np.zeros(n, dtype=bool)
@@ -160,15 +170,14 @@ def refine_by_dp_components(a: np.ndarray, b: np.ndarray, is_dp: np.ndarray) -> 
     return is_dp | (has_dp[ia] & has_dp[ib] & (comp[ia] == comp[ib]))
 
 
-def _burstiness(pair_id: np.ndarray, start: np.ndarray, n_pairs: int, event_gap_ns: int = 2_000):
+def _burstiness(pair_id: np.ndarray, start: np.ndarray, n_pairs: int, event_gap_ns: int):
     """Median / mean gap between a pair's flow events, and the event count.
 
     Flows sorted by (pair, start), ``pair_id`` numbering pairs 0..n-1.
     Medians per pair come from one sort of the gaps, not a group-by.
     """
-    gap = np.diff(start).astype(np.float64)
-    ev = (pair_id[1:] == pair_id[:-1]) & (gap >= event_gap_ns)
-    gk, gv = pair_id[1:][ev], gap[ev]
+    pos, gv = _event_gaps(pair_id, start, event_gap_ns)
+    gk = pair_id[pos + 1]
     cnt = np.bincount(gk, minlength=n_pairs)
     mean = np.bincount(gk, weights=gv, minlength=n_pairs) / np.maximum(cnt, 1)
     order = np.lexsort((gv, gk))
@@ -210,12 +219,16 @@ class ParallelismClassifier:
         Share of a pair's flows in one direction that counts as one-way.
     min_flows_one_way : int, default 8
         Fewer flows than this say nothing about direction.
+    event_gap_ns : int, default 2000
+        Flows of a pair starting closer than this are one event, for step
+        splitting and burstiness alike.
 
     Attributes
     ----------
     pairs_ : pandas.DataFrame
-        After ``fit``: ``a, b, job, flows, steps, size_mode, one_way,
-        base_dp, refined_dp, dp``, one row per unordered pair.
+        After ``fit``, one row per unordered pair: ``a, b, job, flows,
+        fwd_share, steps, size_mode, burst, events, one_way, base_dp,
+        refined_dp, dp``.
     """
 
     def __init__(
@@ -231,6 +244,7 @@ class ParallelismClassifier:
         min_events_burst: int = 16,
         one_way_share: float = 0.98,
         min_flows_one_way: int = 8,
+        event_gap_ns: int = EVENT_GAP_NS,
     ):
         self.detector = detector if detector is not None else BOCD()
         self.refine = refine
@@ -243,6 +257,7 @@ class ParallelismClassifier:
         self.min_events_burst = min_events_burst
         self.one_way_share = one_way_share
         self.min_flows_one_way = min_flows_one_way
+        self.event_gap_ns = int(event_gap_ns)
 
     @classmethod
     def paper(cls, refine: bool = True, **kw) -> "ParallelismClassifier":
@@ -263,7 +278,8 @@ class ParallelismClassifier:
 
         Notes
         -----
-        One sort of the flows, then vectorised group-bys; BOCD runs over all
+        One sort of the flows and one ``np.unique`` over packed (pair, step,
+        size) keys; the rest works on the unique triples. BOCD runs over all
         pairs at once (:meth:`BOCD.fit_many`).
         """
         src, dst = np.asarray(src), np.asarray(dst)
@@ -279,7 +295,7 @@ class ParallelismClassifier:
         start_s = np.asarray(start)[order]
         size_s = np.asarray(size)[order]
         del order
-        step = pair_steps(key, start_s, self.detector)
+        step = pair_steps(key, start_s, self.detector, event_gap_ns=self.event_gap_ns)
         # One pass over the flows: unique (pair, step, size) triples with
         # counts, packed into one int64. Everything after works on the
         # triples, which are far fewer than the flows.
@@ -312,7 +328,7 @@ class ParallelismClassifier:
         size_mode = np.ones(n_pairs, dtype=np.int64)
         size_mode[mode["pair"].to_numpy()] = mode["n"].to_numpy()
         pairs["size_mode"] = size_mode
-        pairs["burst"], pairs["events"] = _burstiness(pair_id, start_s, n_pairs)
+        pairs["burst"], pairs["events"] = _burstiness(pair_id, start_s, n_pairs, self.event_gap_ns)
         pair_sizes = pd.DataFrame({"key": pair_keys[ps // n_sz], "size": size_values[ps % n_sz]})
         del packed, counts, t_size, t_pair, t_step, ps, ps_inv, occurrences
         pairs["a"] = pair_keys // n_nodes
@@ -342,9 +358,8 @@ class ParallelismClassifier:
 
         ``pair_sizes``: the distinct (key, size) of the window.
         """
-        sizes = pair_sizes
         info = pd.DataFrame({"key": pairs.index.to_numpy(), "job": pairs["job"].to_numpy(), "dp": dp, "two_way": ~pairs["one_way"].to_numpy()})
-        sizes = sizes.merge(info, on="key")
+        sizes = pair_sizes.merge(info, on="key")
         dp_sizes = set(zip(sizes.loc[sizes.dp, "job"], sizes.loc[sizes.dp, "size"]))
         pp_sizes = set(zip(sizes.loc[~sizes.dp & sizes.two_way, "job"], sizes.loc[~sizes.dp & sizes.two_way, "size"]))
         cand = sizes[~sizes.dp]

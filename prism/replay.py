@@ -211,12 +211,9 @@ def classify_pairs(gpu_flows: _GpuFlows, recognizer: JobRecognizer, topology: To
         return pd.DataFrame(columns=OUTPUT_COLUMNS["pairs.csv"])
     labels = recognizer.labels()
     pred = ParallelismClassifier().fit(a, b, start, size, labels).predict()
-    ips = topology.nics["ip"].to_numpy()
-    job_id = jobs.set_index("ip")["job_id"]
-    sa, sb = ips[pred["a"].to_numpy()], ips[pred["b"].to_numpy()]
-    swap = sa > sb
-    src, dst = np.where(swap, sb, sa), np.where(swap, sa, sb)
-    out = pd.DataFrame({"job_id": job_id.reindex(sa).to_numpy(), "src": src, "dst": dst, "type": pred["type"].to_numpy()})
+    src, dst = topology.pair_addresses(pred["a"], pred["b"])
+    job_id = jobs.set_index("ip")["job_id"].reindex(src).to_numpy()  # both ends share the job
+    out = pd.DataFrame({"job_id": job_id, "src": src, "dst": dst, "type": pred["type"].to_numpy()})
     return out.sort_values(["job_id", "src", "dst"]).reset_index(drop=True)
 
 

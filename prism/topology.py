@@ -108,6 +108,16 @@ class Topology:
         codes, uniques = pd.factorize(self.nics["server"], sort=True)
         return codes, pd.Index(uniques)
 
+    def pair_addresses(self, a, b) -> tuple[np.ndarray, np.ndarray]:
+        """Addresses of NIC pairs as ``(src, dst)`` with ``src < dst`` as text.
+
+        The unordered-pair convention of ``pairs.csv`` and the ground truth.
+        """
+        ips = self.nics["ip"].to_numpy()
+        sa, sb = ips[np.asarray(a)], ips[np.asarray(b)]
+        swap = sa > sb
+        return np.where(swap, sb, sa), np.where(swap, sa, sb)
+
     def nic_index(self, addresses) -> np.ndarray:
         """NIC index of each canonical address, -1 where it is not a GPU NIC.
 
