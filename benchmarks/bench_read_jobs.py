@@ -2,7 +2,8 @@
 
 Prints a Markdown table: generation throughput; per flow format, replay
 throughput and peak memory for read + job recognition (``--stop-after
-jobs``); and the full replay (jobs and DP/PP pairs) on the first format.
+jobs``); then on the first format the replay up to DP/PP pairs, up to
+step timelines, and the full replay with diagnosis and the Chrome trace.
 
 Every step runs in its own process, started from this small one: Linux keeps
 a process's peak RSS across exec, so a replay forked from a parent that held
@@ -52,7 +53,7 @@ def main() -> int:
     print("| step | wall time | throughput | peak memory |")
     print("|---|---|---|---|")
     print(f"| generate `{args.preset}` ({gpus:,} GPUs, {n:,} flows) | {gen_s:.1f} s | {n / gen_s:,.0f} flows/s | |")
-    runs = [(fmt, "jobs") for fmt in formats] + [(formats[0], "pairs")]
+    runs = [(fmt, "jobs") for fmt in formats] + [(formats[0], stop) for stop in ("pairs", "steps", "diagnosis")]
     for fmt, stop in runs:
         path = data / f"flows.{fmt}"
         out = data / f"replay-{fmt}-{stop}"
@@ -65,7 +66,7 @@ def main() -> int:
         wall = time.perf_counter() - t
         summary = json.loads((out / "summary.json").read_text())
         rows = summary["rows_read"]
-        what = "read + jobs" if stop == "jobs" else "read + jobs + DP/PP pairs"
+        what = {"jobs": "read + jobs", "pairs": "+ DP/PP pairs", "steps": "+ step timelines", "diagnosis": "+ diagnosis, trace: everything"}[stop]
         print(
             f"| `prism replay --stop-after {stop}` ({what}), {fmt}, {path.stat().st_size / 2**20:,.0f} MiB "
             f"| {wall:.1f} s | {rows / wall:,.0f} flows/s | {summary['peak_rss_mib']:,.0f} MiB |"

@@ -41,9 +41,11 @@ def _add_replay(sub):
         help="analyse captured flow dumps offline",
         description=(
             "Read flow records (CSV, Parquet or JSON Lines, optionally .gz; - for JSON Lines on stdin), "
-            "recognise jobs, and write jobs.csv, pairs.csv, steps.csv, anomalies.csv, timeline.json and "
-            "summary.json to --out. Malformed rows are counted by reason and skipped; traffic to or from "
-            "addresses not in the topology (storage, management) is counted and kept out of jobs."
+            "recognise jobs, tell DP from PP pairs, reconstruct every job's training steps, diagnose slow steps, "
+            "slow servers and slow switches, and write jobs.csv, pairs.csv, steps.csv, phases.csv, anomalies.csv, "
+            "switches.csv, timeline.json (open it in ui.perfetto.dev) and summary.json to --out. Malformed rows "
+            "are counted by reason and skipped; traffic to or from addresses not in the topology (storage, "
+            "management) is counted and kept out of jobs."
         ),
     )
     p.add_argument("flows", nargs="+", metavar="FLOWS", help="flow files, in time order")
@@ -54,8 +56,13 @@ def _add_replay(sub):
     p.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument(
-        "--stop-after", choices=["jobs", "pairs"], default="pairs",
+        "--stop-after", choices=["jobs", "pairs", "steps", "diagnosis"], default="diagnosis",
         help="last analysis to run: 'jobs' is a quick job inventory whose memory does not grow with the flows (default: %(default)s)",
+    )
+    p.add_argument("--plots", action="store_true", help="also write steps.png (step time per job, anomalies marked) and switches.png (bandwidth heat map)")
+    p.add_argument(
+        "--switch-window", type=float, default=None, metavar="SECONDS",
+        help="window of the switch bandwidth comparison, aligned to the epoch (default: 300; LLMPrism used 3600)",
     )
     p.set_defaults(func=cmd_replay)
 
@@ -72,6 +79,7 @@ def _add_demo(sub):
     p.add_argument("--out", default=None, help="keep the cluster and the results here (default: a temporary directory)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--preset", default="demo", choices=["tiny", "demo", "large", "accuracy"], help="cluster (default: %(default)s)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.set_defaults(func=cmd_demo)
 
 
@@ -108,7 +116,11 @@ def cmd_replay(args) -> int:
 
     try:
         topo = Topology.from_csv(args.topology)
-        res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=args.progress, stop_after=args.stop_after)
+        kw = {"switch_window_s": args.switch_window} if args.switch_window else {}
+        if args.switch_window is not None and args.switch_window <= 0:
+            print("prism replay: error: --switch-window must be > 0 seconds", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=args.progress, stop_after=args.stop_after, plots=args.plots, **kw)
     except (FlowFormatError, FileNotFoundError) as e:
         print(f"prism replay: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -121,7 +133,7 @@ def cmd_replay(args) -> int:
 def cmd_demo(args) -> int:
     from synthetic import preset
 
-    from .evaluation import adjusted_rand_index
+    from .evaluation import adjusted_rand_index, job_name_map, score_anomalies, score_steps
     from .replay import format_summary, replay
     from .topology import Topology
 
@@ -132,7 +144,7 @@ def cmd_demo(args) -> int:
     flows_path = cluster.write(cluster_dir)
     print(f"      {len(cluster.flows):,} flows, {cluster.jobs['job_id'].nunique()} jobs, {len(cluster.faults)} injected faults")
     print(f"[2/3] prism replay {flows_path} --topology {cluster_dir / 'topology.csv'} --out {result_dir}")
-    res = replay([str(flows_path)], Topology.from_csv(cluster_dir / "topology.csv"), out_dir=result_dir)
+    res = replay([str(flows_path)], Topology.from_csv(cluster_dir / "topology.csv"), out_dir=result_dir, plots=not args.no_plots)
     print("\n".join("      " + line for line in format_summary(res).splitlines()))
     print("[3/3] compared with the ground truth")
     truth = cluster.jobs
@@ -151,8 +163,20 @@ def cmd_demo(args) -> int:
     correct = int((both["type"] == both["type_truth"]).sum())
     pairs_ok = correct == len(pairs)
     print(f"      DP/PP pair types {'MATCH' if pairs_ok else 'DIFFER FROM'} the ground truth: {correct:,} of {len(pairs):,} pairs correct")
-    print(f"results: {result_dir}")
-    return 0 if jobs_ok and pairs_ok else 1
+    job_names = job_name_map(res.jobs, truth)
+    sc = score_steps(res.analysis.steps, cluster.steps, job_names)
+    found, true_n = int(sc["found"].sum()), int(sc["true_steps"].sum())
+    err = (sc["mean_err"] * sc["found"]).sum() / max(found, 1)
+    print(f"      steps: {found:,} of {true_n:,} true steps found ({found / max(true_n, 1):.1%}), {int(sc['spurious'].sum())} spurious, "
+          f"mean duration error {err:.1e} ({err * 100:.1e} %)")
+    faults, anomalies = score_anomalies(res.analysis.anomalies, cluster.faults, job_names, res.analysis.steps)
+    unexplained = anomalies[~anomalies["matched"]]
+    for r in faults.itertuples(index=False):
+        print(f"      injected {r.kind:<11} {r.job_id or r.subject:<12} {'FOUND' if r.matched else 'MISSED'}")
+    print(f"      anomalies: {len(anomalies)} reported, {len(anomalies) - len(unexplained)} explained by injected faults, {len(unexplained)} unexplained")
+    print(f"results: {result_dir}" + ("  (open timeline.json in ui.perfetto.dev; steps.png, switches.png)" if not args.no_plots else ""))
+    diag_ok = bool(faults["matched"].all()) and unexplained.empty
+    return 0 if jobs_ok and pairs_ok and diag_ok else 1
 
 
 def main(argv=None) -> int:

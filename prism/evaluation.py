@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import comb
 
-__all__ = ["adjusted_rand_index", "gpu_flow_arrays", "pair_type_truth"]
+__all__ = ["adjusted_rand_index", "gpu_flow_arrays", "pair_type_truth", "job_name_map", "score_steps", "score_anomalies"]
 
 
 def adjusted_rand_index(labels_true, labels_pred) -> float:
@@ -48,3 +48,84 @@ def pair_type_truth(a: np.ndarray, b: np.ndarray, topology, truth_pairs: pd.Data
     """
     lo, hi = topology.pair_addresses(a, b)
     return truth_pairs.set_index(["src", "dst"])["type"].reindex(list(zip(lo, hi))).to_numpy()
+
+
+def job_name_map(pred_jobs: pd.DataFrame, truth_jobs: pd.DataFrame) -> dict:
+    """Predicted job id -> truth job name, by the most shared GPU addresses."""
+    m = pred_jobs[["job_id", "ip"]].merge(truth_jobs[["job_id", "ip"]], on="ip", suffixes=("", "_true"))
+    if m.empty:
+        return {}
+    best = m.groupby(["job_id", "job_id_true"]).size().reset_index(name="n").sort_values("n").drop_duplicates("job_id", keep="last")
+    return dict(zip(best["job_id"], best["job_id_true"]))
+
+
+def score_steps(pred: pd.DataFrame, truth: pd.DataFrame, names: dict, tolerance: float = 0.01) -> pd.DataFrame:
+    """Per true job: steps found, spurious steps, mean and max duration error.
+
+    A predicted step matches the true step of the same job whose end is
+    nearest, if the ends differ by less than ``tolerance`` of its duration.
+    """
+    rows = []
+    pred = pred.assign(job=pred["job_id"].map(names))
+    for job, t in truth.groupby("job_id"):
+        p = pred[pred["job"] == job]
+        te, tdur = t["end_ns"].to_numpy(), (t["end_ns"] - t["start_ns"]).to_numpy().astype(float)
+        pe, pdur = p["end_ns"].to_numpy(), (p["end_ns"] - p["start_ns"]).to_numpy().astype(float)
+        if len(te) and len(pe):
+            j = np.clip(np.searchsorted(te, pe), 1, len(te)) - 1
+            j = np.where((j + 1 < len(te)) & (np.abs(te[np.minimum(j + 1, len(te) - 1)] - pe) < np.abs(te[j] - pe)), j + 1, j)
+            ok = np.abs(te[j] - pe) < tolerance * tdur[j]
+            err = np.abs(pdur[ok] - tdur[j[ok]]) / tdur[j[ok]]
+            found = len(np.unique(j[ok]))
+        else:
+            ok, err, found = np.zeros(len(pe), bool), np.zeros(0), 0
+        rows.append({"job": job, "true_steps": len(te), "found": found, "spurious": int((~ok).sum()),
+                     "found_share": found / len(te) if len(te) else 1.0,
+                     "mean_err": float(err.mean()) if len(err) else float("nan"), "max_err": float(err.max()) if len(err) else float("nan")})
+    return pd.DataFrame(rows)
+
+
+#: Which anomaly kinds find which injected fault kinds.
+FINDS = {"slow_step": {"slow_step"}, "slow_group": {"slow_group"}, "slow_switch": {"slow_switch"}}
+
+
+def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Match anomalies with injected faults.
+
+    Returns ``(faults, anomalies)``, each with a ``matched`` column.
+
+    - A ``slow_step`` fault is found by a ``slow_step`` anomaly of its job
+      starting within the fault's step.
+    - A ``slow_group`` fault is found by a ``slow_group`` anomaly of its job
+      naming one of its servers.
+    - A ``slow_switch`` fault is found by a ``slow_switch`` anomaly naming it.
+
+    An anomaly is explained (not a false positive) if it finds a fault, or is
+    an effect of one: a ``regime_change`` of a job starting while a
+    ``slow_group`` of that job or a ``slow_switch`` fault begins (within
+    ``steps`` median step durations, default 5 steps of 1 s).
+    """
+    pred = pred.assign(job=pred["job_id"].map(names).fillna(""))
+    f = faults.copy()
+    f["matched"] = False
+    explained = np.zeros(len(pred), dtype=bool)
+    med_step = {}
+    if steps is not None and len(steps):
+        med_step = (steps["end_ns"] - steps["start_ns"]).groupby(steps["job_id"].map(names)).median().to_dict()
+    for i, r in f.iterrows():
+        if r["kind"] == "slow_step":
+            hit = (pred["kind"] == "slow_step") & (pred["job"] == r["job_id"]) & (pred["start_ns"] >= r["start_ns"] - 1_000) & (pred["start_ns"] < r["end_ns"])
+        elif r["kind"] == "slow_group":
+            servers = set(str(r["subject"]).split("|"))
+            hit = (pred["kind"] == "slow_group") & (pred["job"] == r["job_id"]) & pred["subject"].map(lambda s: bool(set(str(s).split("|")) & servers))
+        else:
+            hit = pred["kind"].isin(["slow_switch", "slow_link"]) & pred["subject"].map(lambda s: r["subject"] in str(s).split(">")) & (pred["start_ns"] < r["end_ns"])
+        f.at[i, "matched"] = bool(hit.any())
+        explained |= hit.to_numpy()
+        # effects: the jobs it slows shift to a slower regime when it starts
+        if r["kind"] in ("slow_group", "slow_switch"):
+            jobs_hit = pred["job"] == r["job_id"] if r["kind"] == "slow_group" else pred["job"] != ""
+            lag = pred["job"].map(lambda j: 5 * med_step.get(j, 1e9)).to_numpy()
+            near = (pred["start_ns"].to_numpy() >= r["start_ns"] - lag) & (pred["start_ns"].to_numpy() <= r["start_ns"] + lag)
+            explained |= (pred["kind"] == "regime_change").to_numpy() & jobs_hit.to_numpy() & near
+    return f, pred.assign(matched=explained).drop(columns="job")

@@ -7,11 +7,18 @@ Output contract (names and columns are fixed; later stages fill them in):
 =================  ==========================================================
 ``jobs.csv``       ``job_id,ip``
 ``pairs.csv``      ``job_id,src,dst,type`` (unordered pair, src < dst, DP/PP)
-``steps.csv``      ``job_id,step,start_ns,end_ns``
-``anomalies.csv``  ``kind,job_id,step,start_ns,subject,score``
+``steps.csv``      ``job_id,step,start_ns,end_ns`` then ``duration_ns``,
+                   PP and DP spans, ``flows,bytes`` (whole steps only)
+``phases.csv``     ``job_id,step,group,kind,start_ns,end_ns,flows,bytes,servers``
+                   per step and DP group (ring) or pipeline
+``anomalies.csv``  ``kind,job_id,step,start_ns,subject,score,explanation``
+``switches.csv``   effective bandwidth per window and switch / link
 ``timeline.json``  Chrome Trace Event format (Perfetto, chrome://tracing)
 ``summary.json``   counts, rejects by reason, ignored by reason, jobs
 =================  ==========================================================
+
+The first four columns of ``steps.csv`` and the first six of
+``anomalies.csv`` are fixed; columns may be added after them.
 """
 from __future__ import annotations
 
@@ -24,10 +31,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .analyze import Analysis, Settings, analyse
+from .diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
+from .diagnosis.switches import DEFAULT_WINDOW_S
 from .jobs import JobRecognizer
-from .parallelism import ParallelismClassifier
 from .readers import DEFAULT_CHUNK_ROWS, FlowReader
 from .records import RejectCounter
+from .diagnosis.switches import SWITCH_COLUMNS
+from .timeline import PHASE_COLUMNS, STEP_COLUMNS
 from .topology import Topology
 
 __all__ = ["ReplayResult", "replay", "OUTPUT_COLUMNS"]
@@ -35,8 +46,9 @@ __all__ = ["ReplayResult", "replay", "OUTPUT_COLUMNS"]
 OUTPUT_COLUMNS = {
     "jobs.csv": ["job_id", "ip"],
     "pairs.csv": ["job_id", "src", "dst", "type"],
-    "steps.csv": ["job_id", "step", "start_ns", "end_ns"],
-    "anomalies.csv": ["kind", "job_id", "step", "start_ns", "subject", "score"],
+    "steps.csv": STEP_COLUMNS,
+    "phases.csv": PHASE_COLUMNS,
+    "anomalies.csv": ANOMALY_COLUMNS,
 }
 
 #: Why a valid record is not training traffic.
@@ -59,10 +71,16 @@ class ReplayResult:
     ignored: Counter = field(default_factory=Counter)
     first_ns: int | None = None
     last_ns: int | None = None
+    last_start_ns: int | None = None  # start of the last record (any traffic): the capture's end
     jobs: pd.DataFrame | None = None
     job_spans: pd.DataFrame | None = None  # job_id, first_ns, last_ns, flows
-    pairs: pd.DataFrame | None = None  # job_id, src, dst, type
+    analysis: Analysis | None = None
+    switch_window_ns: int | None = None
     seconds: float = 0.0
+
+    @property
+    def pairs(self) -> pd.DataFrame | None:
+        return self.analysis.pairs if self.analysis is not None else None
 
     def summary(self) -> dict:
         jobs = []
@@ -74,6 +92,15 @@ class ReplayResult:
                 if self.pairs is not None:
                     types = self.pairs.loc[self.pairs["job_id"] == job_id, "type"].value_counts()
                     row.update(dp_pairs=int(types.get("DP", 0)), pp_pairs=int(types.get("PP", 0)))
+                an = self.analysis
+                if an is not None and an.shapes is not None and job_id in set(an.shapes["job_id"]):
+                    sh = an.shapes.set_index("job_id").loc[job_id]
+                    row.update(dp=int(sh["dp"]), pp=int(sh["pp"]), tp=int(sh["tp"]), dp_exact=bool(sh["dp_exact"]))
+                if an is not None and an.steps is not None:
+                    d = an.steps.loc[an.steps["job_id"] == job_id, "duration_ns"]
+                    row.update(steps=int(len(d)), median_step_ms=round(float(d.median()) / 1e6, 3) if len(d) else None)
+                if an is not None and an.anomalies is not None:
+                    row.update(anomalies=int((an.anomalies["job_id"] == job_id).sum()))
                 if spans is not None and job_id in spans.index:
                     row.update(
                         flows=int(spans.at[job_id, "flows"]),
@@ -97,7 +124,13 @@ class ReplayResult:
             "seconds": round(self.seconds, 3),
             "peak_rss_mib": _peak_rss_mib(),
             "jobs": jobs,
+            "anomalies": _records(self.analysis.anomalies) if self.analysis is not None and self.analysis.anomalies is not None else [],
         }
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    """JSON-ready rows (numpy scalars to Python)."""
+    return json.loads(df.to_json(orient="records"))
 
 
 def _peak_rss_mib() -> float:
@@ -124,25 +157,26 @@ class _NicActivity:
         self.flows += np.bincount(src, minlength=len(self.flows))
 
 
-STAGES = ("jobs", "pairs")
+STAGES = ("jobs", "pairs", "steps", "diagnosis")
 
 
 class _GpuFlows:
-    """Compact columns of the GPU flows the per-pair analyses need (24 B/flow)."""
+    """Compact columns of the GPU flows the per-pair analyses need (32 B/flow)."""
+
+    N_COLUMNS = 5  # a, b, start, duration, size
 
     def __init__(self):
-        self.parts: list[tuple] = []
+        self.parts: list[list] = []
 
-    def add(self, a, b, start, size):
-        self.parts.append([a.astype(np.int32), b.astype(np.int32), start, size])
+    def add(self, a, b, start, duration, size):
+        self.parts.append([a.astype(np.int32), b.astype(np.int32), start, duration, size])
 
     def columns(self):
-        """The four columns, concatenated; each column's chunks are freed once joined."""
+        """The columns, concatenated; each column's chunks are freed once joined."""
         if not self.parts:
-            e = np.empty(0, dtype=np.int64)
-            return e, e, e, e
+            return [np.empty(0, dtype=np.int64) for _ in range(self.N_COLUMNS)]
         cols = []
-        for i in range(4):
+        for i in range(self.N_COLUMNS):
             cols.append(np.concatenate([p[i] for p in self.parts]))
             for p in self.parts:
                 p[i] = None
@@ -156,9 +190,12 @@ def replay(
     out_dir: str | Path | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     progress: bool | None = None,
-    stop_after: str = "pairs",
+    stop_after: str = "diagnosis",
+    settings: Settings | None = None,
+    switch_window_s: float = DEFAULT_WINDOW_S,
+    plots: bool = False,
 ) -> ReplayResult:
-    """Read flow dumps, recognise jobs, and write the output contract.
+    """Read flow dumps, run the analyses, and write the output contract.
 
     Parameters
     ----------
@@ -168,12 +205,18 @@ def replay(
     out_dir : path, optional
         Where to write the output files; nothing is written if None.
     chunk_rows : int
-        Rows per chunk: bounds memory, whatever the input size.
+        Rows per chunk: bounds the reading memory, whatever the input size.
     progress : bool, optional
         Show a progress bar (default: when stderr is a terminal).
-    stop_after : {"jobs", "pairs"}
+    stop_after : {"jobs", "pairs", "steps", "diagnosis"}
         Last analysis to run. ``"jobs"`` keeps memory at O(chunk_rows +
-        distinct GPU pairs); the per-pair analyses keep 24 bytes per GPU flow.
+        distinct GPU pairs); the later ones keep 32 bytes per GPU flow.
+    settings : Settings, optional
+        Analysis settings (default: :class:`prism.analyze.Settings()`).
+    switch_window_s : float
+        Window of the switch-level bandwidth comparison.
+    plots : bool
+        Also write PNG plots (needs ``out_dir``).
     """
     from tqdm.auto import tqdm
 
@@ -184,12 +227,14 @@ def replay(
     recognizer = JobRecognizer(topology)
     activity = _NicActivity(len(topology))
     gpu_flows = _GpuFlows() if stop_after != "jobs" else None
+    switch_bw = SwitchBandwidth(switch_window_s) if stop_after == "diagnosis" else None
+    res.switch_window_ns = switch_bw.window_ns if switch_bw is not None else None
     for path in paths:
         reader = FlowReader(path, chunk_rows=chunk_rows, rejects=res.rejects)
         total = reader.bytes_total or None
         with tqdm(total=total, unit="B", unit_scale=True, desc=Path(str(path)).name, disable=(None if progress is None else not progress), leave=False) as bar:
             for chunk in reader:
-                _consume(chunk, topology, recognizer, activity, res, gpu_flows)
+                _consume(chunk, topology, recognizer, activity, res, gpu_flows, switch_bw)
                 if total:
                     bar.update(reader.bytes_done - bar.n)
                 bar.set_postfix(rows=f"{reader.rows_read:,}", refresh=False)
@@ -197,24 +242,20 @@ def replay(
     res.jobs = recognizer.predict()
     res.job_spans = _job_spans(res.jobs, topology, activity)
     if gpu_flows is not None:
-        res.pairs = classify_pairs(gpu_flows, recognizer, topology, res.jobs)
+        a, b, start, duration, size = gpu_flows.columns()
+        res.analysis = analyse(
+            a, b, start, duration, size, recognizer.labels(), res.jobs, topology,
+            capture_end=res.last_start_ns or 0, switch_bw=switch_bw, settings=settings, stop_after=stop_after,
+        )
+        del a, b, start, duration, size
     res.seconds = time.perf_counter() - t_start
     if out_dir is not None:
         write_outputs(res, Path(out_dir))
+        if plots:
+            from .plots import write_plots
+
+            write_plots(res, Path(out_dir))
     return res
-
-
-def classify_pairs(gpu_flows: _GpuFlows, recognizer: JobRecognizer, topology: Topology, jobs: pd.DataFrame) -> pd.DataFrame:
-    """``pairs.csv``: DP/PP per communicating GPU pair, ``src < dst`` as text."""
-    a, b, start, size = gpu_flows.columns()
-    if len(a) == 0:
-        return pd.DataFrame(columns=OUTPUT_COLUMNS["pairs.csv"])
-    labels = recognizer.labels()
-    pred = ParallelismClassifier().fit(a, b, start, size, labels).predict()
-    src, dst = topology.pair_addresses(pred["a"], pred["b"])
-    job_id = jobs.set_index("ip")["job_id"].reindex(src).to_numpy()  # both ends share the job
-    out = pd.DataFrame({"job_id": job_id, "src": src, "dst": dst, "type": pred["type"].to_numpy()})
-    return out.sort_values(["job_id", "src", "dst"]).reset_index(drop=True)
 
 
 def _consume(
@@ -224,11 +265,14 @@ def _consume(
     activity: _NicActivity,
     res: ReplayResult,
     gpu_flows: _GpuFlows | None,
+    switch_bw: SwitchBandwidth | None,
 ) -> None:
     n = len(chunk)
     if n == 0:
         return
     res.flows_valid += n
+    last_start = int(chunk["start_ns"].max())
+    res.last_start_ns = last_start if res.last_start_ns is None else max(res.last_start_ns, last_start)
     a = topology.nic_index(chunk["src"])
     b = topology.nic_index(chunk["dst"])
     non_gpu = (a < 0) | (b < 0)
@@ -240,16 +284,20 @@ def _consume(
         return
     a, b = a[gpu], b[gpu]
     start = chunk["start_ns"].to_numpy()[gpu]
-    end = start + chunk["duration_ns"].to_numpy()[gpu]
+    duration = chunk["duration_ns"].to_numpy()[gpu]
+    size = chunk["size"].to_numpy()[gpu]
+    end = start + duration
     res.flows_gpu += int(gpu.sum())
-    res.bytes_gpu += int(chunk["size"].to_numpy()[gpu].sum())
+    res.bytes_gpu += int(size.sum())
     lo, hi = int(start.min()), int(end.max())
     res.first_ns = lo if res.first_ns is None else min(res.first_ns, lo)
     res.last_ns = hi if res.last_ns is None else max(res.last_ns, hi)
     recognizer.partial_fit_pairs(a, b)
     activity.update(a, b, start, end)
     if gpu_flows is not None:
-        gpu_flows.add(a, b, start, chunk["size"].to_numpy()[gpu])
+        gpu_flows.add(a, b, start, duration, size)
+    if switch_bw is not None:
+        switch_bw.partial_fit(start, duration, size, chunk["switches"][gpu])
 
 
 def _job_spans(jobs: pd.DataFrame, topology: Topology, activity: _NicActivity) -> pd.DataFrame:
@@ -263,43 +311,25 @@ def _job_spans(jobs: pd.DataFrame, topology: Topology, activity: _NicActivity) -
 
 def write_outputs(res: ReplayResult, out: Path) -> None:
     """Write every file of the output contract (headers even when empty)."""
+    from .trace import chrome_trace
+
     out.mkdir(parents=True, exist_ok=True)
     jobs = res.jobs if res.jobs is not None else pd.DataFrame(columns=["job_id", "ip"])
     jobs[OUTPUT_COLUMNS["jobs.csv"]].to_csv(out / "jobs.csv", index=False)
-    pairs = res.pairs if res.pairs is not None else pd.DataFrame(columns=OUTPUT_COLUMNS["pairs.csv"])
-    pairs[OUTPUT_COLUMNS["pairs.csv"]].to_csv(out / "pairs.csv", index=False)
-    # filled in by the timeline and diagnosis stages (issue 4)
-    for name in ("steps.csv", "anomalies.csv"):
-        pd.DataFrame(columns=OUTPUT_COLUMNS[name]).to_csv(out / name, index=False)
+    an = res.analysis
+    frames = {
+        "pairs.csv": an.pairs if an is not None else None,
+        "steps.csv": an.steps if an is not None else None,
+        "phases.csv": an.phases if an is not None else None,
+        "anomalies.csv": an.anomalies if an is not None else None,
+    }
+    for name, df in frames.items():
+        df = df if df is not None else pd.DataFrame(columns=OUTPUT_COLUMNS[name])
+        df[OUTPUT_COLUMNS[name]].to_csv(out / name, index=False)
+    sw = an.switch_bandwidth if an is not None and an.switch_bandwidth is not None else pd.DataFrame(columns=SWITCH_COLUMNS)
+    sw.to_csv(out / "switches.csv", index=False)
     (out / "timeline.json").write_text(json.dumps(chrome_trace(res), indent=None) + "\n")
     (out / "summary.json").write_text(json.dumps(res.summary(), indent=2) + "\n")
-
-
-def chrome_trace(res: ReplayResult) -> dict:
-    """Chrome Trace Event format: a process per job with its active span.
-
-    Timestamps are microseconds relative to the first flow (``ts`` must be
-    a number of microseconds; absolute epoch ns would lose precision in a
-    JSON double).
-    """
-    events = []
-    t0 = res.first_ns or 0
-    if res.job_spans is not None:
-        for pid, row in enumerate(res.job_spans.sort_values("job_id").itertuples(index=False), start=1):
-            events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": row.job_id}})
-            events.append({"ph": "M", "pid": pid, "tid": 0, "name": "thread_name", "args": {"name": "job"}})
-            events.append(
-                {
-                    "ph": "X",
-                    "pid": pid,
-                    "tid": 0,
-                    "name": "observed",
-                    "ts": (int(row.first_ns) - t0) / 1e3,
-                    "dur": (int(row.last_ns) - int(row.first_ns)) / 1e3,
-                    "args": {"flows": int(row.flows)},
-                }
-            )
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"generator": "prism replay", "epoch_ns": t0}}
 
 
 def format_summary(res: ReplayResult) -> str:
@@ -328,4 +358,14 @@ def format_summary(res: ReplayResult) -> str:
         if "dp_pairs" in j:
             extra += f", {j['dp_pairs']} DP / {j['pp_pairs']} PP pairs"
         lines.append(f"  {j['job_id']}  {j['gpus']:>5} GPUs on {len(srv):>4} servers ({srv_txt}){extra}")
+        if "dp" in j:
+            step = f"{j['steps']} steps, median {j['median_step_ms']:,.1f} ms" if j.get("steps") else "no whole step"
+            shape = f"DP{j['dp']} x PP{j['pp']} (x TP{j['tp']} inferred)" if j["dp_exact"] else f"DP>={j['dp']} x PP{j['pp']} (a DP ring runs partly inside servers)"
+            lines.append(f"      {shape}; {step}; {j['anomalies']} anomalies")
+    if s.get("anomalies"):
+        lines.append(f"anomalies: {len(s['anomalies'])}")
+        for a in s["anomalies"][:20]:
+            lines.append(f"  {a['kind']:<13} {a['job_id'] or '-':<13} {a['explanation']}")
+        if len(s["anomalies"]) > 20:
+            lines.append(f"  ... {len(s['anomalies']) - 20} more in anomalies.csv")
     return "\n".join(lines)

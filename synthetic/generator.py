@@ -438,7 +438,9 @@ class _JobSimulation:
             elif sim_step > 0 and prev_end >= 0:
                 break  # ends past the window
             prev_end = step_end
-            t = step_end + spec.optimizer_ms * 1e6
+            # the optimizer waits for every stage's last backward (in a
+            # pipeline-only job the last flow, into stage 0, comes earlier)
+            t = max(step_end, float(eB.max())) + spec.optimizer_ms * 1e6
             sim_step += 1
 
     def _record_pairs(self, truth_pairs, pp_net, dp_net):

@@ -21,9 +21,29 @@ def test_replay_writes_the_output_contract(tiny_dir, tmp_path, capsys):
     assert summary["flows_gpu"] + summary["flows_ignored"] + summary["rows_rejected"] == summary["rows_read"]
     trace = json.loads((out / "timeline.json").read_text())
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
-    assert names == set(jobs["job_id"])
+    assert names == set(jobs["job_id"]) | {"fabric"}
+    steps = pd.read_csv(out / "steps.csv")
+    assert set(steps["job_id"]) == set(jobs["job_id"]) and len(steps) > 100
+    anomalies = pd.read_csv(out / "anomalies.csv")
+    assert set(anomalies["kind"]) == {"slow_step", "slow_group", "regime_change", "slow_switch"}
+    assert anomalies["explanation"].str.len().min() > 20
+    assert {j["job_id"]: j["anomalies"] for j in summary["jobs"]} == anomalies[anomalies["job_id"].notna()].groupby("job_id").size().reindex(jobs["job_id"].unique(), fill_value=0).to_dict()
     printed = capsys.readouterr().out
     assert "jobs: 4" in printed and "non_gpu_address" in printed
+    assert "anomalies: 4" in printed and "median" in printed and "DP4 x PP1" in printed
+
+
+def test_replay_plots(tiny_dir, tmp_path):
+    out = tmp_path / "out"
+    assert main(["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--out", str(out), "--plots", "--quiet"]) == 0
+    for name in ("steps.png", "switches.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / name).stat().st_size > 10_000
+
+
+def test_replay_rejects_a_bad_switch_window(tiny_dir, tmp_path, capsys):
+    assert main(["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--out", str(tmp_path), "--switch-window", "-5"]) == 2
+    assert "--switch-window" in capsys.readouterr().err
 
 
 def test_replay_bad_input_is_exit_2_with_the_reason(tmp_path, data_dir, capsys):
@@ -67,7 +87,9 @@ def test_no_command_prints_help(capsys):
 
 
 def test_demo_matches_truth(tmp_path, capsys):
-    assert main(["demo", "--preset", "tiny", "--out", str(tmp_path)]) == 0
+    assert main(["demo", "--preset", "tiny", "--out", str(tmp_path), "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert "jobs MATCH the ground truth" in out
     assert "DP/PP pair types MATCH the ground truth: 112 of 112 pairs correct" in out
+    assert out.count("FOUND") == 3 and "MISSED" not in out
+    assert "0 unexplained" in out and "0 spurious" in out

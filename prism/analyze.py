@@ -1,0 +1,205 @@
+"""The per-window analyses over GPU flows: pairs -> steps -> phases -> anomalies.
+
+``prism replay`` runs them once over a whole capture; the daemon will run
+them per window. Input is column arrays (no per-flow objects); every step
+here is vectorised, and the loops left run over jobs, pipelines or steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .diagnosis import CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser, empty_anomalies
+from .parallelism import ParallelismClassifier
+from .timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
+from .topology import Topology
+
+__all__ = ["Analysis", "Settings", "analyse"]
+
+
+@dataclass
+class Settings:
+    """Analysis settings (the CLI's flags map onto these)."""
+
+    classifier: ParallelismClassifier = field(default_factory=ParallelismClassifier)
+    timeline: StepTimeline = field(default_factory=StepTimeline)
+    cross_step: CrossStepDiagnoser = field(default_factory=CrossStepDiagnoser)
+    cross_group: StageLagDiagnoser = field(default_factory=StageLagDiagnoser)
+    switches: SwitchDiagnoser = field(default_factory=SwitchDiagnoser)
+
+
+@dataclass
+class Analysis:
+    """What the analyses found (frames in the output contract's formats)."""
+
+    pairs: pd.DataFrame  # job_id, src, dst, type
+    steps: pd.DataFrame = None  # STEP_COLUMNS
+    phases: pd.DataFrame = None  # PHASE_COLUMNS
+    anomalies: pd.DataFrame = None  # ANOMALY_COLUMNS
+    switch_bandwidth: pd.DataFrame = None  # per window and switch/link
+    shapes: pd.DataFrame = None  # job_id, dp, pp, tp
+
+
+def _pair_key(a, b, n):
+    return np.minimum(a, b).astype(np.int64) * n + np.maximum(a, b)
+
+
+def analyse(
+    a: np.ndarray,
+    b: np.ndarray,
+    start: np.ndarray,
+    duration: np.ndarray,
+    size: np.ndarray,
+    labels: np.ndarray,
+    jobs: pd.DataFrame,
+    topology: Topology,
+    capture_end: int,
+    switch_bw: SwitchBandwidth | None = None,
+    settings: Settings | None = None,
+    stop_after: str = "diagnosis",
+) -> Analysis:
+    """Run the analyses over one window of GPU flows.
+
+    Parameters
+    ----------
+    a, b : int arrays
+        Source and destination NIC indices.
+    start, duration, size : int arrays
+    labels : int array
+        Job label per NIC (:meth:`prism.jobs.JobRecognizer.labels`).
+    jobs : DataFrame
+        ``job_id, ip`` (:meth:`prism.jobs.JobRecognizer.predict`).
+    topology : Topology
+    capture_end : int
+        Start of the capture's last record (any traffic).
+    switch_bw : SwitchBandwidth, optional
+        Fabric bandwidth accumulated over the same flows.
+    stop_after : {"pairs", "steps", "diagnosis"}
+    """
+    s = settings or Settings()
+    if len(a) == 0:
+        return Analysis(pairs=pd.DataFrame(columns=["job_id", "src", "dst", "type"]), steps=pd.DataFrame(columns=STEP_COLUMNS),
+                        phases=pd.DataFrame(columns=PHASE_COLUMNS), anomalies=empty_anomalies())
+    n = len(topology)
+    clf = s.classifier.fit(a, b, start, size, labels)
+    p = clf.pairs_
+    src_ip, dst_ip = topology.pair_addresses(p["a"], p["b"])
+    ip_job = jobs.set_index("ip")["job_id"]
+    pairs = pd.DataFrame({"job_id": ip_job.reindex(src_ip).to_numpy(), "src": src_ip, "dst": dst_ip, "type": np.where(p["dp"], "DP", "PP")})
+    pairs = pairs.sort_values(["job_id", "src", "dst"]).reset_index(drop=True)
+    out = Analysis(pairs=pairs)
+    out.shapes = _shapes(p, labels, n, jobs, topology)
+    if stop_after == "pairs":
+        return out
+
+    # per-flow job and DP flag, through the pair table (sorted by key)
+    pk = _pair_key(p["a"].to_numpy(), p["b"].to_numpy(), n)
+    o = np.argsort(pk)
+    pk, pdp = pk[o], p["dp"].to_numpy()[o]
+    is_dp = pdp[np.searchsorted(pk, _pair_key(a, b, n))]
+    job = labels[a]
+    label_name = _label_names(labels, jobs, topology)
+    end = start + duration
+    tl = s.timeline.fit(job, start, end, is_dp, size=size, capture_end=capture_end, job_names=label_name)
+    out.steps = tl.steps_[STEP_COLUMNS]
+    fs = tl.flow_step_
+    inside = fs >= 0
+    dp_comp = parallel_groups(p["a"].to_numpy()[p["dp"].to_numpy()], p["b"].to_numpy()[p["dp"].to_numpy()], n)
+    pp_comp = parallel_groups(p["a"].to_numpy()[~p["dp"].to_numpy()], p["b"].to_numpy()[~p["dp"].to_numpy()], n)
+    out.phases = _phases(tl.steps_, fs[inside], a[inside], is_dp[inside], start[inside], end[inside], size[inside], dp_comp, pp_comp, topology)
+    if stop_after == "steps":
+        return out
+
+    pp = inside & ~is_dp
+    first = _first_flows(fs[pp], a[pp], b[pp], start[pp], end[pp], tl.steps_)
+    server_of = topology.nics["server"].to_numpy()
+    found = [
+        s.cross_step.fit(out.steps).predict(),
+        s.cross_group.fit(first, out.steps, server_of).predict(),
+    ]
+    if switch_bw is not None:
+        sd = s.switches.fit(switch_bw)
+        found.append(sd.predict())
+        out.switch_bandwidth = sd.bandwidth_
+    found = [f for f in found if len(f)]
+    out.anomalies = pd.concat(found, ignore_index=True).sort_values(["start_ns", "kind", "subject"]).reset_index(drop=True) if found else empty_anomalies()
+    return out
+
+
+def _label_names(labels, jobs, topology) -> dict:
+    idx = topology.ips.get_indexer(jobs["ip"])
+    return dict(zip(labels[idx].tolist(), jobs["job_id"].tolist()))
+
+
+def _shapes(p: pd.DataFrame, labels, n, jobs, topology) -> pd.DataFrame:
+    """``job_id, dp, pp, gpus, tp, dp_exact`` per job.
+
+    PP is the usual pipeline length. DP is the largest DP ring seen: a ring
+    whose members partly share a server passes through NVLink there, and the
+    network shows it in pieces (open paths of one-way ring edges instead of
+    a cycle); ``dp_exact`` is False then, and DP is a lower bound.
+    """
+    names = _label_names(labels, jobs, topology)
+    gpus = jobs.groupby("job_id").size()
+    out = pd.DataFrame(index=gpus.index).assign(dp=1, pp=1, dp_exact=True)
+    dp_mask = p["dp"].to_numpy()
+    for kind, m in (("dp", dp_mask), ("pp", ~dp_mask)):
+        a, b = p["a"].to_numpy()[m], p["b"].to_numpy()[m]
+        if len(a) == 0:
+            continue
+        comp = parallel_groups(a, b, n)
+        nodes = np.unique(np.concatenate([a, b]))
+        c = pd.DataFrame({"comp": comp[nodes], "job": labels[nodes]}).groupby("comp").agg(job=("job", "first"), size=("job", "size"))
+        e = pd.DataFrame({"comp": comp[a], "one_way": p["one_way"].to_numpy()[m]}).groupby("comp").agg(edges=("one_way", "size"), one_way=("one_way", "all"))
+        c = c.join(e)
+        c["job_id"] = c["job"].map(names)
+        if kind == "pp":
+            out.loc[:, "pp"] = c.groupby("job_id")["size"].agg(lambda x: int(x.mode().iloc[0])).reindex(out.index).fillna(1).astype(int)
+        else:
+            ring = ((c["edges"] == c["size"]) & (c["size"] >= 3)) | ((c["size"] == 2) & ~c["one_way"])
+            out.loc[:, "dp"] = c.groupby("job_id")["size"].max().reindex(out.index).fillna(1).astype(int)
+            out.loc[:, "dp_exact"] = ring.groupby(c["job_id"]).all().reindex(out.index).fillna(True).astype(bool)
+    out["gpus"] = gpus
+    out["tp"] = (out["gpus"] // (out["dp"] * out["pp"])).clip(lower=1)
+    return out.rename_axis("job_id").reset_index()
+
+
+def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -> pd.DataFrame:
+    """Per step and parallel group (DP ring or pipeline): the span of its traffic."""
+    if len(fs) == 0:
+        return pd.DataFrame(columns=PHASE_COLUMNS)
+    comp = np.where(is_dp, dp_comp[a], pp_comp[a])
+    df = pd.DataFrame({"row": fs, "dp": is_dp, "comp": comp, "start": start, "end": end, "size": size})
+    g = df.groupby(["row", "dp", "comp"], sort=True).agg(start_ns=("start", "min"), end_ns=("end", "max"), flows=("size", "size"), bytes=("size", "sum")).reset_index()
+    # group names and servers: one lookup per group, not per flow
+    nics = topology.nics
+    names = {}
+    for kind, cmp in (("dp", dp_comp), ("pp", pp_comp)):
+        used = np.unique(g.loc[g["dp"] == (kind == "dp"), "comp"])
+        members = pd.DataFrame({"comp": cmp, "ip": nics["ip"].to_numpy(), "server": nics["server"].to_numpy()})
+        members = members[members["comp"].isin(used)]
+        for c, m in members.groupby("comp"):
+            names[(kind == "dp", c)] = (f"{kind}@{m['ip'].min()}", "|".join(sorted(m["server"].unique())))
+    info = [names[(d, c)] for d, c in zip(g["dp"], g["comp"])]
+    st = steps.iloc[g["row"].to_numpy()]
+    return pd.DataFrame({
+        "job_id": st["job_id"].to_numpy(), "step": st["step"].to_numpy(),
+        "group": [x[0] for x in info], "kind": np.where(g["dp"], "dp_collective", "pp_traffic"),
+        "start_ns": g["start_ns"].to_numpy(), "end_ns": g["end_ns"].to_numpy(), "flows": g["flows"].to_numpy(), "bytes": g["bytes"].to_numpy(),
+        "servers": [x[1] for x in info],
+    })[PHASE_COLUMNS]
+
+
+def _first_flows(fs, a, b, start, end, steps) -> pd.DataFrame:
+    """The first flow of each directed pair in each step."""
+    cols = ["job_id", "step", "src", "dst", "start_ns", "end_ns"]
+    if len(fs) == 0:
+        return pd.DataFrame(columns=cols)
+    o = np.lexsort((start, b, a, fs))
+    fs, a, b, start, end = fs[o], a[o], b[o], start[o], end[o]
+    new = np.ones(len(fs), dtype=bool)
+    new[1:] = (fs[1:] != fs[:-1]) | (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    st = steps.iloc[fs[new]]
+    return pd.DataFrame({"job_id": st["job_id"].to_numpy(), "step": st["step"].to_numpy(), "src": a[new], "dst": b[new], "start_ns": start[new], "end_ns": end[new]})

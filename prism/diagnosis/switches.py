@@ -1,0 +1,199 @@
+"""Switch-level diagnosis: switches and links with low effective bandwidth.
+
+Effective bandwidth is bytes over busy time (the sum of the durations of
+the flows through it), per time window, for GPU-to-GPU traffic (storage
+flows have another size mix and would skew their leaf). A switch is
+compared with the switches of its own tier in the same window: its tier is
+read off the paths, the ends of a path being leaves and the middle spines.
+
+Flows cross several switches, so one degraded spine also slows the flows of
+every leaf it serves. Diagnosis therefore explains away: it flags the worst
+switch of a window, drops the paths through it, recomputes, and stops when
+nothing is significantly slow. Links (consecutive switches of a path,
+directed) are then judged the same way over the paths left.
+
+Accumulation is per (window, path): the number of distinct paths is small
+(up to the number of leaf pairs times the spines), so memory does not grow
+with the flows, and the daemon can keep it running.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import ANOMALY_COLUMNS, empty_anomalies
+
+__all__ = ["SwitchBandwidth", "SwitchDiagnoser", "DEFAULT_WINDOW_S", "SWITCH_COLUMNS"]
+
+#: ``switches.csv``: one row per window and switch or link.
+SWITCH_COLUMNS = ["window_start_ns", "kind", "name", "tier", "flows", "bytes", "busy_ns", "gbps", "tier_median_gbps", "ratio"]
+
+#: LLMPrism averaged over an hour; five minutes finds a degraded switch
+#: sooner and still averages thousands of flows per switch.
+DEFAULT_WINDOW_S = 300.0
+
+
+class SwitchBandwidth:
+    """Streaming per-(window, path) byte and busy-time sums.
+
+    Parameters
+    ----------
+    window_s : float
+        Window length; windows are aligned to the epoch, so they line up
+        across files and runs.
+    """
+
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S):
+        if window_s <= 0:
+            raise ValueError("window_s must be > 0")
+        self.window_ns = int(window_s * 1e9)
+        self.path_ids: dict[str, int] = {}
+        self.paths: list[tuple[int, ...]] = []  # switch ids per path
+        self.switch_ids: dict[str, int] = {}
+        self.switch_names: list[str] = []
+        self._parts: list[pd.DataFrame] = []
+        self._table: pd.DataFrame | None = None
+
+    def _path_id(self, text: str) -> int:
+        pid = self.path_ids.get(text)
+        if pid is None:
+            ids = []
+            for name in (s.strip() for s in str(text).split("|")):
+                if not name:
+                    continue
+                if name not in self.switch_ids:
+                    self.switch_ids[name] = len(self.switch_names)
+                    self.switch_names.append(name)
+                ids.append(self.switch_ids[name])
+            pid = self.path_ids[text] = len(self.paths)
+            self.paths.append(tuple(ids))
+        return pid
+
+    def partial_fit(self, start, duration, size, switches) -> "SwitchBandwidth":
+        """Add a chunk of flows; ``switches`` is a categorical of path strings."""
+        if len(start) == 0:
+            return self
+        cat = pd.Categorical(switches)
+        # the path strings of this chunk (few) -> global path ids
+        lut = np.array([self._path_id(c) for c in cat.categories], dtype=np.int64)
+        codes = cat.codes
+        ok = codes >= 0
+        pid = lut[codes[ok]] if len(lut) else np.zeros(0, dtype=np.int64)
+        win = np.asarray(start)[ok] // self.window_ns
+        df = pd.DataFrame({"window": win, "path": pid, "bytes": np.asarray(size)[ok], "busy_ns": np.asarray(duration)[ok]})
+        part = df.groupby(["window", "path"], sort=False).agg(bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"), flows=("bytes", "size"))
+        self._parts.append(part)
+        self._table = None
+        if len(self._parts) > 64:  # keep the list short on long runs
+            self._parts = [self.table().set_index(["window", "path"])]
+        return self
+
+    def table(self) -> pd.DataFrame:
+        """``window, path, bytes, busy_ns, flows``."""
+        if self._table is None:
+            if not self._parts:
+                self._table = pd.DataFrame({c: pd.Series(dtype=np.int64) for c in ("window", "path", "bytes", "busy_ns", "flows")})
+            else:
+                self._table = pd.concat(self._parts).groupby(level=[0, 1]).sum().reset_index()
+        return self._table
+
+
+def _tiers(paths: list[tuple[int, ...]], n_switches: int) -> np.ndarray:
+    """'leaf' for switches seen at a path's end, 'spine' for middle-only ones."""
+    end = np.zeros(n_switches, dtype=bool)
+    for p in paths:
+        if p:
+            end[p[0]] = end[p[-1]] = True
+    return np.where(end, "leaf", "spine")
+
+
+class SwitchDiagnoser:
+    """Flag switches and links whose effective bandwidth is low against their tier.
+
+    Parameters
+    ----------
+    max_ratio : float, default 0.7
+        Flag below this share of the tier's median bandwidth ...
+    z : float, default 5.0
+        ... and this many robust spreads (1.4826 MAD) below it.
+    min_rel_spread : float, default 0.02
+        Floor of the spread, as a share of the median.
+    min_peers : int, default 3
+        Switches (links) a tier needs in a window to be compared.
+    min_flows : int, default 50
+        Flows a switch (link) needs in a window to be judged.
+    """
+
+    def __init__(self, max_ratio: float = 0.7, z: float = 5.0, min_rel_spread: float = 0.02, min_peers: int = 3, min_flows: int = 50):
+        self.max_ratio = float(max_ratio)
+        self.z = float(z)
+        self.min_rel_spread = float(min_rel_spread)
+        self.min_peers = int(min_peers)
+        self.min_flows = int(min_flows)
+
+    def fit(self, bw: SwitchBandwidth) -> "SwitchDiagnoser":
+        t = bw.table()
+        names = np.array(bw.switch_names, dtype=object)
+        tiers = _tiers(bw.paths, len(names))
+        # (path, switch) and (path, link) incidence
+        ps = [(p, s) for p, sw in enumerate(bw.paths) for s in sw]
+        pl = [(p, f"{names[x]}>{names[y]}", f"{tiers[x]}>{tiers[y]}", x, y) for p, sw in enumerate(bw.paths) for x, y in zip(sw[:-1], sw[1:])]
+        inc_s = pd.DataFrame(ps, columns=["path", "unit"]).assign(name=lambda d: names[d["unit"]] if len(d) else [], tier=lambda d: tiers[d["unit"]] if len(d) else [])
+        inc_l = pd.DataFrame(pl, columns=["path", "name", "tier", "x", "y"])
+        rows, tables = [], []
+        for w, tw in t.groupby("window", sort=True):
+            excluded: set[int] = set()
+            flagged_sw: set[str] = set()
+            for kind, inc in (("switch", inc_s), ("link", inc_l)):
+                first = True
+                while True:
+                    live = tw[~tw["path"].isin(excluded)]
+                    stats = self._stats(live, inc)
+                    if first:
+                        tables.append(stats.assign(window_start_ns=int(w) * bw.window_ns, kind=kind))
+                        first = False
+                    bad = stats[stats["slow"]]
+                    if kind == "link" and len(bad):  # a link of a flagged switch is explained by it
+                        ends = bad["name"].str.split(">")
+                        bad = bad[[not (set(e) & flagged_sw) for e in ends]]
+                    if bad.empty:
+                        break
+                    worst = bad.sort_values("ratio").iloc[0]
+                    rows.append(self._row(kind, worst, int(w) * bw.window_ns, bw.window_ns))
+                    if kind == "switch":
+                        flagged_sw.add(worst["name"])
+                    excluded |= set(inc.loc[inc["name"] == worst["name"], "path"].tolist())
+        self.anomalies_ = pd.DataFrame(rows, columns=ANOMALY_COLUMNS) if rows else empty_anomalies()
+        cols = SWITCH_COLUMNS
+        self.bandwidth_ = pd.concat(tables, ignore_index=True)[cols] if tables else pd.DataFrame(columns=cols)
+        return self
+
+    def _stats(self, live: pd.DataFrame, inc: pd.DataFrame) -> pd.DataFrame:
+        m = live.merge(inc[["path", "name", "tier"]], on="path")
+        s = m.groupby(["name", "tier"], as_index=False).agg(flows=("flows", "sum"), bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"))
+        s["gbps"] = s["bytes"] / s["busy_ns"].where(s["busy_ns"] > 0)  # bytes per ns = GB/s
+        judged = s["flows"] >= self.min_flows
+        if not judged.any():  # too little traffic to compare anything
+            return s.assign(tier_median_gbps=np.nan, ratio=np.nan, slow=False)
+        g = s[judged].groupby("tier")["gbps"]
+        med = g.median()
+        mad = (s.loc[judged, "gbps"] - s.loc[judged, "tier"].map(med)).abs().groupby(s.loc[judged, "tier"]).median()
+        peers = g.size()
+        s["tier_median_gbps"] = s["tier"].map(med)
+        spread = np.maximum(1.4826 * s["tier"].map(mad), self.min_rel_spread * s["tier_median_gbps"])
+        s["ratio"] = s["gbps"] / s["tier_median_gbps"]
+        z = (s["tier_median_gbps"] - s["gbps"]) / spread
+        s["slow"] = judged & (s["tier"].map(peers).fillna(0) >= self.min_peers) & (s["ratio"] <= self.max_ratio) & (z >= self.z)
+        return s
+
+    @staticmethod
+    def _row(kind, r, w0, wlen):
+        return (
+            f"slow_{kind}", "", -1, w0, r["name"], round(float(r["ratio"]), 4),
+            f"{kind} {r['name']} ({r['tier']}): {r['gbps']:.1f} GB/s effective, {r['ratio']:.2f}x the {r['tier']} median "
+            f"{r['tier_median_gbps']:.1f} GB/s, over {int(r['flows']):,} flows in the {wlen / 1e9:g} s window",
+        )
+
+    def predict(self) -> pd.DataFrame:
+        """Anomaly rows (:data:`prism.diagnosis.ANOMALY_COLUMNS`)."""
+        return self.anomalies_

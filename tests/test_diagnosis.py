@@ -1,0 +1,119 @@
+"""Diagnosers, one class at a time, on small hand-made inputs."""
+import numpy as np
+import pandas as pd
+from prometheus_client import CollectorRegistry  # noqa: F401  (kept for the daemon's tests)
+
+from prism.diagnosis import ANOMALY_COLUMNS, CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser
+from prism.diagnosis.cross_group import pipeline_stages
+
+
+def _steps(durations, job="j"):
+    d = np.asarray(durations, dtype=float)
+    return pd.DataFrame({"job_id": job, "step": np.arange(len(d)), "start_ns": np.cumsum(d).astype(np.int64), "duration_ns": d})
+
+
+def test_cross_step_single_and_regime():
+    rng = np.random.default_rng(1)
+    d = 100e6 * rng.lognormal(0, 0.003, 80)
+    d[20] *= 1.6
+    d[50:] *= 1.25
+    a = CrossStepDiagnoser().fit(_steps(d)).predict()
+    assert list(a.columns) == ANOMALY_COLUMNS
+    assert a[["kind", "step"]].values.tolist() == [["slow_step", 20], ["regime_change", 50]]
+    assert a.loc[0, "score"] > 1.5 and "1.6" in a.loc[0, "explanation"]
+
+
+def test_cross_step_quiet_on_noise():
+    rng = np.random.default_rng(2)
+    d = 100e6 * rng.lognormal(0, 0.02, 500)
+    assert CrossStepDiagnoser().fit(_steps(d)).predict().empty
+
+
+def test_cross_step_short_burst_is_slow_steps_not_regime():
+    d = np.full(40, 100e6)
+    d[10:12] = 150e6
+    a = CrossStepDiagnoser().fit(_steps(d)).predict()
+    assert a["kind"].tolist() == ["slow_step", "slow_step"]
+
+
+def _pipeline_flows(n_pipelines=8, stages=3, steps=6, slow=None, factor=1.5):
+    """First flows of hand-made pipelines: node = pipeline * stages + stage."""
+    rows = []
+    period = 1_000_000
+    for s in range(steps):
+        t0 = s * period
+        for p in range(n_pipelines):
+            t = t0
+            for k in range(stages - 1):
+                compute = 10_000 * (factor if slow == (p, k) and s >= 2 else 1)
+                t += compute
+                rows.append(("j", s, p * stages + k, p * stages + k + 1, t, t + 1_000))
+                t += 1_000
+            t += 20_000 * (factor if slow == (p, stages - 1) and s >= 2 else 1)
+            rows.append(("j", s, p * stages + stages - 1, p * stages + stages - 2, t, t + 1_000))
+    ff = pd.DataFrame(rows, columns=["job_id", "step", "src", "dst", "start_ns", "end_ns"])
+    steps = pd.DataFrame({"job_id": "j", "step": range(steps), "start_ns": [s * period for s in range(steps)]})
+    return ff, steps
+
+
+def test_pipeline_stages_orders_chains():
+    ff, _ = _pipeline_flows()
+    st = pipeline_stages(ff)
+    assert len(st) == 24
+    assert (st["node"] % 3 == st["stage"]).all()
+    assert (st["stages"] == 3).all()
+
+
+def test_stage_lag_names_the_server():
+    ff, steps = _pipeline_flows(slow=(5, 1))
+    server_of = np.array([f"srv{n // 3 % 4 if n % 3 != 1 else 10 + n // 3}" for n in range(24)])
+    a = StageLagDiagnoser().fit(ff, steps, server_of).predict()
+    assert a["subject"].tolist() == [server_of[5 * 3 + 1]]
+    assert a["step"].tolist() == [2]
+    assert abs(a["score"].iloc[0] - 1.5) < 0.05
+
+
+def test_stage_lag_quiet_without_fault():
+    ff, steps = _pipeline_flows()
+    server_of = np.array([f"srv{n}" for n in range(24)])
+    assert StageLagDiagnoser().fit(ff, steps, server_of).predict().empty
+
+
+def _fabric_bw(slow_spine="spine-1", factor=0.2, n=400):
+    """Flows over leaf-spine-leaf paths; flows via ``slow_spine`` take 1/factor longer."""
+    rng = np.random.default_rng(3)
+    leaves, spines = [f"leaf-{i}" for i in range(6)], [f"spine-{i}" for i in range(4)]
+    paths = [f"{a}|{s}|{b}" for a in leaves for b in leaves if a != b for s in spines]
+    k = rng.integers(0, len(paths), n * len(paths))
+    path = np.array(paths, dtype=object)[k]
+    size = np.full(len(k), 4 << 20)
+    dur = (size / 50.0 * rng.lognormal(0, 0.02, len(k))).astype(np.int64)
+    if slow_spine:
+        dur = np.where([f"|{slow_spine}|" in p for p in path], (dur / factor).astype(np.int64), dur)
+    bw = SwitchBandwidth(window_s=60)
+    start = np.sort(rng.integers(0, 50_000_000_000, len(k)))
+    bw.partial_fit(start[: len(k) // 2], dur[: len(k) // 2], size[: len(k) // 2], pd.Categorical(path[: len(k) // 2]))
+    bw.partial_fit(start[len(k) // 2 :], dur[len(k) // 2 :], size[len(k) // 2 :], pd.Categorical(path[len(k) // 2 :]))
+    return bw
+
+
+def test_switch_degraded_spine_explains_its_leaves():
+    d = SwitchDiagnoser().fit(_fabric_bw())
+    a = d.predict()
+    assert a["kind"].tolist() == ["slow_switch"]
+    assert a["subject"].tolist() == ["spine-1"]
+    assert 0.15 < a["score"].iloc[0] < 0.3
+    # without explaining away, every leaf would look slower than its peers... but not below the bar
+    tab = d.bandwidth_
+    assert set(tab.loc[tab["kind"] == "switch", "tier"]) == {"leaf", "spine"}
+
+
+def test_switch_quiet_when_healthy():
+    assert SwitchDiagnoser().fit(_fabric_bw(slow_spine=None)).predict().empty
+
+
+def test_switch_bandwidth_merges_chunks():
+    bw = _fabric_bw(slow_spine=None, n=10)
+    t = bw.table()
+    assert t["flows"].sum() == 10 * 6 * 5 * 4
+    assert len(bw.switch_names) == 10
