@@ -102,8 +102,8 @@ def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps
 
     An anomaly is explained (not a false positive) if it finds a fault, or is
     an effect of one: a ``regime_change`` of a job starting while a
-    ``slow_group`` of that job or a ``slow_switch`` fault begins (within
-    ``steps`` median step durations, default 5 steps of 1 s).
+    ``slow_group`` of that job or a ``slow_switch`` fault begins (within 5
+    of the job's median step durations, from ``steps``; 5 s without them).
     """
     pred = pred.assign(job=pred["job_id"].map(names).fillna(""))
     f = faults.copy()

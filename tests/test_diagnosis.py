@@ -1,7 +1,6 @@
 """Diagnosers, one class at a time, on small hand-made inputs."""
 import numpy as np
 import pandas as pd
-from prometheus_client import CollectorRegistry  # noqa: F401  (kept for the daemon's tests)
 
 from prism.diagnosis import ANOMALY_COLUMNS, CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser
 from prism.diagnosis.cross_group import pipeline_stages

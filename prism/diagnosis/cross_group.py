@@ -144,7 +144,8 @@ class StageLagDiagnoser:
         grid = grid[np.isfinite(grid["compute_ns"]) & (grid["compute_ns"] > 0)]
         key = ["job_id", "step", "stage"]
         g = grid.groupby(key)["compute_ns"]
-        grid = grid.assign(base=g.transform(lambda x: np.quantile(x, 0.25)), peers=g.transform("size"), med=g.transform("median"))
+        idx = pd.MultiIndex.from_frame(grid[key])
+        grid = grid.assign(base=g.quantile(0.25).reindex(idx).to_numpy(), peers=g.transform("size"), med=g.transform("median"))
         fast = grid[grid["compute_ns"] <= grid["med"]]
         mad = (fast["compute_ns"] - fast.groupby(key)["compute_ns"].transform("median")).abs().groupby([fast[k] for k in key]).median()
         grid["spread"] = np.maximum(1.4826 * mad.reindex(pd.MultiIndex.from_frame(grid[key])).to_numpy(), self.min_rel_spread * grid["base"].to_numpy())
@@ -167,8 +168,6 @@ class StageLagDiagnoser:
         lag = lag.assign(run=new_run.cumsum())
         runs = lag.groupby("run").agg(job_id=("job_id", "first"), server=("server", "first"), step=("step", "first"), last=("step", "last"), n=("step", "size"), ratio=("ratio", "median"), stage=("stage", "first"))
         runs = runs[runs["n"] >= self.min_steps]
-        # a server whose GPUs hold one stage of every slow pipeline may also
-        # show up in other rows; one anomaly per (job, servers, start step)
         rows = []
         for r in runs.itertuples(index=False):
             start = int(step_start.get((r.job_id, r.step), 0))
