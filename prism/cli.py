@@ -57,7 +57,8 @@ def _add_replay(sub):
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument(
         "--stop-after", choices=["jobs", "pairs", "steps", "diagnosis"], default="diagnosis",
-        help="last analysis to run: 'jobs' is a quick job inventory whose memory does not grow with the flows (default: %(default)s)",
+        help="last analysis to run: 'jobs' is a quick job inventory whose memory does not grow with the flows; "
+        "'pairs' adds DP/PP types, 'steps' the step timelines, 'diagnosis' the anomalies (default: %(default)s)",
     )
     p.add_argument("--plots", action="store_true", help="also write steps.png (step time per job, anomalies marked) and switches.png (bandwidth heat map)")
     p.add_argument(

@@ -33,11 +33,10 @@ import pandas as pd
 
 from .analyze import Analysis, Settings, analyse
 from .diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
-from .diagnosis.switches import DEFAULT_WINDOW_S
+from .diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
 from .jobs import JobRecognizer
 from .readers import DEFAULT_CHUNK_ROWS, FlowReader
 from .records import RejectCounter
-from .diagnosis.switches import SWITCH_COLUMNS
 from .timeline import PHASE_COLUMNS, STEP_COLUMNS
 from .topology import Topology
 
