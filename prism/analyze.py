@@ -90,25 +90,27 @@ def analyse(
     pairs = pd.DataFrame({"job_id": ip_job.reindex(src_ip).to_numpy(), "src": src_ip, "dst": dst_ip, "type": np.where(p["dp"], "DP", "PP")})
     pairs = pairs.sort_values(["job_id", "src", "dst"]).reset_index(drop=True)
     out = Analysis(pairs=pairs)
-    out.shapes = _shapes(p, labels, n, jobs, topology)
+    # the DP rings and pipelines: components of the DP and of the PP pairs
+    dp_mask = p["dp"].to_numpy()
+    pa, pb = p["a"].to_numpy(), p["b"].to_numpy()
+    comps = {"dp": parallel_groups(pa[dp_mask], pb[dp_mask], n), "pp": parallel_groups(pa[~dp_mask], pb[~dp_mask], n)}
+    label_name = _label_names(labels, jobs, topology)
+    out.shapes = _shapes(p, labels, comps, label_name, jobs)
     if stop_after == "pairs":
         return out
 
     # per-flow job and DP flag, through the pair table (sorted by key)
-    pk = _pair_key(p["a"].to_numpy(), p["b"].to_numpy(), n)
+    pk = _pair_key(pa, pb, n)
     o = np.argsort(pk)
-    pk, pdp = pk[o], p["dp"].to_numpy()[o]
+    pk, pdp = pk[o], dp_mask[o]
     is_dp = pdp[np.searchsorted(pk, _pair_key(a, b, n))]
     job = labels[a]
-    label_name = _label_names(labels, jobs, topology)
     end = start + duration
     tl = s.timeline.fit(job, start, end, is_dp, size=size, capture_end=capture_end, job_names=label_name)
     out.steps = tl.steps_[STEP_COLUMNS]
     fs = tl.flow_step_
     inside = fs >= 0
-    dp_comp = parallel_groups(p["a"].to_numpy()[p["dp"].to_numpy()], p["b"].to_numpy()[p["dp"].to_numpy()], n)
-    pp_comp = parallel_groups(p["a"].to_numpy()[~p["dp"].to_numpy()], p["b"].to_numpy()[~p["dp"].to_numpy()], n)
-    out.phases = _phases(tl.steps_, fs[inside], a[inside], is_dp[inside], start[inside], end[inside], size[inside], dp_comp, pp_comp, topology)
+    out.phases = _phases(tl.steps_, fs[inside], a[inside], is_dp[inside], start[inside], end[inside], size[inside], comps["dp"], comps["pp"], topology)
     if stop_after == "steps":
         return out
 
@@ -133,7 +135,7 @@ def _label_names(labels, jobs, topology) -> dict:
     return dict(zip(labels[idx].tolist(), jobs["job_id"].tolist()))
 
 
-def _shapes(p: pd.DataFrame, labels, n, jobs, topology) -> pd.DataFrame:
+def _shapes(p: pd.DataFrame, labels, comps: dict, names: dict, jobs) -> pd.DataFrame:
     """``job_id, dp, pp, gpus, tp, dp_exact`` per job.
 
     PP is the usual pipeline length. DP is the largest DP ring seen: a ring
@@ -141,7 +143,6 @@ def _shapes(p: pd.DataFrame, labels, n, jobs, topology) -> pd.DataFrame:
     network shows it in pieces (open paths of one-way ring edges instead of
     a cycle); ``dp_exact`` is False then, and DP is a lower bound.
     """
-    names = _label_names(labels, jobs, topology)
     gpus = jobs.groupby("job_id").size()
     out = pd.DataFrame(index=gpus.index).assign(dp=1, pp=1, dp_exact=True)
     dp_mask = p["dp"].to_numpy()
@@ -149,7 +150,7 @@ def _shapes(p: pd.DataFrame, labels, n, jobs, topology) -> pd.DataFrame:
         a, b = p["a"].to_numpy()[m], p["b"].to_numpy()[m]
         if len(a) == 0:
             continue
-        comp = parallel_groups(a, b, n)
+        comp = comps[kind]
         nodes = np.unique(np.concatenate([a, b]))
         c = pd.DataFrame({"comp": comp[nodes], "job": labels[nodes]}).groupby("comp").agg(job=("job", "first"), size=("job", "size"))
         e = pd.DataFrame({"comp": comp[a], "one_way": p["one_way"].to_numpy()[m]}).groupby("comp").agg(edges=("one_way", "size"), one_way=("one_way", "all"))
