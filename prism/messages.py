@@ -1,0 +1,176 @@
+"""Kafka message codec: flow records in, flow records out.
+
+A message's value holds one or many flow records, in one of two formats:
+
+* **JSON Lines**: newline-separated JSON objects with the flow-record
+  columns (:data:`prism.records.FLOW_COLUMNS`).
+* **Arrow IPC stream**: one or more record batches with those columns.
+
+The format is chosen per message: a ``content-type`` header
+(``application/x-ndjson`` or ``application/vnd.apache.arrow.stream``) wins;
+without one, a value starting with the Arrow IPC continuation marker
+``FF FF FF FF`` is Arrow and anything else is JSON Lines.
+
+The key is the unordered GPU pair (``"ipA|ipB"``, addresses sorted), so the
+per-pair state of the analyses stays on one partition. A message may carry
+flows of several pairs; only scale-out relies on the key.
+
+Decoding never raises on bad input: bad rows are counted by reason in the
+:class:`~prism.records.RejectCounter` (as in the file readers) and their
+neighbours kept; a message that cannot be decoded at all counts once as
+``malformed_message``, and one over the size limit once as
+``oversized_message``.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .readers import FlowReader
+from .records import FLOW_COLUMNS, REQUIRED_COLUMNS, RejectCounter, empty_flows, validate_flows
+
+__all__ = [
+    "ARROW_CONTENT_TYPE",
+    "JSONL_CONTENT_TYPE",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "decode_message",
+    "read_arrow",
+    "validate_arrow",
+    "encode_jsonl",
+    "encode_arrow",
+    "pair_keys",
+]
+
+ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
+JSONL_CONTENT_TYPE = "application/x-ndjson"
+DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
+_ARROW_MARKER = b"\xff\xff\xff\xff"
+
+
+def message_format(value: bytes, headers=None) -> str:
+    """``"arrow"`` or ``"jsonl"`` for a message (see the module docstring).
+
+    >>> message_format(b'{"start_ns": 1}')
+    'jsonl'
+    >>> message_format(b"\\xff\\xff\\xff\\xff...")
+    'arrow'
+    >>> message_format(b"x", [("content-type", b"application/vnd.apache.arrow.stream")])
+    'arrow'
+    """
+    for k, v in headers or ():
+        if k.lower() == "content-type":
+            ct = (v.decode("latin-1") if isinstance(v, bytes) else str(v)).split(";")[0].strip().lower()
+            if ct == ARROW_CONTENT_TYPE:
+                return "arrow"
+            if ct in (JSONL_CONTENT_TYPE, "application/jsonl", "application/json"):
+                return "jsonl"
+    return "arrow" if value[:4] == _ARROW_MARKER else "jsonl"
+
+
+def decode_message(
+    value: bytes | None,
+    rejects: RejectCounter,
+    source: str = "<message>",
+    headers=None,
+    max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> pd.DataFrame:
+    """Validated flow records of one message (possibly zero rows).
+
+    Parameters
+    ----------
+    value : bytes
+        The message value.
+    rejects : RejectCounter
+        Updated with every rejected row (or message) by reason.
+    source : str
+        Where the message came from (``topic[partition]@offset``), for the
+        examples kept with the counts.
+    headers : list of (str, bytes), optional
+        Kafka headers; ``content-type`` picks the format.
+    max_bytes : int
+        Larger messages are not decoded (``oversized_message``).
+
+    Examples
+    --------
+    >>> rc = RejectCounter()
+    >>> v = b'{"start_ns":1,"duration_ns":2,"src":"10.0.0.1","dst":"10.0.0.2","size":64,"switches":"l1"}\\nnot json\\n'
+    >>> len(decode_message(v, rc)), rc.as_dict()
+    (1, {'malformed_row': 1})
+    """
+    if value is None or len(value) == 0:
+        rejects.add("malformed_message", 1, f"{source}: empty message")
+        return empty_flows()
+    if len(value) > max_bytes:
+        rejects.add("oversized_message", 1, f"{source}: {len(value):,} bytes > limit {max_bytes:,}")
+        return empty_flows()
+    if message_format(value, headers) == "arrow":
+        return _decode_arrow(value, rejects, source)
+    reader = FlowReader("-", stdin=io.BytesIO(value), rejects=rejects, name=source, check_columns=False)
+    parts = [c for c in reader if len(c)]
+    if not parts:
+        return empty_flows()
+    return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+
+
+def _decode_arrow(value: bytes, rejects: RejectCounter, source: str) -> pd.DataFrame:
+    table = read_arrow(value, rejects, source)
+    if table is None or table.num_rows == 0:
+        return empty_flows()
+    return validate_arrow([table], rejects, source)
+
+
+def read_arrow(value: bytes, rejects: RejectCounter, source: str) -> pa.Table | None:
+    """The table of an Arrow IPC stream message, or None (counted) if unreadable."""
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as e:
+        rejects.add("malformed_message", 1, f"{source}: not an Arrow IPC stream ({str(e).splitlines()[0][:120]})")
+        return None
+    for c in REQUIRED_COLUMNS:
+        if c not in table.column_names:
+            # a missing column is a missing field in every row: validation
+            # counts each row under the reason the field implies
+            table = table.append_column(c, pa.nulls(table.num_rows, pa.string()))
+    return table.select([c for c in table.column_names if c in FLOW_COLUMNS])
+
+
+def validate_arrow(tables: list, rejects: RejectCounter, source: str) -> pd.DataFrame:
+    """Validate several messages' tables in one call (types unified first)."""
+    try:
+        table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # columns of clashing types across messages: validate one by one
+        parts = [validate_flows(t, rejects, source, first_line=0, line_step="row") for t in tables]
+        return pd.concat(parts, ignore_index=True)
+    return validate_flows(table, rejects, source, first_line=0, line_step="row")
+
+
+def pair_keys(src, dst) -> np.ndarray:
+    """Kafka keys: the unordered pair ``"lo|hi"`` per record (bytes).
+
+    >>> pair_keys(["10.0.0.2"], ["10.0.0.1"]).tolist()
+    [b'10.0.0.1|10.0.0.2']
+    """
+    s = np.asarray(src, dtype=object).astype(str)
+    d = np.asarray(dst, dtype=object).astype(str)
+    lo, hi = np.where(s <= d, s, d), np.where(s <= d, d, s)
+    return np.char.encode(np.char.add(np.char.add(lo, "|"), hi), "ascii").astype(object)
+
+
+def encode_jsonl(flows: pd.DataFrame) -> bytes:
+    """JSON Lines bytes of a flow frame (the columns it has)."""
+    if len(flows) == 0:
+        return b""
+    return flows.to_json(orient="records", lines=True).encode() + b"\n"
+
+
+def encode_arrow(flows: pd.DataFrame) -> bytes:
+    """Arrow IPC stream bytes of a flow frame (one record batch)."""
+    table = pa.Table.from_pandas(flows, preserve_index=False)
+    sink = pa.BufferOutputStream()  # (prism.produce slices one table instead, for many messages)
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()

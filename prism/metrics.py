@@ -1,0 +1,239 @@
+"""Prometheus exposition: a custom collector over the monitor, and the web server.
+
+The collector yields metric families from the monitor's last published
+view (:attr:`prism.monitor.Monitor.view`) and its counters, so a scrape
+never waits for an analysis and never sees half of one. Counters carry a
+``partition`` label (the Kafka partition, or ``dir`` for a directory
+source): a partition's counts move with it between replicas and across
+restarts, so ``sum by () (max by (partition) (...))`` is exact across a
+consumer group.
+
+The web server answers ``/metrics``, ``/healthz`` (the daemon's loop is
+alive) and ``/readyz`` (the source is connected and assigned).
+"""
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from .monitor import STEP_BUCKETS_S, Monitor
+from .records import REJECT_REASONS
+
+__all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address"]
+
+_IGNORE_REASONS = ("non_gpu_address", "self_flow", "late")
+_WINDOW_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+class Health:
+    """Liveness and readiness, set by the daemon's loop."""
+
+    def __init__(self, stall_s: float = 60.0):
+        self.stall_s = stall_s
+        self.last_beat = time.monotonic()
+        self.ready = False
+        self.reason = "starting"
+        self.consumer_lag = None  # Kafka records behind, when known
+
+    def beat(self) -> None:
+        self.last_beat = time.monotonic()
+
+    @property
+    def alive(self) -> bool:
+        return time.monotonic() - self.last_beat < self.stall_s
+
+
+class PrismCollector:
+    """Yields Prism's metric families (see the README's metric table).
+
+    Parameters
+    ----------
+    monitor : Monitor
+    health : Health, optional
+        Source of ``prism_consumer_lag_records`` and ``prism_up``-style state.
+
+    Examples
+    --------
+    >>> from prism.topology import Topology
+    >>> import pandas as pd
+    >>> topo = Topology.from_frame(pd.DataFrame({"ip": ["10.0.0.1", "10.0.1.1"], "server": ["s0", "s1"]}))
+    >>> reg = CollectorRegistry()
+    >>> reg.register(PrismCollector(Monitor(topo)))
+    >>> reg.get_sample_value("prism_jobs")
+    0.0
+    """
+
+    def __init__(self, monitor: Monitor, health: Health | None = None):
+        self.monitor = monitor
+        self.health = health
+        self._win_counts = [0] * (len(_WINDOW_BUCKETS_S) + 1)
+        self._win_sum = 0.0
+        self._lock = threading.Lock()
+
+    def describe(self):
+        return []  # no collect() at registration time
+
+    def collect(self):
+        m = self.monitor
+        counts = m.counters_snapshot()
+        view = m.view
+
+        ing = CounterMetricFamily("prism_flows_ingested_total", "Valid flow records received (including those later ignored; re-deliveries once).", labels=["partition"])
+        dup = CounterMetricFamily("prism_flows_duplicate_total", "Re-delivered flow records recognised and not counted again.", labels=["partition"])
+        rej = CounterMetricFamily("prism_flows_rejected_total", "Malformed flow records (or whole messages) skipped, by reason.", labels=["partition", "reason"])
+        ign = CounterMetricFamily("prism_flows_ignored_total", "Valid flow records that are not GPU-to-GPU training traffic, or arrived too late, by reason.", labels=["partition", "reason"])
+        for p, c in sorted(counts.items()):
+            ing.add_metric([p], c.get("ingested", 0))
+            dup.add_metric([p], c.get("duplicate", 0))
+            for r in REJECT_REASONS:
+                rej.add_metric([p, r], c.get(f"rejected:{r}", 0))
+            for r in _IGNORE_REASONS:
+                ign.add_metric([p, r], c.get(f"ignored:{r}", 0))
+        yield from (ing, dup, rej, ign)
+        shed = CounterMetricFamily("prism_flows_shed_total", "GPU flows dropped from the analysis window because it was full (--window.max-flows).")
+        shed.add_metric([], m.window.shed)
+        yield shed
+        wf = GaugeMetricFamily("prism_window_flows", "GPU flows held in the analysis window.")
+        wf.add_metric([], view.window_flows)
+        yield wf
+
+        jobs = view.jobs
+        g = GaugeMetricFamily("prism_jobs", "Training jobs recognised.")
+        g.add_metric([], len(jobs))
+        yield g
+        info = GaugeMetricFamily("prism_job_info", "A recognised job (value 1): its GPUs, servers and DP x PP shape.", labels=["job_id", "gpus", "servers", "dp", "pp"])
+        last = GaugeMetricFamily("prism_step_duration_seconds", "Duration of the job's last complete step.", labels=["job_id"])
+        hist = HistogramMetricFamily("prism_step_duration_histogram_seconds", "Step durations of the job.", labels=["job_id"])
+        slowdown = GaugeMetricFamily("prism_step_slowdown_ratio", "Last step's duration over the job's baseline (median of recent normal steps).", labels=["job_id"])
+        slow = GaugeMetricFamily("prism_slow_step", "1 if the job's last step was slow (cross-step diagnosis), else 0.", labels=["job_id"])
+        steps = CounterMetricFamily("prism_steps_total", "Complete steps reconstructed for the job.", labels=["job_id"])
+        anomalies = CounterMetricFamily("prism_anomalies_total", "Anomalies found, by kind and job (job_id empty for switches and links).", labels=["kind", "job_id"])
+        lag = GaugeMetricFamily("prism_group_lag_ratio", "Pipeline-stage compute time of the group (server) over its peers' (1 = normal).", labels=["job_id", "group"])
+        for job_id, v in sorted(jobs.items()):
+            info.add_metric([job_id, str(v.gpus), str(v.servers), str(v.dp), str(v.pp)], 1)
+            steps.add_metric([job_id], v.steps)
+            if v.last_step_s is not None:
+                last.add_metric([job_id], v.last_step_s)
+                slowdown.add_metric([job_id], v.slowdown if v.slowdown is not None else math.nan)
+                slow.add_metric([job_id], 1.0 if v.slow else 0.0)
+            cum, buckets = 0, []
+            for le, n in zip([*map(str, STEP_BUCKETS_S), "+Inf"], v.bucket_counts):
+                cum += n
+                buckets.append((le, cum))
+            hist.add_metric([job_id], buckets, v.step_sum_s)
+            for kind, n in sorted(v.anomalies.items()):
+                anomalies.add_metric([kind, job_id], n)
+            for server, r in sorted(v.group_lag.items()):
+                lag.add_metric([job_id, server], r)
+        for kind, n in sorted(m.fabric_anomalies.items()):
+            anomalies.add_metric([kind, ""], n)
+        yield from (info, last, hist, slowdown, slow, steps, anomalies, lag)
+
+        bw = GaugeMetricFamily("prism_switch_bandwidth_bytes_per_second", "Effective bandwidth (bytes over busy time) of GPU traffic through the switch, last window.", labels=["switch"])
+        ratio = GaugeMetricFamily("prism_switch_bandwidth_ratio", "Switch bandwidth over its tier's median (1 = like its peers).", labels=["switch"])
+        for name, (bps, r) in sorted(view.switches.items()):
+            bw.add_metric([name], bps)
+            ratio.add_metric([name], r)
+        yield from (bw, ratio)
+
+        with m.lock:
+            drained, m.tick_seconds = m.tick_seconds, []
+        with self._lock:
+            for sec in drained:
+                i = next((k for k, le in enumerate(_WINDOW_BUCKETS_S) if sec <= le), len(_WINDOW_BUCKETS_S))
+                self._win_counts[i] += 1
+                self._win_sum += sec
+            cum, buckets = 0, []
+            for le, n in zip([*map(str, _WINDOW_BUCKETS_S), "+Inf"], self._win_counts):
+                cum += n
+                buckets.append((le, cum))
+            wp = HistogramMetricFamily("prism_window_processing_seconds", "Wall time of one window's analysis.")
+            wp.add_metric([], buckets, self._win_sum)
+        yield wp
+        ticks = CounterMetricFamily("prism_windows_total", "Windows analysed.")
+        ticks.add_metric([], view.ticks)
+        yield ticks
+        if view.analysed_to_ns is not None:
+            wm = GaugeMetricFamily("prism_analysed_until_timestamp_seconds", "Event time up to which flows have been analysed.")
+            wm.add_metric([], view.analysed_to_ns / 1e9)
+            yield wm
+        if self.health is not None:
+            up = GaugeMetricFamily("prism_ready", "1 when the source is connected and assigned.")
+            up.add_metric([], 1.0 if self.health.ready else 0.0)
+            yield up
+            if self.health.consumer_lag is not None:
+                cl = GaugeMetricFamily("prism_consumer_lag_records", "Kafka records (messages) behind the partitions' high watermarks.")
+                cl.add_metric([], self.health.consumer_lag)
+                yield cl
+
+
+def parse_listen_address(text: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:9464`` for IPv6; ``:9464`` for all interfaces).
+
+    >>> parse_listen_address("127.0.0.1:9464")
+    ('127.0.0.1', 9464)
+    >>> parse_listen_address("[::1]:0")
+    ('::1', 0)
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--web.listen-address: expected HOST:PORT, got {text!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args):  # scrapes every 15 s would flood the log
+        pass
+
+
+class MetricsServer:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on a background thread."""
+
+    def __init__(self, registry: CollectorRegistry, health: Health, address: str = "127.0.0.1:9464"):
+        host, port = parse_listen_address(address)
+        metrics_app = make_wsgi_app(registry)
+
+        def app(environ, start_response):
+            path = environ.get("PATH_INFO", "/")
+            if path == "/healthz":
+                ok = health.alive
+                start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [b"ok\n" if ok else b"main loop stalled\n"]
+            if path == "/readyz":
+                ok = health.ready
+                start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [b"ready\n" if ok else f"not ready: {health.reason}\n".encode()]
+            if path in ("/metrics", "/"):
+                return metrics_app(environ, start_response)
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"try /metrics, /healthz or /readyz\n"]
+
+        server_class = _Server6 if ":" in host else _Server
+        self.httpd = make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
+        self.port = self.httpd.server_port
+        self.address = f"{'[' + host + ']' if ':' in host else host}:{self.port}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="prism-metrics", daemon=True)
+
+    def start(self) -> "MetricsServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,442 @@
+"""Incremental monitoring state: the daemon's analyses over a sliding window.
+
+records (validated frames) -> :meth:`Monitor.ingest` -> window ->
+:meth:`Monitor.tick` (every ``step_s`` of event time) -> :class:`MonitorView`
+(what the metrics show) and events (what the demo prints).
+
+What is kept, and why it is bounded:
+
+* the last ``window_s`` of GPU flows (32 B each, capped at
+  ``max_window_flows``; beyond, the oldest are shed and counted);
+* per GPU pair, when it was last seen (pairs unseen for ``pair_ttl_s``
+  are forgotten, so a finished job's NICs can join a new job);
+* per job, the last ``step_history`` steps and the step-time histogram;
+  a job gone for ``pair_ttl_s`` is dropped;
+* the switch bandwidth sums of the windows still in the analysis window;
+* the hashes of the records of the window, to drop re-deliveries.
+
+Each tick runs :func:`prism.analyze.analyse` (the same analyses as ``prism
+replay``) over the window, then merges: steps already reported are not
+reported again, the cross-step diagnosis runs over each job's step history
+(so its baseline outlives the window), and each anomaly is counted once.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .analyze import Settings, analyse
+from .diagnosis import SwitchBandwidth
+from .jobs import JobRecognizer, gpu_clusters
+from .topology import Topology
+from .window import FlowWindow, RecordDeduper, record_hashes
+
+__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "STEP_BUCKETS_S"]
+
+#: Step-duration histogram buckets (seconds): LLM steps run from tenths of
+#: a second (small models) to minutes.
+STEP_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+_CROSS_STEP_KINDS = ("slow_step", "regime_change")
+
+
+@dataclass
+class MonitorSettings:
+    """Window settings (the daemon's ``--window*`` flags)."""
+
+    window_s: float = 120.0  # flows analysed per tick; holds several steps of the slowest job
+    step_s: float = 15.0  # event time between ticks
+    lateness_s: float = 2.0  # how long to wait for out-of-order records before analysing
+    pair_ttl_s: float = 600.0  # forget a GPU pair (and a job) unseen this long
+    max_window_flows: int = 20_000_000  # memory bound: 32 B a flow
+    switch_window_s: float = 60.0  # switch bandwidth comparison window
+    step_history: int = 256  # steps kept per job for the cross-step baseline
+    idle_flush_s: float = 3.0  # wall seconds without input before analysing the tail
+
+    def __post_init__(self):
+        for name in ("window_s", "step_s", "switch_window_s", "pair_ttl_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0 (got {getattr(self, name)})")
+        if self.step_s > self.window_s:
+            raise ValueError(f"step_s ({self.step_s}) must not exceed window_s ({self.window_s})")
+        if self.lateness_s < 0:
+            raise ValueError("lateness_s must be >= 0")
+
+
+@dataclass
+class JobView:
+    """What the metrics say about one job."""
+
+    job_id: str
+    gpus: int
+    servers: int
+    dp: int = 0
+    pp: int = 0
+    steps: int = 0  # steps reported so far
+    last_step_s: float | None = None
+    slowdown: float | None = None  # last step / its baseline
+    slow: bool = False
+    bucket_counts: list = field(default_factory=lambda: [0] * (len(STEP_BUCKETS_S) + 1))
+    step_sum_s: float = 0.0
+    anomalies: Counter = field(default_factory=Counter)
+    group_lag: dict = field(default_factory=dict)  # server -> ratio (pipeline-stage compute vs peers)
+
+
+@dataclass
+class MonitorView:
+    """An immutable-by-convention snapshot for the metrics endpoint."""
+
+    jobs: dict = field(default_factory=dict)  # job_id -> JobView
+    switches: dict = field(default_factory=dict)  # name -> (bytes/s, ratio)
+    window_flows: int = 0
+    pairs: int = 0
+    analysed_to_ns: int | None = None
+    ticks: int = 0
+
+
+class _JobState:
+    def __init__(self, job_id: str, history: int):
+        self.view = JobView(job_id=job_id, gpus=0, servers=0)
+        self.history: deque = deque(maxlen=history)  # (step, start_ns, end_ns)
+        self.next_step = 0
+        self.last_end = -1
+        self.last_seen = 0
+        self.reported: dict = {}  # anomaly key -> start_ns
+
+
+class Monitor:
+    """The daemon's state between ticks (see the module docstring).
+
+    Parameters
+    ----------
+    topology : Topology
+    settings : MonitorSettings, optional
+    analysis : prism.analyze.Settings, optional
+        The analyzers' settings (the same as ``prism replay``'s).
+
+    Notes
+    -----
+    Thread safety: :meth:`ingest` and :meth:`tick` run on the daemon's loop;
+    the metrics thread reads :attr:`view` (replaced whole after each tick)
+    and :meth:`counters_snapshot` (taken under :attr:`lock`).
+    """
+
+    def __init__(self, topology: Topology, settings: MonitorSettings | None = None, analysis: Settings | None = None):
+        self.topology = topology
+        self.s = settings or MonitorSettings()
+        self.analysis = analysis or Settings()
+        self.lock = threading.Lock()
+        self.window = FlowWindow(self.s.max_window_flows)
+        self.dedupe = RecordDeduper()
+        self.switch_bw = SwitchBandwidth(self.s.switch_window_s)
+        self.counters: dict[str, Counter] = defaultdict(Counter)
+        self._n = len(topology)
+        self._pair_keys = np.empty(0, dtype=np.int64)
+        self._pair_last = np.empty(0, dtype=np.int64)
+        self.remote_components: dict[str, list[list[str]]] = {}
+        self._jobs: dict[str, _JobState] = {}
+        self._active: dict[tuple, int] = {}  # (kind, job, subject) of ongoing group/switch anomalies -> last tick
+        self._switch_last: dict[tuple, int] = {}  # (kind, subject) -> last switch window flagged
+        self._fabric_anomalies: Counter = Counter()
+        self.max_start: int | None = None
+        self.analysed_to: int | None = None
+        self.events: deque = deque(maxlen=10_000)  # (kind, dict) for printing
+        self.view = MonitorView()
+        self.tick_seconds: list[float] = []  # processing time of each tick (drained by the metrics)
+        self._ticks = 0
+        self.jobs_ = pd.DataFrame(columns=["job_id", "ip", "server"])  # the last window's job membership
+
+    # -- input ---------------------------------------------------------------
+    def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
+        """Count and buffer one validated batch (:func:`prism.records.validate_flows` output)."""
+        n = len(flows)
+        if n == 0:
+            return
+        start = flows["start_ns"].to_numpy()
+        new = self.dedupe.filter(record_hashes(flows), start)
+        with self.lock:
+            c = self.counters[partition]
+            c["duplicate"] += int(n - new.sum())
+            c["ingested"] += int(new.sum())
+        if not new.all():
+            flows = flows[new]
+            start = start[new]
+        if len(flows) == 0:
+            return
+        a = self.topology.nic_index(flows["src"])
+        b = self.topology.nic_index(flows["dst"])
+        horizon = None if self.max_start is None else self.max_start - int(self.s.window_s * 1e9)
+        late = start < horizon if horizon is not None else np.zeros(len(start), dtype=bool)
+        non_gpu = ~late & ((a < 0) | (b < 0))
+        self_flow = ~late & ~non_gpu & (a == b)
+        gpu = ~(late | non_gpu | self_flow)
+        with self.lock:
+            c["ignored:late"] += int(late.sum())
+            c["ignored:non_gpu_address"] += int(non_gpu.sum())
+            c["ignored:self_flow"] += int(self_flow.sum())
+        if not late.all():
+            m = int(start[~late].max())
+            self.max_start = m if self.max_start is None else max(self.max_start, m)
+        if not gpu.any():
+            return
+        a, b, start = a[gpu], b[gpu], start[gpu]
+        duration = flows["duration_ns"].to_numpy()[gpu]
+        size = flows["size"].to_numpy()[gpu]
+        self.window.add(a, b, start, duration, size)
+        self._see_pairs(a, b, start)
+        self.switch_bw.partial_fit(start, duration, size, flows["switches"].to_numpy()[gpu])
+
+    def reject(self, rejects: Counter, partition: str = "0") -> None:
+        """Add counts of rejected records by reason."""
+        with self.lock:
+            c = self.counters[partition]
+            for reason, k in rejects.items():
+                c[f"rejected:{reason}"] += int(k)
+
+    def _see_pairs(self, a, b, start) -> None:
+        key = np.minimum(a, b).astype(np.int64) * self._n + np.maximum(a, b)
+        keys = np.concatenate([self._pair_keys, key])
+        last = np.concatenate([self._pair_last, start])
+        o = np.lexsort((last, keys))  # by key, then time: the last of each run is the latest
+        keys, last = keys[o], last[o]
+        end = np.r_[keys[1:] != keys[:-1], True]
+        self._pair_keys, self._pair_last = keys[end], last[end]
+
+    # -- partition state (for restarts and rebalances) ------------------------
+    def counters_snapshot(self) -> dict[str, dict]:
+        with self.lock:
+            return {p: dict(c) for p, c in self.counters.items()}
+
+    def restore_counters(self, partition: str, counts: dict) -> None:
+        """Take a partition's published counts (another process counted them)."""
+        with self.lock:
+            self.counters[partition] = Counter({k: int(v) for k, v in counts.items()})
+
+    def drop_counters(self, partition: str) -> None:
+        with self.lock:
+            self.counters.pop(partition, None)
+
+    # -- job membership shared across replicas ------------------------------
+    def local_components(self) -> list[list[str]]:
+        """This replica's GPU clusters (union-find over its pairs), as IP lists."""
+        if not len(self._pair_keys):
+            return []
+        labels = gpu_clusters(self._pair_keys // self._n, self._pair_keys % self._n, self._n)
+        ips = self.topology.ips.to_numpy()
+        df = pd.DataFrame({"label": labels, "ip": ips})[labels >= 0]
+        return [g.tolist() for _, g in df.groupby("label")["ip"]]
+
+    def _recognizer(self) -> JobRecognizer:
+        rec = JobRecognizer(self.topology)
+        if len(self._pair_keys):
+            rec.partial_fit_pairs(self._pair_keys // self._n, self._pair_keys % self._n)
+        for comps in self.remote_components.values():
+            for ips in comps:
+                idx = self.topology.nic_index(pd.Series(ips))
+                idx = idx[idx >= 0]
+                if len(idx) > 1:
+                    rec.partial_fit_pairs(np.full(len(idx) - 1, idx[0]), idx[1:])
+        return rec
+
+    # -- analysis -------------------------------------------------------------
+    def due(self) -> bool:
+        """Has event time moved a whole ``step_s`` past the last analysis?"""
+        if self.max_start is None:
+            return False
+        end = self.max_start - int(self.s.lateness_s * 1e9)
+        if self.analysed_to is None:
+            first = int(self.window.columns()[2][0]) if len(self.window) else self.max_start
+            return end - first >= int(self.s.step_s * 1e9)
+        return end - self.analysed_to >= int(self.s.step_s * 1e9)
+
+    def pending(self) -> bool:
+        """Is there input past the last analysis (for the idle flush)?"""
+        return self.max_start is not None and (self.analysed_to is None or self.max_start > self.analysed_to)
+
+    def tick(self, final: bool = False) -> MonitorView | None:
+        """Analyse the window up to the watermark and publish a new view.
+
+        ``final`` analyses up to the last record (no lateness wait): the
+        input has gone quiet. Returns the new view, or None if there was
+        nothing new to analyse.
+        """
+        if self.max_start is None:
+            return None
+        t0 = time.perf_counter()
+        end = self.max_start - (0 if final else int(self.s.lateness_s * 1e9))
+        if self.analysed_to is not None and end <= self.analysed_to:
+            return None
+        win_ns = int(self.s.window_s * 1e9)
+        self.window.evict(end - win_ns)
+        self.dedupe.evict(end - win_ns - int(self.s.lateness_s * 1e9))
+        self.switch_bw.forget_before(end - win_ns)
+        live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
+        self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
+
+        rec = self._recognizer()
+        labels, jobs = rec.labels(), rec.predict()
+        self.jobs_ = jobs
+        a, b, start, duration, size = self.window.columns()
+        cut = int(np.searchsorted(start, end, side="right"))
+        an = analyse(a[:cut], b[:cut], start[:cut], duration[:cut], size[:cut], labels, jobs, self.topology,
+                     capture_end=end, switch_bw=None, settings=self.analysis)
+        self._merge_jobs(jobs, an, end)
+        # a job seen for less than half a window has too few steps to cut
+        # them reliably (the gap threshold needs several): wait for more
+        first = pd.Series(start[:cut]).groupby(labels[a[:cut]]).min() if cut else pd.Series(dtype=np.int64)
+        names = jobs.assign(label=labels[self.topology.ips.get_indexer(jobs["ip"])]).drop_duplicates("job_id")
+        job_first = first.reindex(names["label"]).set_axis(names["job_id"])
+        young = set(job_first.index[(end - job_first.fillna(end)) < int(self.s.window_s * 1e9) // 2]) if not final else set()
+        self._merge_steps(an.steps[~an.steps["job_id"].isin(young)] if an.steps is not None else None, final)
+        self._merge_groups(an.group_lag, an.anomalies, an.steps)
+        switches = self._merge_switches()
+        self.analysed_to = end
+        self._ticks += 1
+        view = MonitorView(
+            jobs={j: _copy_view(st.view) for j, st in self._jobs.items()},
+            switches=switches, window_flows=len(self.window), pairs=len(self._pair_keys),
+            analysed_to_ns=end, ticks=self._ticks,
+        )
+        self.view = view
+        with self.lock:
+            self.tick_seconds.append(time.perf_counter() - t0)
+        return view
+
+    def _merge_jobs(self, jobs: pd.DataFrame, an, end: int) -> None:
+        ttl = int(self.s.pair_ttl_s * 1e9)
+        shapes = an.shapes.set_index("job_id") if an.shapes is not None and len(an.shapes) else None
+        for job_id, g in jobs.groupby("job_id", sort=True):
+            st = self._jobs.get(job_id)
+            if st is None:
+                st = self._jobs[job_id] = _JobState(job_id, self.s.step_history)
+                st.view.gpus, st.view.servers = int(len(g)), int(g["server"].nunique())
+                self.events.append(("job", {"job_id": job_id, "gpus": st.view.gpus, "servers": st.view.servers}))
+            st.last_seen = end
+            if shapes is not None and job_id in shapes.index:
+                st.view.dp, st.view.pp = int(shapes.at[job_id, "dp"]), int(shapes.at[job_id, "pp"])
+        for job_id in [j for j, st in self._jobs.items() if st.last_seen < end - ttl]:
+            del self._jobs[job_id]
+            self.events.append(("job_gone", {"job_id": job_id}))
+
+    def _merge_steps(self, steps: pd.DataFrame, final: bool) -> None:
+        if steps is None or steps.empty:
+            return
+        cs = self.analysis.cross_step
+        for job_id, g in steps.sort_values("start_ns").groupby("job_id", sort=False):
+            st = self._jobs.get(job_id)
+            if st is None:
+                continue
+            dur = (g["end_ns"] - g["start_ns"]).to_numpy()
+            hist = np.array([e - s for _, s, e in st.history]) if st.history else dur
+            tol = 0.25 * float(np.median(hist))
+            new = (g["end_ns"].to_numpy() > st.last_end + tol) & (g["start_ns"].to_numpy() >= st.last_end - tol)
+            if not new.any():
+                continue
+            v = st.view
+            for s0, e0 in zip(g["start_ns"].to_numpy()[new], g["end_ns"].to_numpy()[new]):  # per step, not per flow
+                st.history.append((st.next_step, int(s0), int(e0)))
+                st.next_step += 1
+                d = (e0 - s0) / 1e9
+                v.bucket_counts[int(np.searchsorted(STEP_BUCKETS_S, d, side="left"))] += 1
+                v.step_sum_s += d
+                v.steps += 1
+            st.last_end = int(st.history[-1][2])
+            # the cross-step diagnosis over the history: its baseline outlives the window
+            h = pd.DataFrame(list(st.history), columns=["step", "start_ns", "end_ns"]).assign(job_id=job_id)
+            h["duration_ns"] = h["end_ns"] - h["start_ns"]
+            fit = cs.fit(h)
+            last = fit.baseline_.iloc[-1]
+            v.last_step_s = float(h["duration_ns"].iloc[-1]) / 1e9
+            v.slowdown = float(h["duration_ns"].iloc[-1]) / float(last["baseline_ns"])
+            v.slow = bool(last["slow"])
+            # a slow step among the last few may yet turn into a regime change
+            settled = int(h["step"].iloc[-1]) - (0 if final else cs.regime_steps - 1)
+            for r in fit.predict().itertuples(index=False):
+                if r.kind == "slow_step" and r.step > settled:
+                    continue
+                self._report(st, (r.kind, r.start_ns), r._asdict())
+
+    def _report(self, st: _JobState, key: tuple, row: dict) -> None:
+        if key in st.reported:
+            return
+        st.reported[key] = row["start_ns"]
+        if len(st.reported) > 4 * self.s.step_history:  # keep the keys of recent anomalies only
+            for k in sorted(st.reported, key=st.reported.get)[: len(st.reported) // 2]:
+                del st.reported[k]
+        st.view.anomalies[row["kind"]] += 1
+        self.events.append(("anomaly", row))
+
+    def _merge_groups(self, lag: pd.DataFrame, anomalies: pd.DataFrame, steps: pd.DataFrame) -> None:
+        for st in self._jobs.values():
+            st.view.group_lag = {}
+        if lag is not None and len(lag):
+            latest = lag.sort_values("step").groupby(["job_id", "server"]).tail(1)
+            for r in latest.itertuples(index=False):
+                if r.job_id in self._jobs:
+                    self._jobs[r.job_id].view.group_lag[r.server] = round(float(r.ratio), 4)
+        found = anomalies[~anomalies["kind"].isin(_CROSS_STEP_KINDS)] if anomalies is not None else anomalies
+        now = self._ticks
+        for r in (found.itertuples(index=False) if found is not None else ()):
+            st = self._jobs.get(r.job_id)
+            if st is None:
+                continue
+            # a lagging server stays one anomaly while it keeps lagging tick after tick
+            key = (r.kind, r.job_id, r.subject)
+            ongoing = self._active.get(key) == now - 1
+            self._active[key] = now
+            if not ongoing:
+                row = r._asdict()
+                row["step"] = self._global_step(st, r.start_ns)
+                self._report(st, key + (r.start_ns,), row)
+        for k in [k for k, t in self._active.items() if t < now - 1]:
+            del self._active[k]
+
+    @staticmethod
+    def _global_step(st: _JobState, start_ns: int) -> int:
+        for step, s0, _ in st.history:
+            if s0 == start_ns:
+                return step
+        return -1
+
+    def _merge_switches(self) -> dict:
+        sd = self.analysis.switches.fit(self.switch_bw)
+        for r in sd.predict().sort_values("start_ns").itertuples(index=False):
+            # one anomaly while the switch stays slow, window after window
+            key, w = (r.kind, r.subject), int(r.start_ns) // self.switch_bw.window_ns
+            last = self._switch_last.get(key)
+            if last is None or w > last + 1:
+                self._fabric_anomalies[r.kind] += 1
+                self.events.append(("anomaly", r._asdict()))
+            self._switch_last[key] = max(w, last if last is not None else w)
+        bw = sd.bandwidth_
+        out = {}
+        if bw is not None and len(bw):
+            sw = bw[bw["kind"] == "switch"]
+            if len(sw):
+                latest = sw[sw["window_start_ns"] == sw["window_start_ns"].max()]
+                for r in latest.itertuples(index=False):
+                    out[r.name] = (float(r.gbps) * 1e9, float(r.ratio) if pd.notna(r.ratio) else float("nan"))
+        return out
+
+    def steps_frame(self) -> pd.DataFrame:
+        """The steps kept per job: ``job_id, step, start_ns, end_ns, duration_ns``."""
+        rows = [(j, *h) for j, st in self._jobs.items() for h in st.history]
+        df = pd.DataFrame(rows, columns=["job_id", "step", "start_ns", "end_ns"])
+        return df.assign(duration_ns=df["end_ns"] - df["start_ns"])
+
+    @property
+    def fabric_anomalies(self) -> Counter:
+        """Switch and link anomalies counted so far, by kind (no job)."""
+        return Counter(self._fabric_anomalies)
+
+
+def _copy_view(v: JobView) -> JobView:
+    return JobView(
+        job_id=v.job_id, gpus=v.gpus, servers=v.servers, dp=v.dp, pp=v.pp, steps=v.steps, last_step_s=v.last_step_s,
+        slowdown=v.slowdown, slow=v.slow, bucket_counts=list(v.bucket_counts), step_sum_s=v.step_sum_s,
+        anomalies=Counter(v.anomalies), group_lag=dict(v.group_lag),
+    )

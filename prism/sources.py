@@ -1,0 +1,372 @@
+"""Where the daemon's flow records come from: a Kafka topic or a directory.
+
+Both sources decode into the :class:`~prism.monitor.Monitor` themselves
+(``poll``), and after each published window the daemon calls ``publish``
+then ``commit``: offsets are committed only once the results that include
+them are out (at least once).
+
+Kafka
+-----
+A consumer group over ``topic`` (kafka-python). Besides offsets, each
+replica writes two kinds of keyed records to a compacted *summaries* topic
+(Kafka is the only coordinator):
+
+``partition/<group>/<topic>/<p>``
+    the partition's next offset and its record counters. A replica that
+    takes the partition over (rebalance, restart) resumes from that offset
+    with those counts, so nothing is lost and nothing counted twice even if
+    the process died between publishing and committing.
+``components/<group>/<replica>``
+    the replica's GPU clusters (IP lists). Every replica reads every other
+    replica's, so job recognition sees the whole cluster although each
+    replica holds only its partitions' GPU pairs.
+
+Directory
+---------
+``--source DIR`` reads flow dumps (any format :mod:`prism.readers` knows)
+that appear in DIR, in modification-time order, each once it has stopped
+growing (write to a temporary name and rename into place to be safe).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from pathlib import Path
+
+from .messages import DEFAULT_MAX_MESSAGE_BYTES, decode_message, message_format, read_arrow, validate_arrow
+from .monitor import Monitor
+from .readers import FlowReader, detect_format
+from .records import FlowFormatError, RejectCounter
+
+__all__ = ["KafkaSource", "DirectorySource", "ensure_topic"]
+
+log = logging.getLogger("prism.sources")
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, compact: bool = False, timeout_s: float = 30.0) -> bool:
+    """Create ``topic`` if it does not exist; return True if created."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), client_id="prism-admin")
+    try:
+        if topic in admin.list_topics():
+            return False
+        cfg = {"cleanup.policy": "compact"} if compact else {}
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=cfg)])
+        except TopicAlreadyExistsError:
+            return False
+        return True
+    finally:
+        admin.close()
+
+
+class KafkaSource:
+    """Consume flow records from Kafka (see the module docstring).
+
+    Parameters
+    ----------
+    bootstrap_servers : str
+        ``host:port[,host:port]``.
+    topic, group_id : str
+    summary_topic : str
+        Compacted topic for partition state and job membership.
+    replica_id : str, optional
+        This replica's name in the summaries (default: host name).
+    max_message_bytes : int
+        Larger messages are rejected as ``oversized_message``.
+    max_poll_interval_ms, session_timeout_ms : int
+        Consumer-group timeouts: a dead replica's partitions move after
+        ``session_timeout_ms``; a window's analysis must finish within
+        ``max_poll_interval_ms``.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str = "prism-flows",
+        group_id: str = "prism",
+        summary_topic: str = "prism-summaries",
+        replica_id: str | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_poll_interval_ms: int = 30_000,
+        session_timeout_ms: int = 6_000,
+        max_poll_records: int = 2_000,
+    ):
+        from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+        self._tp = TopicPartition
+        self.topic, self.group_id, self.summary_topic = topic, group_id, summary_topic
+        self.replica_id = replica_id or socket.gethostname()
+        self.max_message_bytes = int(max_message_bytes)
+        self.monitor: Monitor | None = None
+        self.positions: dict = {}  # TopicPartition -> next offset to read (after the last ingested)
+        self.summaries: dict[str, dict] = {}  # latest value per key of the summaries topic
+        self.ready = False
+        ensure_topic(bootstrap_servers, summary_topic, 1, compact=True)
+        common = dict(bootstrap_servers=bootstrap_servers, reconnect_backoff_max_ms=2000, request_timeout_ms=max(session_timeout_ms + 5000, 15000))
+        self.consumer = KafkaConsumer(
+            group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest", client_id=f"prism-{self.replica_id}",
+            max_poll_interval_ms=max_poll_interval_ms, session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=max(session_timeout_ms // 3, 500), max_poll_records=max_poll_records,
+            fetch_max_bytes=max(52428800, 2 * self.max_message_bytes), max_partition_fetch_bytes=max(1048576, 2 * self.max_message_bytes), **common,
+        )
+        self.summary_consumer = KafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest", group_id=None, **common)
+        self.producer = KafkaProducer(acks="all", linger_ms=5, **{k: v for k, v in common.items() if k != "request_timeout_ms"})
+        self._summary_tps = None
+        self.consumer.subscribe([topic], listener=_Rebalance(self))
+
+    # -- summaries topic -------------------------------------------------------
+    def _summary_partitions(self):
+        if self._summary_tps is None:
+            parts = self.summary_consumer.partitions_for_topic(self.summary_topic)
+            if not parts:
+                return []
+            self._summary_tps = [self._tp(self.summary_topic, p) for p in sorted(parts)]
+            self.summary_consumer.assign(self._summary_tps)
+            self.summary_consumer.seek_to_beginning(*self._summary_tps)
+        return self._summary_tps
+
+    def read_summaries(self, catch_up_s: float = 0.0) -> None:
+        """Take new summary records; with ``catch_up_s``, read up to the end."""
+        tps = self._summary_partitions()
+        if not tps:
+            return
+        deadline = time.monotonic() + catch_up_s
+        while True:
+            batch = self.summary_consumer.poll(timeout_ms=100 if catch_up_s else 0)
+            for recs in batch.values():
+                for r in recs:
+                    key = r.key.decode("utf-8", "replace") if r.key else ""
+                    if r.value is None:
+                        self.summaries.pop(key, None)
+                        continue
+                    try:
+                        self.summaries[key] = json.loads(r.value)
+                    except ValueError:
+                        log.warning("summaries: unreadable value under %s", key)
+            if not catch_up_s or time.monotonic() > deadline:
+                break
+            caught = all(
+                self.summary_consumer.highwater(tp) is not None and self.summary_consumer.position(tp) >= self.summary_consumer.highwater(tp)
+                for tp in tps
+            )
+            if caught and not batch:
+                break
+        if self.monitor is not None:
+            prefix = f"components/{self.group_id}/"
+            self.monitor.remote_components = {
+                k[len(prefix):]: v.get("components", []) for k, v in self.summaries.items()
+                if k.startswith(prefix) and k[len(prefix):] != self.replica_id
+            }
+
+    def _state_key(self, tp) -> str:
+        return f"partition/{self.group_id}/{tp.topic}/{tp.partition}"
+
+    @staticmethod
+    def partition_name(tp) -> str:
+        return f"{tp.topic}/{tp.partition}"
+
+    def _on_assigned(self, assigned) -> None:
+        self.read_summaries(catch_up_s=5.0)
+        for tp in assigned:
+            state = self.summaries.get(self._state_key(tp))
+            mine = self.positions.get(tp)
+            if state is not None and (mine is None or int(state["offset"]) > mine):
+                # another process (or our previous life) got further: take over its counts and offset
+                self.consumer.seek(tp, int(state["offset"]))
+                self.positions[tp] = int(state["offset"])
+                if self.monitor is not None:
+                    self.monitor.restore_counters(self.partition_name(tp), state.get("counters", {}))
+                log.info("partition %s: resuming at offset %s from published state", self.partition_name(tp), state["offset"])
+        self.ready = True
+
+    def _on_revoked(self, revoked) -> None:
+        # runs on the consumer's IO thread, where a blocking commit is not
+        # allowed: the published state (another client) carries the offsets
+        if self.monitor is not None and revoked:
+            self.publish(only=revoked)
+            for tp in revoked:
+                self.monitor.drop_counters(self.partition_name(tp))
+                self.positions.pop(tp, None)
+
+    # -- the daemon's interface -------------------------------------------------
+    def poll(self, monitor: Monitor, timeout_ms: int = 500) -> int:
+        """Read one batch into ``monitor``; return the number of messages."""
+        self.monitor = monitor
+        batch = self.consumer.poll(timeout_ms=timeout_ms)
+        n = 0
+        for tp, recs in batch.items():
+            part = self.partition_name(tp)
+            rejects = RejectCounter()
+            jsonl: list[bytes] = []
+            arrow: list[tuple] = []
+            for r in recs:  # per message, not per record
+                v = r.value
+                where = f"{tp.topic}[{tp.partition}]@{r.offset}"
+                if v is None or len(v) == 0 or len(v) > self.max_message_bytes:
+                    decode_message(v, rejects, where, r.headers, self.max_message_bytes)  # counts it
+                elif message_format(v, r.headers) == "jsonl":
+                    jsonl.append(v if v.endswith(b"\n") else v + b"\n")
+                else:
+                    table = read_arrow(v, rejects, where)
+                    if table is not None and table.num_rows:
+                        arrow.append(table)
+            # one validation per poll and format: its per-call cost would
+            # otherwise dominate small messages
+            where = f"{tp.topic}[{tp.partition}]@{recs[0].offset}-{recs[-1].offset}"
+            if jsonl:
+                monitor.ingest(decode_message(b"".join(jsonl), rejects, where, max_bytes=1 << 62), part)
+            if arrow:
+                monitor.ingest(validate_arrow(arrow, rejects, where), part)
+            monitor.reject(rejects.counts, part)
+            self.positions[tp] = recs[-1].offset + 1
+            n += len(recs)
+        self.read_summaries()
+        return n
+
+    def lag(self) -> int | None:
+        """Kafka records behind the high watermarks of the assigned partitions."""
+        total, known = 0, False
+        for tp in self.consumer.assignment():
+            hw = self.consumer.highwater(tp)
+            if hw is None:
+                continue
+            pos = self.positions.get(tp)
+            if pos is None:
+                try:
+                    pos = self.consumer.position(tp, timeout_ms=100)
+                except Exception:  # noqa: BLE001 - lag is best effort
+                    continue
+            total += max(hw - (pos or 0), 0)
+            known = True
+        return total if known else None
+
+    def publish(self, only=None) -> None:
+        """Write partition state and job membership to the summaries topic."""
+        if self.monitor is None:
+            return
+        counts = self.monitor.counters_snapshot()
+        now = time.time()
+        for tp, off in list(self.positions.items()):
+            if only is not None and tp not in only:
+                continue
+            value = {"offset": off, "counters": counts.get(self.partition_name(tp), {}), "replica": self.replica_id, "time": now}
+            self.producer.send(self.summary_topic, key=self._state_key(tp).encode(), value=json.dumps(value).encode())
+        if only is None:
+            comps = self.monitor.local_components()
+            value = {"components": comps, "replica": self.replica_id, "time": now}
+            self.producer.send(self.summary_topic, key=f"components/{self.group_id}/{self.replica_id}".encode(), value=json.dumps(value).encode())
+        self.producer.flush(timeout=30)
+
+    def commit(self, only=None) -> None:
+        from kafka.structs import OffsetAndMetadata
+
+        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self.positions.items() if only is None or tp in only}
+        if offsets:
+            try:
+                self.consumer.commit(offsets)
+            except Exception as e:  # noqa: BLE001 - the published state holds the offset too
+                log.warning("offset commit failed (%s); the published state keeps the offsets", e)
+
+    def close(self) -> None:
+        for c in (self.consumer, self.summary_consumer):
+            try:
+                c.close(autocommit=False)
+            except Exception:  # noqa: BLE001
+                pass
+        try:
+            self.producer.close(timeout=5)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+try:
+    from kafka import ConsumerRebalanceListener as _ListenerBase
+except ImportError:  # pragma: no cover - older kafka-python
+    _ListenerBase = object
+
+
+class _Rebalance(_ListenerBase):
+    """Publishes revoked partitions' state; resumes assigned ones from theirs."""
+
+    def __init__(self, source: KafkaSource):
+        self.source = source
+
+    def on_partitions_revoked(self, revoked):
+        self.source._on_revoked(set(revoked))
+
+    def on_partitions_assigned(self, assigned):
+        self.source._on_assigned(set(assigned))
+
+
+class DirectorySource:
+    """Tail a directory of flow dumps (no Kafka)."""
+
+    PARTITION = "dir"
+
+    def __init__(self, directory: str | os.PathLike, chunk_rows: int = 1 << 18):
+        self.dir = Path(directory)
+        if not self.dir.is_dir():
+            raise FileNotFoundError(f"--source {self.dir}: not a directory")
+        self.chunk_rows = chunk_rows
+        self.done: set[str] = set()
+        self._sizes: dict[str, int] = {}
+        self.ready = True
+        self.files_read = 0
+
+    def _candidates(self) -> list[Path]:
+        out = []
+        for p in self.dir.iterdir():
+            if p.name.startswith(".") or not p.is_file() or str(p) in self.done:
+                continue
+            try:
+                detect_format(str(p))
+            except FlowFormatError:
+                continue  # not a flow dump (e.g. a .tmp being written)
+            out.append(p)
+        return sorted(out, key=lambda p: (p.stat().st_mtime, p.name))
+
+    def poll(self, monitor: Monitor, timeout_ms: int = 500) -> int:
+        for p in self._candidates():
+            size = p.stat().st_size
+            if self._sizes.get(str(p)) != size:  # still growing (or first seen): wait a poll
+                self._sizes[str(p)] = size
+                continue
+            rejects = RejectCounter()
+            try:
+                for chunk in FlowReader(str(p), chunk_rows=self.chunk_rows, rejects=rejects):
+                    monitor.ingest(chunk, self.PARTITION)
+            except (FlowFormatError, OSError) as e:
+                log.error("%s", e)
+                rejects.add("malformed_message", 1, str(e))
+            monitor.reject(rejects.counts, self.PARTITION)
+            self.done.add(str(p))
+            self._sizes.pop(str(p), None)
+            self.files_read += 1
+            return 1
+        time.sleep(timeout_ms / 1000)
+        return 0
+
+    def lag(self) -> int | None:
+        return len(self._candidates())
+
+    def publish(self, only=None) -> None:
+        pass
+
+    def commit(self, only=None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def counts_total(counters: dict, key: str) -> int:
+    """Sum of one counter over partitions (helper for summaries and tests)."""
+    return int(sum(Counter(c).get(key, 0) for c in counters.values()))
