@@ -117,13 +117,17 @@ class Daemon:
                     self._tick(final=False)
                 elif m.pending() and now - last_input > s.idle_flush_s:
                     self._tick(final=True)
+                elif getattr(self.source, "components_changed", False) and m.analysed_to is not None:
+                    # another replica's job membership changed: re-run the last window with it
+                    self.source.components_changed = False
+                    self._tick(final=False, force=True)
                 self.health.consumer_lag = self.source.lag()
         except BaseException as e:
             self.error = e
             raise
 
-    def _tick(self, final: bool) -> None:
-        view = self.monitor.tick(final=final)
+    def _tick(self, final: bool, force: bool = False) -> None:
+        view = self.monitor.tick(final=final, force=force)
         if view is None:
             return
         try:

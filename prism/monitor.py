@@ -101,6 +101,7 @@ class MonitorView:
 class _JobState:
     def __init__(self, job_id: str, history: int):
         self.view = JobView(job_id=job_id, gpus=0, servers=0)
+        self.servers: set = set()
         self.history: deque = deque(maxlen=history)  # (step, start_ns, end_ns)
         self.next_step = 0
         self.last_end = -1
@@ -131,7 +132,7 @@ class Monitor:
         self.analysis = analysis or Settings()
         self.lock = threading.Lock()
         self.window = FlowWindow(self.s.max_window_flows)
-        self.dedupe = RecordDeduper()
+        self.dedupe = RecordDeduper(max_records=2 * self.s.max_window_flows)
         self.switch_bw = SwitchBandwidth(self.s.switch_window_s)
         self.counters: dict[str, Counter] = defaultdict(Counter)
         self._n = len(topology)
@@ -142,7 +143,11 @@ class Monitor:
         self._active: dict[tuple, int] = {}  # (kind, job, subject) of ongoing group/switch anomalies -> last tick
         self._switch_last: dict[tuple, int] = {}  # (kind, subject) -> last switch window flagged
         self._fabric_anomalies: Counter = Counter()
-        self.max_start: int | None = None
+        self.min_start: int | None = None  # earliest record start (for the first window)
+        self.max_start: int | None = None  # latest record start over all partitions
+        self._part_max: dict[str, int] = {}  # latest record start per partition
+        self._part_seen: dict[str, float] = {}  # wall time of each partition's last batch
+        self.backlogged: set[str] = set()  # partitions the source knows have unread records
         self.analysed_to: int | None = None
         self.events: deque = deque(maxlen=10_000)  # (kind, dict) for printing
         self.view = MonitorView()
@@ -169,7 +174,8 @@ class Monitor:
             return
         a = self.topology.nic_index(flows["src"])
         b = self.topology.nic_index(flows["dst"])
-        horizon = None if self.max_start is None else self.max_start - int(self.s.window_s * 1e9)
+        wm = self.watermark()
+        horizon = None if wm is None else wm - int(self.s.window_s * 1e9)
         late = start < horizon if horizon is not None else np.zeros(len(start), dtype=bool)
         non_gpu = ~late & ((a < 0) | (b < 0))
         self_flow = ~late & ~non_gpu & (a == b)
@@ -181,6 +187,10 @@ class Monitor:
         if not late.all():
             m = int(start[~late].max())
             self.max_start = m if self.max_start is None else max(self.max_start, m)
+            self._part_max[partition] = max(self._part_max.get(partition, m), m)
+            lo = int(start[~late].min())
+            self.min_start = lo if self.min_start is None else min(self.min_start, lo)
+        self._part_seen[partition] = time.monotonic()
         if not gpu.any():
             return
         a, b, start = a[gpu], b[gpu], start[gpu]
@@ -243,37 +253,65 @@ class Monitor:
         return rec
 
     # -- analysis -------------------------------------------------------------
+    def watermark(self) -> int | None:
+        """Event time every active partition has reached.
+
+        Partitions are consumed unevenly (a backlog is read partition by
+        partition), so the latest start over all of them would call the
+        slower partitions' records late. The minimum over the partitions
+        that delivered within ``idle_flush_s`` does not; an idle partition
+        does not hold the others back.
+        """
+        if any(p not in self._part_max for p in self.backlogged):
+            return None  # a partition with unread records has not been heard from yet
+        if not self._part_max:
+            return self.max_start
+        now = time.monotonic()
+        active = [t for p, t in self._part_max.items() if p in self.backlogged or now - self._part_seen.get(p, 0) <= self.s.idle_flush_s]
+        return min(active) if active else self.max_start
+
     def due(self) -> bool:
         """Has event time moved a whole ``step_s`` past the last analysis?"""
-        if self.max_start is None:
+        wm = self.watermark()
+        if wm is None:
             return False
-        end = self.max_start - int(self.s.lateness_s * 1e9)
+        end = wm - int(self.s.lateness_s * 1e9)
         if self.analysed_to is None:
-            first = int(self.window.columns()[2][0]) if len(self.window) else self.max_start
-            return end - first >= int(self.s.step_s * 1e9)
+            return end - (self.min_start if self.min_start is not None else wm) >= int(self.s.step_s * 1e9)
         return end - self.analysed_to >= int(self.s.step_s * 1e9)
 
     def pending(self) -> bool:
         """Is there input past the last analysis (for the idle flush)?"""
         return self.max_start is not None and (self.analysed_to is None or self.max_start > self.analysed_to)
 
-    def tick(self, final: bool = False) -> MonitorView | None:
+    def tick(self, final: bool = False, force: bool = False) -> MonitorView | None:
         """Analyse the window up to the watermark and publish a new view.
 
         ``final`` analyses up to the last record (no lateness wait): the
-        input has gone quiet. Returns the new view, or None if there was
-        nothing new to analyse.
+        input has gone quiet. ``force`` re-runs the window even with no new
+        input (another replica's job membership changed). Returns the new
+        view, or None if there was nothing to analyse.
         """
         if self.max_start is None:
             return None
         t0 = time.perf_counter()
-        end = self.max_start - (0 if final else int(self.s.lateness_s * 1e9))
-        if self.analysed_to is not None and end <= self.analysed_to:
+        wm = self.max_start if final else self.watermark()
+        if wm is None:
             return None
+        end = wm - (0 if final else int(self.s.lateness_s * 1e9))
+        if self.analysed_to is not None and end <= self.analysed_to:
+            if not force:
+                return None
+            end = self.analysed_to
         win_ns = int(self.s.window_s * 1e9)
-        self.window.evict(end - win_ns)
-        self.dedupe.evict(end - win_ns - int(self.s.lateness_s * 1e9))
-        self.switch_bw.forget_before(end - win_ns)
+        begin = end - win_ns
+        if self.analysed_to is not None:
+            # catching up (a backlog, one big poll): reach back to half a window
+            # before the last analysis, so no step falls between two windows
+            begin = min(begin, self.analysed_to - win_ns // 2)
+        self.window.evict(begin)
+        self.dedupe.evict(begin - int(self.s.lateness_s * 1e9))
+        self.switch_bw.forget_before(begin)
         live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
         self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
 
@@ -307,20 +345,32 @@ class Monitor:
         return view
 
     def _merge_jobs(self, jobs: pd.DataFrame, an, end: int) -> None:
-        ttl = int(self.s.pair_ttl_s * 1e9)
+        # the job map is the live pairs' (pairs expire after pair_ttl_s): a job
+        # whose id is gone has ended, or grown into a bigger one
         shapes = an.shapes.set_index("job_id") if an.shapes is not None and len(an.shapes) else None
+        current = {job_id: set(g["server"]) for job_id, g in jobs.groupby("job_id", sort=True)}
+        gone = {j: st for j, st in self._jobs.items() if j not in current}
         for job_id, g in jobs.groupby("job_id", sort=True):
             st = self._jobs.get(job_id)
             if st is None:
-                st = self._jobs[job_id] = _JobState(job_id, self.s.step_history)
-                st.view.gpus, st.view.servers = int(len(g)), int(g["server"].nunique())
-                self.events.append(("job", {"job_id": job_id, "gpus": st.view.gpus, "servers": st.view.servers}))
+                # a job that grew (more of its servers seen, or another replica's
+                # share merged in) keeps the history of what it absorbed
+                absorbed = [o for o in gone.values() if o.servers and o.servers <= current[job_id]]
+                st = max(absorbed, key=lambda o: o.view.steps) if absorbed else _JobState(job_id, self.s.step_history)
+                st.view.job_id = job_id
+                self._jobs[job_id] = st
+                self.events.append(("job", {"job_id": job_id, "gpus": int(len(g)), "servers": int(g["server"].nunique())}))
+            # the id names the servers; the GPUs seen on them can still grow
+            st.servers = current[job_id]
+            st.view.gpus, st.view.servers = int(len(g)), len(st.servers)
             st.last_seen = end
             if shapes is not None and job_id in shapes.index:
                 st.view.dp, st.view.pp = int(shapes.at[job_id, "dp"]), int(shapes.at[job_id, "pp"])
-        for job_id in [j for j, st in self._jobs.items() if st.last_seen < end - ttl]:
+        for job_id in [j for j, st in self._jobs.items() if j not in current and st.view.job_id == j]:
             del self._jobs[job_id]
             self.events.append(("job_gone", {"job_id": job_id}))
+        for job_id in [j for j, st in self._jobs.items() if st.view.job_id != j]:
+            del self._jobs[job_id]  # absorbed into a bigger job under its new id
 
     def _merge_steps(self, steps: pd.DataFrame, final: bool) -> None:
         if steps is None or steps.empty:

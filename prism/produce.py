@@ -41,7 +41,7 @@ class FlowProducer:
         if fmt not in ("arrow", "jsonl"):
             raise ValueError("fmt must be 'arrow' or 'jsonl'")
         self.topic, self.fmt = topic, fmt
-        opts = dict(bootstrap_servers=bootstrap_servers, acks="all", linger_ms=20, max_request_size=16 << 20,
+        opts = dict(bootstrap_servers=bootstrap_servers, acks="all", linger_ms=20, enable_idempotence=False, max_request_size=16 << 20,
                     delivery_timeout_ms=120_000, retries=2**31 - 1, reconnect_backoff_max_ms=1000)
         opts.update(producer_options)
         self.producer = KafkaProducer(**opts)

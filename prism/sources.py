@@ -115,11 +115,17 @@ class KafkaSource:
             group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest", client_id=f"prism-{self.replica_id}",
             max_poll_interval_ms=max_poll_interval_ms, session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=max(session_timeout_ms // 3, 500), max_poll_records=max_poll_records,
-            fetch_max_bytes=max(52428800, 2 * self.max_message_bytes), max_partition_fetch_bytes=max(1048576, 2 * self.max_message_bytes), **common,
+            **common,  # default fetch sizes: small per-partition fetches keep partitions interleaved in time
         )
         self.summary_consumer = KafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest", group_id=None, **common)
-        self.producer = KafkaProducer(acks="all", linger_ms=5, **{k: v for k, v in common.items() if k != "request_timeout_ms"})
+        self.producer = KafkaProducer(acks="all", linger_ms=5, enable_idempotence=False, **{k: v for k, v in common.items() if k != "request_timeout_ms"})
         self._summary_tps = None
+        self.components_changed = False  # another replica's job membership changed: re-run the window
+        self._pending: set = set()  # assigned partitions not yet settled
+        self._committed: set = set()  # partitions we have committed offsets for
+        self._revoked: set = set()  # revoked, not yet known to be elsewhere
+        self._rebalanced = False
+        self._stash: dict = {}  # revoked partitions' last offset and counts, in case they come back
         self.consumer.subscribe([topic], listener=_Rebalance(self))
 
     # -- summaries topic -------------------------------------------------------
@@ -161,10 +167,13 @@ class KafkaSource:
                 break
         if self.monitor is not None:
             prefix = f"components/{self.group_id}/"
-            self.monitor.remote_components = {
+            remote = {
                 k[len(prefix):]: v.get("components", []) for k, v in self.summaries.items()
                 if k.startswith(prefix) and k[len(prefix):] != self.replica_id
             }
+            if remote != self.monitor.remote_components:
+                self.monitor.remote_components = remote
+                self.components_changed = True
 
     def _state_key(self, tp) -> str:
         return f"partition/{self.group_id}/{tp.topic}/{tp.partition}"
@@ -174,35 +183,95 @@ class KafkaSource:
         return f"{tp.topic}/{tp.partition}"
 
     def _on_assigned(self, assigned) -> None:
+        # runs on the consumer's IO thread, where blocking calls are not
+        # allowed: note the partitions, and settle them in poll()
+        self._pending.update(assigned)
+        self._rebalanced = True
+        self.ready = True
+
+    def _settle_assigned(self, batch: dict) -> None:
+        """Pick where newly assigned partitions start; drop records fetched before that."""
+        pending, self._pending = self._pending, set()
+        revoked, self._revoked = self._revoked, set()
+        self._rebalanced = False
+        owned = self.consumer.assignment()
+        for tp in revoked - set(owned):
+            # gone to another replica, which takes over the published counts
+            if self.monitor is not None:
+                self.monitor.drop_counters(self.partition_name(tp))
+            self.positions.pop(tp, None)
+            self._stash.pop(tp, None)
         self.read_summaries(catch_up_s=5.0)
-        for tp in assigned:
+        for tp in pending:
+            if tp not in owned:
+                continue
             state = self.summaries.get(self._state_key(tp))
+            stash = self._stash.pop(tp, None)  # what we had when it was revoked
+            if stash is not None and (state is None or int(state["offset"]) <= stash["offset"]):
+                state = stash  # our own counts are at least as new (or the publish did not reach the broker)
+                if self.monitor is not None:
+                    self.monitor.restore_counters(self.partition_name(tp), stash["counters"])
+                self.positions.setdefault(tp, stash["offset"])
             mine = self.positions.get(tp)
-            if state is not None and (mine is None or int(state["offset"]) > mine):
+            if tp in self._committed and self._committed_offset(tp) is None:
+                # we committed here before and the broker has forgotten it: the
+                # broker lost its log (e.g. restarted with memory storage), and the
+                # partition's records are new: read them from the start, keeping
+                # the counts (the state, if any, is our own last publish)
+                log.warning("partition %s: the broker forgot our committed offset; reading it from the beginning", self.partition_name(tp))
+                self._seek(tp, None, batch)
+                self._committed.discard(tp)
+                self._summary_tps = None  # the summaries topic was lost with it: re-read from its start
+                self.summaries.clear()
+                if state is not None and self.monitor is not None:
+                    self.monitor.restore_counters(self.partition_name(tp), state.get("counters", {}))
+            elif state is not None and (mine is None or int(state["offset"]) > mine):
                 # another process (or our previous life) got further: take over its counts and offset
-                self.consumer.seek(tp, int(state["offset"]))
-                self.positions[tp] = int(state["offset"])
+                self._seek(tp, int(state["offset"]), batch)
                 if self.monitor is not None:
                     self.monitor.restore_counters(self.partition_name(tp), state.get("counters", {}))
                 log.info("partition %s: resuming at offset %s from published state", self.partition_name(tp), state["offset"])
-        self.ready = True
+
+    def _committed_offset(self, tp):
+        try:
+            return self.consumer.committed(tp)
+        except Exception:  # noqa: BLE001 - unknown: keep our position
+            return -1
+
+    def _seek(self, tp, offset, batch: dict) -> None:
+        if offset is None:
+            self.consumer.seek_to_beginning(tp)
+            self.positions.pop(tp, None)
+            batch.pop(tp, None)  # re-fetched from the start
+            return
+        self.consumer.seek(tp, offset)
+        self.positions[tp] = offset
+        recs = batch.get(tp)
+        if recs:
+            batch[tp] = [r for r in recs if r.offset >= offset]
 
     def _on_revoked(self, revoked) -> None:
         # runs on the consumer's IO thread, where a blocking commit is not
         # allowed: the published state (another client) carries the offsets
         if self.monitor is not None and revoked:
             self.publish(only=revoked)
+            counts = self.monitor.counters_snapshot()
             for tp in revoked:
-                self.monitor.drop_counters(self.partition_name(tp))
-                self.positions.pop(tp, None)
+                if tp in self.positions:
+                    self._stash[tp] = {"offset": self.positions[tp], "counters": counts.get(self.partition_name(tp), {})}
+                self._revoked.add(tp)  # its counts stay exported until we know it went elsewhere
 
     # -- the daemon's interface -------------------------------------------------
     def poll(self, monitor: Monitor, timeout_ms: int = 500) -> int:
         """Read one batch into ``monitor``; return the number of messages."""
         self.monitor = monitor
-        batch = self.consumer.poll(timeout_ms=timeout_ms)
+        batch = dict(self.consumer.poll(timeout_ms=timeout_ms))
+        if self._rebalanced:
+            self._settle_assigned(batch)
         n = 0
         for tp, recs in batch.items():
+            if not recs:
+                continue
             part = self.partition_name(tp)
             rejects = RejectCounter()
             jsonl: list[bytes] = []
@@ -228,6 +297,13 @@ class KafkaSource:
             monitor.reject(rejects.counts, part)
             self.positions[tp] = recs[-1].offset + 1
             n += len(recs)
+        # partitions with unread records hold the watermark back (see Monitor.watermark)
+        backlog = set()
+        for tp in self.consumer.assignment():
+            hw, pos = self.consumer.highwater(tp), self.positions.get(tp)
+            if hw is None or (pos if pos is not None else 0) < hw:  # unknown: not fetched yet, assume a backlog
+                backlog.add(self.partition_name(tp))
+        monitor.backlogged = backlog
         self.read_summaries()
         return n
 
@@ -272,6 +348,7 @@ class KafkaSource:
         if offsets:
             try:
                 self.consumer.commit(offsets)
+                self._committed.update(offsets)
             except Exception as e:  # noqa: BLE001 - the published state holds the offset too
                 log.warning("offset commit failed (%s); the published state keeps the offsets", e)
 

@@ -64,7 +64,9 @@ class RecordDeduper:
 
     A sorted base array plus a few small unsorted recent batches (merged in
     when they grow past an eighth of the base), so a lookup is a binary
-    search and an insert is amortised O(batch log window).
+    search and an insert is amortised O(batch log window). Past
+    ``max_records`` (16 bytes each) the oldest are forgotten: a flood
+    cannot grow it without bound.
 
     Examples
     --------
@@ -77,7 +79,8 @@ class RecordDeduper:
     1
     """
 
-    def __init__(self):
+    def __init__(self, max_records: int = 1 << 62):
+        self.max_records = int(max_records)
         self._base = np.empty(0, dtype=np.uint64)
         self._base_t = np.empty(0, dtype=np.int64)
         self._recent: list[tuple[np.ndarray, np.ndarray]] = []
@@ -108,6 +111,9 @@ class RecordDeduper:
     def _compact(self) -> None:
         h = np.concatenate([self._base] + [r[0] for r in self._recent])
         t = np.concatenate([self._base_t] + [r[1] for r in self._recent])
+        if len(h) > self.max_records:
+            keep = np.argpartition(t, len(t) - int(self.max_records * 0.9))[len(t) - int(self.max_records * 0.9):]
+            h, t = h[keep], t[keep]
         o = np.argsort(h, kind="stable")
         self._base, self._base_t = h[o], t[o]
         self._recent, self._recent_n = [], 0

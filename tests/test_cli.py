@@ -87,9 +87,20 @@ def test_no_command_prints_help(capsys):
 
 
 def test_demo_matches_truth(tmp_path, capsys):
-    assert main(["demo", "--preset", "tiny", "--out", str(tmp_path), "--no-plots"]) == 0
+    assert main(["demo", "--offline", "--preset", "tiny", "--out", str(tmp_path), "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert "jobs MATCH the ground truth" in out
     assert "DP/PP pair types MATCH the ground truth: 112 of 112 pairs correct" in out
+    assert out.count("FOUND") == 3 and "MISSED" not in out
+    assert "0 unexplained" in out and "0 spurious" in out
+
+
+def test_live_demo_through_the_local_broker(capsys):
+    # the README's main command, on the tiny cluster streamed as fast as possible
+    assert main(["demo", "--preset", "tiny", "--speed", "0", "--web.listen-address", "127.0.0.1:0"]) == 0
+    out = capsys.readouterr().out
+    assert "broker   Tansu (Kafka protocol) on 127.0.0.1:" in out
+    assert "metrics  http://127.0.0.1:" in out
+    assert "ingested (all)" in out and "jobs MATCH the ground truth" in out
     assert out.count("FOUND") == 3 and "MISSED" not in out
     assert "0 unexplained" in out and "0 spurious" in out
