@@ -205,32 +205,30 @@ class KafkaSource:
         for tp in pending:
             if tp not in owned:
                 continue
-            state = self.summaries.get(self._state_key(tp))
-            stash = self._stash.pop(tp, None)  # what we had when it was revoked
-            if stash is not None and (state is None or int(state["offset"]) <= stash["offset"]):
-                state = stash  # our own counts are at least as new (or the publish did not reach the broker)
-                if self.monitor is not None:
-                    self.monitor.restore_counters(self.partition_name(tp), stash["counters"])
-                self.positions.setdefault(tp, stash["offset"])
-            mine = self.positions.get(tp)
+            name = self.partition_name(tp)
+            # where this partition's counts and offset stand, newest wins: the
+            # published state (another replica's, or our previous life's), what
+            # we held when it was revoked, or what we still hold
+            known = [c for c in (self.summaries.get(self._state_key(tp)), self._stash.pop(tp, None)) if c is not None]
+            if tp in self.positions and self.monitor is not None:
+                known.append({"offset": self.positions[tp], "counters": self.monitor.counters_snapshot().get(name, {}), "local": True})
+            best = max(known, key=lambda c: int(c["offset"]), default=None)
+            if best is not None and not best.get("local") and self.monitor is not None:
+                self.monitor.restore_counters(name, best.get("counters", {}))
             if tp in self._committed and self._committed_offset(tp) is None:
                 # we committed here before and the broker has forgotten it: the
                 # broker lost its log (e.g. restarted with memory storage), and the
-                # partition's records are new: read them from the start, keeping
-                # the counts (the state, if any, is our own last publish)
-                log.warning("partition %s: the broker forgot our committed offset; reading it from the beginning", self.partition_name(tp))
+                # partition's records are new: read them from the start
+                log.warning("partition %s: the broker forgot our committed offset; reading it from the beginning", name)
                 self._seek(tp, None, batch)
                 self._committed.discard(tp)
                 self._summary_tps = None  # the summaries topic was lost with it: re-read from its start
                 self.summaries.clear()
-                if state is not None and self.monitor is not None:
-                    self.monitor.restore_counters(self.partition_name(tp), state.get("counters", {}))
-            elif state is not None and (mine is None or int(state["offset"]) > mine):
-                # another process (or our previous life) got further: take over its counts and offset
-                self._seek(tp, int(state["offset"]), batch)
-                if self.monitor is not None:
-                    self.monitor.restore_counters(self.partition_name(tp), state.get("counters", {}))
-                log.info("partition %s: resuming at offset %s from published state", self.partition_name(tp), state["offset"])
+            elif best is not None:
+                # the group resets a reassigned partition to its committed offset,
+                # which lags the counts: go back to where the counts stand
+                self._seek(tp, int(best["offset"]), batch)
+                log.info("partition %s: resuming at offset %s", name, best["offset"])
 
     def _committed_offset(self, tp):
         try:
@@ -246,9 +244,7 @@ class KafkaSource:
             return
         self.consumer.seek(tp, offset)
         self.positions[tp] = offset
-        recs = batch.get(tp)
-        if recs:
-            batch[tp] = [r for r in recs if r.offset >= offset]
+        batch.pop(tp, None)  # fetched from the old position: re-fetched from the new one
 
     def _on_revoked(self, revoked) -> None:
         # runs on the consumer's IO thread, where a blocking commit is not
@@ -268,6 +264,9 @@ class KafkaSource:
         batch = dict(self.consumer.poll(timeout_ms=timeout_ms))
         if self._rebalanced:
             self._settle_assigned(batch)
+        # partitions with unread records (this batch's included) hold the
+        # watermark back while the batch is ingested (see Monitor.watermark)
+        monitor.backlogged = self._backlog(batch)
         n = 0
         for tp, recs in batch.items():
             if not recs:
@@ -297,15 +296,18 @@ class KafkaSource:
             monitor.reject(rejects.counts, part)
             self.positions[tp] = recs[-1].offset + 1
             n += len(recs)
-        # partitions with unread records hold the watermark back (see Monitor.watermark)
-        backlog = set()
-        for tp in self.consumer.assignment():
-            hw, pos = self.consumer.highwater(tp), self.positions.get(tp)
-            if hw is None or (pos if pos is not None else 0) < hw:  # unknown: not fetched yet, assume a backlog
-                backlog.add(self.partition_name(tp))
-        monitor.backlogged = backlog
+        monitor.backlogged = self._backlog({})
         self.read_summaries()
         return n
+
+    def _backlog(self, batch: dict) -> set:
+        """Assigned partitions with records not yet ingested (high watermark unknown: assume so)."""
+        out = set()
+        for tp in self.consumer.assignment():
+            hw = self.consumer.highwater(tp)
+            if tp in batch or hw is None or self.positions.get(tp, 0) < hw:
+                out.add(self.partition_name(tp))
+        return out
 
     def lag(self) -> int | None:
         """Kafka records behind the high watermarks of the assigned partitions."""
