@@ -21,6 +21,7 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_read_jobs.py
+	$(PY) benchmarks/bench_daemon.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -323,7 +323,7 @@ def test_two_replicas_equal_one(broker, topic, cluster):
         for job_id in jobs(one):
             single = one.value("prism_steps_total", job_id=job_id)
             best = max(r1.value("prism_steps_total", job_id=job_id), r2.value("prism_steps_total", job_id=job_id))
-            assert abs(best - single) <= 0.1 * single, (job_id, best, single)
+            assert abs(best - single) <= 0.15 * single, (job_id, best, single)
     finally:
         for d in (one, r1, r2):
             d.stop()
