@@ -34,7 +34,6 @@ import logging
 import os
 import socket
 import time
-from collections import Counter
 from pathlib import Path
 
 from .messages import DEFAULT_MAX_MESSAGE_BYTES, decode_message, message_format, read_arrow, validate_arrow
@@ -445,7 +444,3 @@ class DirectorySource:
     def close(self) -> None:
         pass
 
-
-def counts_total(counters: dict, key: str) -> int:
-    """Sum of one counter over partitions (helper for summaries and tests)."""
-    return int(sum(Counter(c).get(key, 0) for c in counters.values()))

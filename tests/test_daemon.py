@@ -327,3 +327,26 @@ def test_two_replicas_equal_one(broker, topic, cluster):
     finally:
         for d in (one, r1, r2):
             d.stop()
+
+
+def test_directory_source_without_kafka(cluster, tmp_path):
+    from prism.sources import DirectorySource
+
+    flows = cluster.flows.sort_values("start_ns").reset_index(drop=True)
+    half = len(flows) // 2
+    from synthetic.generator import write_flows
+
+    write_flows(flows.iloc[:half], tmp_path / "a.parquet")
+    (tmp_path / "notes.txt").write_text("not a flow dump: skipped")
+    monitor = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
+    d = Daemon(DirectorySource(tmp_path), monitor, Health())
+    t = threading.Thread(target=d.run, daemon=True)
+    t.start()
+    try:
+        write_flows(flows.iloc[half:], tmp_path / "b.parquet")  # a dump that appears later
+        wait_for(lambda: sum(c.get("ingested", 0) for c in monitor.counters_snapshot().values()) == len(flows), 60, "both dumps")
+        wait_for(lambda: monitor.analysed_to is not None and monitor.analysed_to >= monitor.max_start, 30, "the tail")
+        assert monitor.jobs_["job_id"].nunique() == cluster.jobs["job_id"].nunique()
+    finally:
+        d.stop()
+        t.join(timeout=20)
