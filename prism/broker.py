@@ -30,9 +30,9 @@ def free_port() -> int:
 class LocalBroker:
     """Start/stop a Tansu broker on ``127.0.0.1:port``.
 
-    >>> b = LocalBroker()            # doctest: +SKIP
-    >>> b.start().bootstrap          # doctest: +SKIP
-    '127.0.0.1:40123'
+    >>> with LocalBroker() as b:
+    ...     b.bootstrap.startswith("127.0.0.1:") and b.proc.poll() is None
+    True
     """
 
     def __init__(self, port: int | None = None, binary: str | None = None):
