@@ -351,6 +351,10 @@ def cmd_daemon(args) -> int:
         print(f"prism daemon: error: {e}", file=sys.stderr)
         server.stop()
         return EXIT_BAD_INPUT
+    except Exception as e:  # noqa: BLE001 - kafka-python's errors (no broker, auth) on startup
+        print(f"prism daemon: error: cannot reach Kafka at {settings.get('kafka_bootstrap_servers')}: {type(e).__name__}: {e}", file=sys.stderr)
+        server.stop()
+        return 1
     daemon = Daemon(source, monitor, health)
     import signal
 
