@@ -16,7 +16,7 @@ from .parallelism import ParallelismClassifier
 from .timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
 from .topology import Topology
 
-__all__ = ["Analysis", "Settings", "analyse"]
+__all__ = ["Analysis", "Settings", "analyse", "label_names"]
 
 
 @dataclass
@@ -95,7 +95,7 @@ def analyse(
     dp_mask = p["dp"].to_numpy()
     pa, pb = p["a"].to_numpy(), p["b"].to_numpy()
     comps = {"dp": parallel_groups(pa[dp_mask], pb[dp_mask], n), "pp": parallel_groups(pa[~dp_mask], pb[~dp_mask], n)}
-    label_name = _label_names(labels, jobs, topology)
+    label_name = label_names(labels, jobs, topology)
     out.shapes = _shapes(p, labels, comps, label_name, jobs)
     if stop_after == "pairs":
         return out
@@ -130,7 +130,8 @@ def analyse(
     return out
 
 
-def _label_names(labels, jobs, topology) -> dict:
+def label_names(labels, jobs, topology) -> dict:
+    """``{job label: job id}`` from the recogniser's per-NIC labels and its jobs frame."""
     idx = topology.ips.get_indexer(jobs["ip"])
     return dict(zip(labels[idx].tolist(), jobs["job_id"].tolist()))
 

@@ -41,6 +41,7 @@ __all__ = [
     "validate_arrow",
     "encode_jsonl",
     "encode_arrow",
+    "arrow_ipc",
     "pair_keys",
 ]
 
@@ -169,8 +170,12 @@ def encode_jsonl(flows: pd.DataFrame) -> bytes:
 
 def encode_arrow(flows: pd.DataFrame) -> bytes:
     """Arrow IPC stream bytes of a flow frame (one record batch)."""
-    table = pa.Table.from_pandas(flows, preserve_index=False)
-    sink = pa.BufferOutputStream()  # (prism.produce slices one table instead, for many messages)
+    return arrow_ipc(pa.Table.from_pandas(flows, preserve_index=False))
+
+
+def arrow_ipc(table: pa.Table) -> bytes:
+    """Arrow IPC stream bytes of a table (:class:`prism.produce.FlowProducer` slices one)."""
+    sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)
     return sink.getvalue().to_pybytes()

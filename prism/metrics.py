@@ -20,10 +20,11 @@ import time
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+import numpy as np
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from .monitor import STEP_BUCKETS_S, Monitor
+from .monitor import STEP_BUCKETS_S, Monitor, bucket_index
 from .records import REJECT_REASONS
 
 __all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address"]
@@ -123,11 +124,7 @@ class PrismCollector:
                 last.add_metric([job_id], v.last_step_s)
                 slowdown.add_metric([job_id], v.slowdown if v.slowdown is not None else math.nan)
                 slow.add_metric([job_id], 1.0 if v.slow else 0.0)
-            cum, buckets = 0, []
-            for le, n in zip([*map(str, STEP_BUCKETS_S), "+Inf"], v.bucket_counts):
-                cum += n
-                buckets.append((le, cum))
-            hist.add_metric([job_id], buckets, v.step_sum_s)
+            hist.add_metric([job_id], cumulative_buckets(STEP_BUCKETS_S, v.bucket_counts), v.step_sum_s)
             for kind, n in sorted(v.anomalies.items()):
                 anomalies.add_metric([kind, job_id], n)
             for server, r in sorted(v.group_lag.items()):
@@ -147,15 +144,10 @@ class PrismCollector:
             drained, m.tick_seconds = m.tick_seconds, []
         with self._lock:
             for sec in drained:
-                i = next((k for k, le in enumerate(_WINDOW_BUCKETS_S) if sec <= le), len(_WINDOW_BUCKETS_S))
-                self._win_counts[i] += 1
+                self._win_counts[bucket_index(_WINDOW_BUCKETS_S, sec)] += 1
                 self._win_sum += sec
-            cum, buckets = 0, []
-            for le, n in zip([*map(str, _WINDOW_BUCKETS_S), "+Inf"], self._win_counts):
-                cum += n
-                buckets.append((le, cum))
             wp = HistogramMetricFamily("prism_window_processing_seconds", "Wall time of one window's analysis.")
-            wp.add_metric([], buckets, self._win_sum)
+            wp.add_metric([], cumulative_buckets(_WINDOW_BUCKETS_S, self._win_counts), self._win_sum)
         yield wp
         ticks = CounterMetricFamily("prism_windows_total", "Windows analysed.")
         ticks.add_metric([], view.ticks)
@@ -172,6 +164,15 @@ class PrismCollector:
                 cl = GaugeMetricFamily("prism_consumer_lag_records", "Kafka records (messages) behind the partitions' high watermarks.")
                 cl.add_metric([], self.health.consumer_lag)
                 yield cl
+
+
+def cumulative_buckets(bounds, counts) -> list[tuple[str, float]]:
+    """``(le, cumulative count)`` pairs for a HistogramMetricFamily, from per-bucket counts.
+
+    >>> cumulative_buckets((1, 2), [3, 0, 1])
+    [('1', 3), ('2', 3), ('+Inf', 4)]
+    """
+    return list(zip([*map(str, bounds), "+Inf"], np.cumsum(counts).tolist()))
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:

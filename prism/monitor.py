@@ -22,6 +22,7 @@ reported again, the cross-step diagnosis runs over each job's step history
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import Counter, defaultdict, deque
@@ -30,18 +31,27 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .analyze import Settings, analyse
+from .analyze import Settings, analyse, label_names
 from .diagnosis import SwitchBandwidth
 from .jobs import JobRecognizer, gpu_clusters
 from .topology import Topology
 from .window import FlowWindow, RecordDeduper, record_hashes
 
-__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "STEP_BUCKETS_S"]
+__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "STEP_BUCKETS_S", "bucket_index"]
 
 #: Step-duration histogram buckets (seconds): LLM steps run from tenths of
 #: a second (small models) to minutes.
 STEP_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 _CROSS_STEP_KINDS = ("slow_step", "regime_change")
+
+
+def bucket_index(bounds, value: float) -> int:
+    """Index of the histogram bucket of ``value`` (the first bound >= it; len(bounds) is +Inf).
+
+    >>> bucket_index((1, 2), 1), bucket_index((1, 2), 1.5), bucket_index((1, 2), 9)
+    (0, 1, 2)
+    """
+    return int(np.searchsorted(bounds, value, side="left"))
 
 
 @dataclass
@@ -105,7 +115,6 @@ class _JobState:
         self.history: deque = deque(maxlen=history)  # (step, start_ns, end_ns)
         self.next_step = 0
         self.last_end = -1
-        self.last_seen = 0
         self.reported: dict = {}  # anomaly key -> start_ns
 
 
@@ -326,16 +335,15 @@ class Monitor:
         # a job seen for less than half a window has too few steps to cut
         # them reliably (the gap threshold needs several): wait for more
         first = pd.Series(start[:cut]).groupby(labels[a[:cut]]).min() if cut else pd.Series(dtype=np.int64)
-        names = jobs.assign(label=labels[self.topology.ips.get_indexer(jobs["ip"])]).drop_duplicates("job_id")
-        job_first = first.reindex(names["label"]).set_axis(names["job_id"])
-        young = set(job_first.index[(end - job_first.fillna(end)) < int(self.s.window_s * 1e9) // 2]) if not final else set()
+        job_first = first.rename(index=label_names(labels, jobs, self.topology))
+        young = set(job_first.index[(end - job_first) < int(self.s.window_s * 1e9) // 2]) if not final else set()
         self._merge_steps(an.steps[~an.steps["job_id"].isin(young)] if an.steps is not None else None, final)
         self._merge_groups(an.group_lag, an.anomalies, an.steps)
         switches = self._merge_switches()
         self.analysed_to = end
         self._ticks += 1
         view = MonitorView(
-            jobs={j: _copy_view(st.view) for j, st in self._jobs.items()},
+            jobs={j: copy.deepcopy(st.view) for j, st in self._jobs.items()},
             switches=switches, window_flows=len(self.window), pairs=len(self._pair_keys),
             analysed_to_ns=end, ticks=self._ticks,
         )
@@ -363,7 +371,6 @@ class Monitor:
             # the id names the servers; the GPUs seen on them can still grow
             st.servers = current[job_id]
             st.view.gpus, st.view.servers = int(len(g)), len(st.servers)
-            st.last_seen = end
             if shapes is not None and job_id in shapes.index:
                 st.view.dp, st.view.pp = int(shapes.at[job_id, "dp"]), int(shapes.at[job_id, "pp"])
         for job_id in [j for j, st in self._jobs.items() if j not in current and st.view.job_id == j]:
@@ -391,7 +398,7 @@ class Monitor:
                 st.history.append((st.next_step, int(s0), int(e0)))
                 st.next_step += 1
                 d = (e0 - s0) / 1e9
-                v.bucket_counts[int(np.searchsorted(STEP_BUCKETS_S, d, side="left"))] += 1
+                v.bucket_counts[bucket_index(STEP_BUCKETS_S, d)] += 1
                 v.step_sum_s += d
                 v.steps += 1
             st.last_end = int(st.history[-1][2])
@@ -483,10 +490,3 @@ class Monitor:
         """Switch and link anomalies counted so far, by kind (no job)."""
         return Counter(self._fabric_anomalies)
 
-
-def _copy_view(v: JobView) -> JobView:
-    return JobView(
-        job_id=v.job_id, gpus=v.gpus, servers=v.servers, dp=v.dp, pp=v.pp, steps=v.steps, last_step_s=v.last_step_s,
-        slowdown=v.slowdown, slow=v.slow, bucket_counts=list(v.bucket_counts), step_sum_s=v.step_sum_s,
-        anomalies=Counter(v.anomalies), group_lag=dict(v.group_lag),
-    )

@@ -12,16 +12,9 @@ import pandas as pd
 
 import pyarrow as pa
 
-from .messages import ARROW_CONTENT_TYPE, JSONL_CONTENT_TYPE, encode_jsonl, pair_keys
+from .messages import ARROW_CONTENT_TYPE, JSONL_CONTENT_TYPE, arrow_ipc, encode_jsonl, pair_keys
 
 __all__ = ["FlowProducer"]
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 class FlowProducer:
@@ -64,7 +57,7 @@ class FlowProducer:
         table = pa.Table.from_pandas(flows, preserve_index=False) if self.fmt == "arrow" else None
         for i in range(len(bounds) - 1):  # per message (pair), not per record
             lo, hi = int(bounds[i]), int(bounds[i + 1])
-            value = _ipc(table.slice(lo, hi - lo)) if table is not None else encode_jsonl(flows.iloc[lo:hi])
+            value = arrow_ipc(table.slice(lo, hi - lo)) if table is not None else encode_jsonl(flows.iloc[lo:hi])
             self.producer.send(self.topic, key=uniq[codes[order[lo]]], value=value, headers=[("content-type", ctype)])
         self.records_sent += len(flows)
         self.messages_sent += len(bounds) - 1

@@ -15,7 +15,6 @@ double, microseconds with three decimals keep nanosecond precision.
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 __all__ = ["chrome_trace", "MAX_SERVER_EVENTS"]
