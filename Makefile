@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench generate tools clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,19 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/prism demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed tools
 	$(PY) -m pytest
+
+# promtool (Debian's prometheus package) runs the alert rules' unit tests
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+tools:
+	@command -v promtool >/dev/null || { \
+	  echo "installing promtool (apt-get install prometheus)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+# alert rules, Grafana files and the chart's generated templates, from prism/alerting.py and prism/grafana.py
+generate: $(VENV)/.installed
+	$(VENV)/bin/prism alerts --out alerts --chart helm/prism
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_read_jobs.py

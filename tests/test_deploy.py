@@ -1,0 +1,327 @@
+"""Deployment artefacts: alert rules (real promtool), Grafana objects, the Helm chart (real Helm engine).
+
+The chart is rendered by Helm's own Go engine (helm-python-sdk binds the
+official Helm v4 SDK through a C ABI), linted by Helm's linter, and the
+manifests are validated against the Kubernetes OpenAPI schemas
+(kubernetes-validate). What is not verified here: that a cluster accepts
+the CRD objects (ServiceMonitor, PrometheusRule) beyond their rule content,
+and the container image (no Docker engine on these machines).
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prism import alerting, grafana
+
+ROOT = Path(__file__).resolve().parents[1]
+ALERTS_DIR = ROOT / "alerts"
+RULES = ALERTS_DIR / "prism-rules.yaml"
+RULE_TESTS = ALERTS_DIR / "tests" / "prism-rules.test.yaml"
+CHART = ROOT / "helm" / "prism"
+RUNBOOKS = ROOT / "docs" / "runbooks"
+TOPOLOGY = "ip,server\n10.0.0.1,srv0000\n10.0.0.2,srv0001\n"
+KUBE_VERSION = "1.30.0"
+
+
+def promtool(*args, cwd=None):
+    exe = shutil.which("promtool")
+    if exe is None:
+        pytest.fail("promtool not found: install Debian's 'prometheus' package (make test does: apt-get install prometheus)")
+    return subprocess.run([exe, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+# ---------------------------------------------------------------- alert rules
+
+
+def test_promtool_checks_and_tests_the_rules():
+    check = promtool("check", "rules", str(RULES))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"{len(alerting.ALERTS)} rules found" in check.stdout
+    run = promtool("test", "rules", str(RULE_TESTS))
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_promtool_tests_fail_when_a_threshold_moves(tmp_path):
+    # the tests pin the thresholds: a rule file with another one must fail them
+    changed = alerting.rules_yaml(alerting.AlertSettings(step_slowdown_ratio=1.6, switch_degraded_for="30m"))
+    (tmp_path / "prism-rules.yaml").write_text(changed)
+    (tmp_path / "tests").mkdir()
+    shutil.copy(RULE_TESTS, tmp_path / "tests" / RULE_TESTS.name)
+    run = promtool("test", "rules", str(tmp_path / "tests" / RULE_TESTS.name))
+    assert run.returncode != 0
+    assert "PrismJobStepSlowdown" in run.stdout + run.stderr and "PrismSwitchDegraded" in run.stdout + run.stderr
+
+
+def _for_seconds(text: str) -> int:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smhd])", text))
+
+
+def test_every_alert_is_tested_on_both_sides_of_its_for():
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    rules = {r["alert"]: r for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"]}
+    quiet, firing = {}, {}
+    for t in tests:
+        for case in t.get("alert_rule_test", []):
+            at = _for_seconds(case["eval_time"])
+            (firing if case.get("exp_alerts") else quiet).setdefault(case["alertname"], []).append(at)
+    for name, rule in rules.items():
+        hold = _for_seconds(rule["for"])
+        assert name in firing, f"{name}: no test where it fires"
+        assert name in quiet, f"{name}: no test where it stays quiet"
+        first_fire = min(firing[name])
+        # a quiet case within the `for:` before the first firing one: the pending side
+        assert any(first_fire - hold <= q < first_fire for q in quiet[name]), (name, quiet[name], first_fire, hold)
+
+
+def test_every_alert_has_severity_summary_description_and_a_runbook():
+    for rule in yaml.safe_load(RULES.read_text())["groups"][0]["rules"]:
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}
+        ann = rule["annotations"]
+        assert ann["summary"] and ann["description"]
+        page = RUNBOOKS / f"{rule['alert']}.md"
+        assert ann["runbook_url"].endswith(f"/docs/runbooks/{page.name}")
+        text = page.read_text()
+        for section in ("## Meaning", "## Confirm", "## Act"):
+            assert section in text, f"{page.name} lacks {section}"
+        assert "prism replay" in text or "prism whatif" in text
+
+
+def test_labels_that_matter_are_in_the_descriptions():
+    rules = {r["alert"]: r for r in alerting.prometheus_rules()["groups"][0]["rules"]}
+    for name, label in [("PrismJobStepSlowdown", "job_id"), ("PrismSlowStepBurst", "job_id"),
+                        ("PrismLaggingGroup", "group"), ("PrismLaggingGroup", "job_id"), ("PrismSwitchDegraded", "switch")]:
+        assert f"$labels.{label}" in rules[name]["annotations"]["description"]
+        assert label in rules[name]["expr"]  # and the aggregation keeps it
+
+
+def test_settings_change_thresholds_and_reject_nonsense():
+    s = alerting.settings_from_strings(["switch_bandwidth_ratio=0.5", "switch-degraded-for=15m"])
+    rule = [r for r in alerting.prometheus_rules(s)["groups"][0]["rules"] if r["alert"] == "PrismSwitchDegraded"][0]
+    assert rule["expr"].endswith("< 0.5") and rule["for"] == "15m"
+    for bad in ["nope=1", "switch_bandwidth_ratio=low", "switch_degraded_for=5 minutes", "group_lag_ratio"]:
+        with pytest.raises(ValueError):
+            alerting.settings_from_strings([bad])
+
+
+def test_generated_files_are_up_to_date(tmp_path):
+    from prism.cli import main
+
+    assert main(["alerts", "--out", str(tmp_path / "alerts"), "--chart", str(_chart_copy(tmp_path))]) == 0
+    stale = [str(p.relative_to(ROOT)) for p, q in [
+        (RULES, tmp_path / "alerts" / "prism-rules.yaml"),
+        (ALERTS_DIR / "grafana" / "alert-rules.yaml", tmp_path / "alerts" / "grafana" / "alert-rules.yaml"),
+        (ALERTS_DIR / "grafana" / "prism-dashboard.json", tmp_path / "alerts" / "grafana" / "prism-dashboard.json"),
+        (CHART / "templates" / "prometheusrule.yaml", tmp_path / "chart" / "templates" / "prometheusrule.yaml"),
+        (CHART / "files" / "prism-dashboard.json", tmp_path / "chart" / "files" / "prism-dashboard.json"),
+    ] if p.read_text() != q.read_text()]
+    assert not stale, f"regenerate with `make generate`: {stale}"
+
+
+def _chart_copy(tmp_path) -> Path:
+    dst = tmp_path / "chart"
+    shutil.copytree(CHART, dst)
+    return dst
+
+
+# --------------------------------------------------------------------- grafana
+
+
+def _exported_metric_names() -> set[str]:
+    src = (ROOT / "prism" / "metrics.py").read_text()
+    names = set()
+    for kind, name in re.findall(r'(Counter|Gauge|Histogram)MetricFamily\(\s*"(prism_\w+)"', src):
+        names.add(name)
+        if kind == "Histogram":
+            names |= {name + "_bucket", name + "_sum", name + "_count"}
+    return names | {"up"}
+
+
+def _promql(expr: str) -> str:
+    # Grafana's variables, as Grafana would substitute them
+    return expr.replace("$__rate_interval", "1m").replace('=~"$job_id"', '=~".*"')
+
+
+def test_dashboard_queries_are_valid_promql_over_exported_metrics(tmp_path):
+    board = json.loads((ALERTS_DIR / "grafana" / "prism-dashboard.json").read_text())
+    titles = [p["title"] for p in board["panels"]]
+    for wanted in ["Jobs recognised", "Step time per job", "Step slowdown per job", "Anomalies", "Group lag",
+                   "Switch bandwidth (heat map)", "Flow records", "Consumer lag", "Replicas up and ready"]:
+        assert wanted in titles
+    assert any(p["type"] == "heatmap" for p in board["panels"])
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 12
+    known = _exported_metric_names()
+    for e in exprs:
+        used = set(re.findall(r"\b(prism_\w+|up)\{", e))
+        assert used and used <= known, (e, used - known)
+    # promtool parses every query, as recording rules
+    doc = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:q{i}", "expr": _promql(e)} for i, e in enumerate(exprs)]}]}
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump(doc))
+    check = promtool("check", "rules", str(tmp_path / "q.yaml"))
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_dashboard_round_trips_through_the_sdk_model():
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    raw = json.loads((ALERTS_DIR / "grafana" / "prism-dashboard.json").read_text())
+    model = Dashboard.from_json(raw)
+    assert model.uid == grafana.DASHBOARD_UID
+    assert {v.name for v in model.templating.list_val} == {"datasource", "job_id"}
+
+
+def test_grafana_alert_rules_match_the_prometheus_rules():
+    from grafana_foundation_sdk.models.alerting import Rule
+
+    prov = yaml.safe_load((ALERTS_DIR / "grafana" / "alert-rules.yaml").read_text())
+    assert prov["apiVersion"] == 1
+    (group,) = prov["groups"]
+    prom = {r["alert"]: r for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"]}
+    assert [r["title"] for r in group["rules"]] == list(prom)
+    uids = set()
+    for raw in group["rules"]:
+        rule = Rule.from_json(raw)
+        p = prom[rule.title]
+        assert [q.ref_id for q in rule.data] == ["A", "B", "C"] and rule.condition == "C"
+        refs = {q["refId"]: q for q in raw["data"]}
+        assert refs["A"]["model"]["expr"] == p["expr"] and refs["A"]["datasourceUid"] == "prometheus"
+        assert refs["B"]["model"]["expression"] == "A" and refs["C"]["model"]["expression"] == "B"
+        assert rule.for_val == p["for"] and rule.labels == p["labels"]
+        assert rule.annotations["runbook_url"] == p["annotations"]["runbook_url"]
+        assert "$value " not in rule.annotations["description"]  # Grafana's value is $values.B.Value
+        assert len(rule.uid) <= 40  # Grafana's limit
+        uids.add(rule.uid)
+    assert len(uids) == len(prom)
+
+
+# ----------------------------------------------------------------- helm chart
+
+helm_chart = pytest.importorskip("helm_python.chart")
+
+
+def render(values: dict | None = None, **kw) -> dict[str, list[dict]]:
+    """Render with Helm's engine; {template path: [manifest, ...]}."""
+    vals = {"topology": {"csv": TOPOLOGY}}
+    for k, v in (values or {}).items():
+        vals[k] = {**vals.get(k, {}), **v} if isinstance(v, dict) else v
+    chart = helm_chart.Chart.load(str(CHART))
+    chart.validate_schema(vals)
+    out = chart.render(vals, name=kw.get("name", "prism"), namespace=kw.get("namespace", "monitoring"), is_install=True)
+    return {path: [d for d in yaml.safe_load_all(text) if d] for path, text in out.items() if path.endswith(".yaml")}
+
+
+def objects(rendered) -> dict[str, dict]:
+    return {d["kind"] + "/" + d["metadata"]["name"]: d for docs in rendered.values() for d in docs}
+
+
+def test_chart_lints_clean():
+    report = helm_chart.lint(str(CHART), {"topology": {"csv": TOPOLOGY}}, strict=True, kube_version="v" + KUBE_VERSION)
+    errors = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not errors and not report.get("errors"), report
+
+
+def test_default_render_is_valid_kubernetes_with_standard_labels():
+    import kubernetes_validate
+
+    objs = objects(render())
+    assert set(objs) == {"ConfigMap/prism", "ConfigMap/prism-topology", "Deployment/prism", "Service/prism", "ServiceAccount/prism"}
+    for key, obj in objs.items():
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        labels = obj["metadata"]["labels"]
+        for label in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                      "app.kubernetes.io/managed-by", "helm.sh/chart"):
+            assert labels.get(label), (key, label)
+        assert obj["metadata"]["namespace"] == "monitoring"
+
+
+def test_daemon_pod_is_locked_down_and_probed():
+    dep = objects(render())["Deployment/prism"]
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["ports"][0]["containerPort"] == 9464
+    assert "--web.listen-address=0.0.0.0:9464" in c["args"]
+    assert c.get("resources") == {}  # left to the user
+    assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_daemon_config_from_values_is_what_the_daemon_reads(tmp_path):
+    from prism.cli import DAEMON_FLAGS
+    from prism.daemon import load_config
+
+    objs = objects(render({"config": {"window": "300s", "kafka.bootstrap-servers": "k1:9092,k2:9092"}}))
+    path = tmp_path / "prism.yaml"
+    path.write_text(objs["ConfigMap/prism"]["data"]["prism.yaml"])
+    known = {f.lstrip("-") for f in DAEMON_FLAGS} - {"config.file"}
+    cfg = load_config(str(path), known)
+    assert cfg["window"] == "300s" and cfg["kafka.bootstrap-servers"] == "k1:9092,k2:9092" and cfg["kafka.topic"] == "prism-flows"
+    assert objs["ConfigMap/prism-topology"]["data"]["topology.csv"].strip() == TOPOLOGY.strip()
+    # every flag the Deployment passes is a daemon flag
+    args = objs["Deployment/prism"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "daemon" and all(a.split("=")[0] in DAEMON_FLAGS for a in args[1:])
+
+
+def test_values_schema_rejects_typos_and_wrong_types():
+    chart = helm_chart.Chart.load(str(CHART))
+    chart.validate_schema({"topology": {"csv": TOPOLOGY}})
+    for bad in [{"replicaCount": "two"}, {"config": {"windw": "60s"}}, {"config": {"window": "a while"}},
+                {"prometheusRule": {"settings": {"switchBandwidthRatio": 1.5}}}, {"servicemonitor": {"enabled": True}}]:
+        with pytest.raises(Exception):
+            chart.validate_schema({"topology": {"csv": TOPOLOGY}, **bad})
+
+
+def test_topology_is_required():
+    chart = helm_chart.Chart.load(str(CHART))
+    with pytest.raises(Exception, match="topology.csv"):
+        chart.render({}, name="prism", namespace="monitoring")
+    objs = objects(render({"topology": {"csv": "", "existingConfigMap": "gpu-inventory"}}))
+    assert "ConfigMap/prism-topology" not in objs
+    vols = objs["Deployment/prism"]["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "topology", "configMap": {"name": "gpu-inventory"}} in vols
+
+
+def test_optional_features_are_off_by_default_and_render_when_enabled():
+    objs = objects(render({"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+                           "grafanaDashboard": {"enabled": True}, "collector": {"enabled": True}}))
+    sm = objs["ServiceMonitor/prism"]
+    assert sm["spec"]["jobLabel"] == "app.kubernetes.io/name" and sm["spec"]["endpoints"][0]["port"] == "http-metrics"
+    assert objs["Service/prism"]["spec"]["ports"][0]["name"] == "http-metrics"
+    board = objs["ConfigMap/prism-dashboard"]
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(board["data"]["prism.json"])["uid"] == grafana.DASHBOARD_UID
+    ds = objs["DaemonSet/prism-collector"]
+    assert ds["spec"]["template"]["spec"]["containers"][0]["args"][0] == "collect"
+    import kubernetes_validate
+
+    for key in ("DaemonSet/prism-collector", "ConfigMap/prism-collector", "ConfigMap/prism-dashboard"):
+        kubernetes_validate.validate(objs[key], KUBE_VERSION, strict=True)
+
+
+def test_prometheus_rule_renders_to_exactly_the_rule_file(tmp_path):
+    rule = objects(render({"prometheusRule": {"enabled": True}}))["PrometheusRule/prism"]
+    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+    # and promtool runs the same unit tests on what the chart renders
+    (tmp_path / "prism-rules.yaml").write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
+    (tmp_path / "tests").mkdir()
+    shutil.copy(RULE_TESTS, tmp_path / "tests" / RULE_TESTS.name)
+    run = promtool("test", "rules", str(tmp_path / "tests" / RULE_TESTS.name))
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_prometheus_rule_thresholds_are_chart_values():
+    values = {"stepSlowdownRatio": 1.5, "consumerLagRecords": 5000000, "switchDegradedFor": "20m", "selector": 'job="prism",cluster="b"'}
+    rule = objects(render({"prometheusRule": {"enabled": True, "settings": values}}))["PrometheusRule/prism"]
+    expected = alerting.prometheus_rules(alerting.AlertSettings(
+        step_slowdown_ratio=1.5, consumer_lag_records=5_000_000, switch_degraded_for="20m", selector='job="prism",cluster="b"'))
+    assert rule["spec"] == expected
