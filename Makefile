@@ -33,6 +33,7 @@ generate: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_read_jobs.py
 	$(PY) benchmarks/bench_daemon.py
+	$(PY) benchmarks/bench_collect.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

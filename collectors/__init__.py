@@ -1,5 +1,8 @@
-"""collectors: ERSPAN-mirrored RoCEv2 captures to flow records.
+"""collectors: ERSPAN-mirrored (and host-side) RoCEv2 captures to flow records.
 
-Not built yet (issue 6). The output format it must produce is
-:mod:`prism.records` (``start_ns, duration_ns, src, dst, size, switches``).
+Data flows one way: capture file (:mod:`.pcapfile`, memory-mapped record
+scan) -> packet fields (:mod:`.decode`, one compiled pass) -> RDMA messages
+(:mod:`.assemble`, numpy over whole batches) -> flow records in the format
+of :mod:`prism.records` -> a sink (:mod:`.collect`: file or Kafka).
+``prism collect`` / ``python -m collectors`` is the front-end (:mod:`.cli`).
 """

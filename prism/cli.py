@@ -94,6 +94,14 @@ def _add_demo(sub):
     p.set_defaults(func=cmd_demo)
 
 
+def _add_collect(sub):
+    from collectors.cli import DESCRIPTION, add_arguments, run
+
+    p = sub.add_parser("collect", help="captures (ERSPAN-mirrored or host-side RoCEv2 pcaps) to flow records", description=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 def _add_alerts(sub):
     p = sub.add_parser(
         "alerts",
@@ -225,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_daemon(sub)
     _add_alerts(sub)
+    _add_collect(sub)
     _add_replay(sub)
     _add_synth(sub)
     return parser

@@ -1,0 +1,163 @@
+"""``prism collect`` (also ``python -m collectors``): capture files to flow records."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+DESCRIPTION = (
+    "Decode pcap/pcapng captures of ERSPAN-mirrored (Type I, II, III) or plain host-side RoCEv2 traffic, assemble RDMA "
+    "messages (FIRST..LAST or ONLY, keyed by source, destination and destination QP; mirror copies merged into one flow "
+    "whose switches list the path, go-back-N retransmissions merged, sizes from IP/UDP lengths or RETH) and write one "
+    "flow record per message to a file (CSV, Parquet, JSON Lines) or to Kafka in the daemon's format. ACKs, CNPs (per "
+    "switch), READ requests and non-RoCE traffic are counted, not turned into flows. A file that is not a capture is "
+    "counted and skipped; a capture cut short keeps its whole packets."
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("captures", nargs="*", metavar="PCAP", help="capture files (pcap or pcapng) or directories of them, in time order")
+    p.add_argument("--out", required=True, help="FILE (.parquet, .csv[.gz], .jsonl[.gz]) or kafka://HOST:PORT/TOPIC")
+    p.add_argument("--switch-map", metavar="YAML", help="ERSPAN session id and/or mirror source address -> switch name: "
+                   "{sessions: {17: leaf-03}, sources: {10.0.0.3: leaf-03}}; unmapped mirrors are named mirror-<address>/s<session>")
+    p.add_argument("--follow", metavar="DIR", help="keep reading new capture files as they appear in DIR (rotated pcaps); "
+                   "a file is read once it has not grown for --settle seconds. Stops on SIGTERM/SIGINT")
+    p.add_argument("--settle", type=float, default=2.0, metavar="SECONDS", help="with --follow: how long a file must be unchanged (default: %(default)s)")
+    p.add_argument("--stats", metavar="FILE", help="write the counters (packets by status, CNPs per switch, messages) as JSON")
+    p.add_argument("--batch-packets", type=int, default=1 << 18, metavar="N", help="packets decoded per slice; about 250 bytes each (default: %(default)s)")
+    p.add_argument("--web.listen-address", dest="listen", default=None, metavar="HOST:PORT",
+                   help="with --follow: serve the counters as Prometheus metrics (prism_collector_*)")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+
+
+def run(args) -> int:
+    from .assemble import SwitchMap
+    from .collect import Collector, capture_files, open_sink, packets_hint
+
+    if not args.captures and not args.follow:
+        print("prism collect: give capture files (or --follow DIR)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        switch_map = SwitchMap.load(args.switch_map) if args.switch_map else SwitchMap()
+        files = capture_files(args.captures)
+        missing = [f for f in files if not Path(f).exists()]
+        if missing:
+            raise ValueError(f"no such file: {', '.join(missing)}")
+        sink = open_sink(args.out)
+    except ValueError as e:
+        print(f"prism collect: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    bar = None
+    if not args.quiet and not args.follow and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=packets_hint(files), unit="pkt", unit_scale=True, file=sys.stderr)
+    collector = Collector(sink, switch_map, args.batch_packets, progress=bar.update if bar else None)
+    server, beat = None, (lambda: None)
+    if args.follow and args.listen:
+        server, beat = _serve_metrics(collector, args.listen)
+    try:
+        for f in files:
+            collector.add_file(f)
+        if args.follow:
+            _follow(collector, Path(args.follow), args.settle, quiet=args.quiet, beat=beat)
+    finally:
+        if bar is not None:
+            bar.close()
+        collector.close()
+        if server is not None:
+            server.stop()
+    summary = collector.summary()
+    if args.stats:
+        Path(args.stats).write_text(json.dumps(summary, indent=2) + "\n")
+    if not args.quiet:
+        _print_summary(summary, args.out)
+    return 0
+
+
+def _print_summary(s: dict, out: str) -> None:
+    rate = f", {s['packets_per_second']:,} packets/s" if s["packets_per_second"] else ""
+    print(f"read {s['files']} capture(s), {s['packets']:,} packets in {s['seconds']:.2f}s{rate}")
+    for name, n in sorted(s["packets_by_status"].items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<22} {n:>12,}")
+    print(f"wrote {s['flows']:,} flows to {out}: {s.get('mirror_copies', 0):,} mirror copies merged, "
+          f"{s.get('retransmitted_packets', 0):,} retransmitted packets, {s.get('incomplete_messages', 0):,} incomplete messages")
+    if s["cnp_by_switch"]:
+        top = sorted(s["cnp_by_switch"].items(), key=lambda kv: -kv[1])[:5]
+        print("CNPs (congestion) by switch: " + ", ".join(f"{k or '(host)'} {v:,}" for k, v in top))
+    for what in ("bad_files", "truncated_files"):
+        for line in s[what]:
+            print(f"  {what.replace('_', ' ')[:-1]}: {line}", file=sys.stderr)
+    if s["unmapped_mirrors"]:
+        print(f"  mirrors not in --switch-map: {', '.join(s['unmapped_mirrors'][:8])}", file=sys.stderr)
+
+
+def _follow(collector, directory: Path, settle: float, quiet: bool, beat) -> None:
+    from .collect import CAPTURE_SUFFIXES
+
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(1))
+    seen: dict[str, tuple[int, float]] = {}
+    done: set[str] = set()
+    while not stop:
+        beat()
+        now = time.monotonic()
+        for f in sorted(directory.iterdir()) if directory.is_dir() else []:
+            if f.suffix not in CAPTURE_SUFFIXES or str(f) in done:
+                continue
+            size = f.stat().st_size
+            prev = seen.get(str(f))
+            if prev is None or prev[0] != size:
+                seen[str(f)] = (size, now)
+            elif now - prev[1] >= settle:
+                n = collector.add_file(f)
+                done.add(str(f))
+                if not quiet:
+                    print(f"{f.name}: {n:,} packets, {int(collector.stats.counts['messages']):,} flows so far", file=sys.stderr)
+        time.sleep(0.2)
+
+
+def _serve_metrics(collector, address: str):
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import CounterMetricFamily
+
+    from prism.metrics import Health, MetricsServer
+
+    class CollectorMetrics:
+        def collect(self):
+            s = collector.stats
+            pk = CounterMetricFamily("prism_collector_packets", "Packets decoded, by status.", labels=["status"])
+            for k, v in sorted(s.packets.items()):
+                pk.add_metric([k], v)
+            yield pk
+            cnp = CounterMetricFamily("prism_collector_cnp", "RoCE congestion notification packets, by mirroring switch.", labels=["switch"])
+            for k, v in sorted(s.cnp_by_switch.items()):
+                cnp.add_metric([k], v)
+            yield cnp
+            for name, help_ in [("messages", "RDMA messages written as flow records."),
+                                ("incomplete_messages", "Messages whose first or last packet was never seen."),
+                                ("retransmitted_packets", "Packets seen again at the same mirror (go-back-N)."),
+                                ("mirror_copies", "Copies of a packet from further mirror points, merged."),
+                                ("bad_files", "Files that were not readable captures.")]:
+                yield CounterMetricFamily(f"prism_collector_{name}", help_, value=s.counts[name])
+
+    registry = CollectorRegistry()
+    registry.register(CollectorMetrics())
+    health = Health()
+    health.ready = True
+    server = MetricsServer(registry, health, address)
+    server.start()
+    print(f"metrics on http://{server.address}/metrics", file=sys.stderr)
+    return server, health.beat
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m collectors", description=DESCRIPTION)
+    add_arguments(p)
+    return run(p.parse_args(argv))
