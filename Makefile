@@ -34,6 +34,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_read_jobs.py
 	$(PY) benchmarks/bench_daemon.py
 	$(PY) benchmarks/bench_collect.py
+	$(PY) benchmarks/bench_whatif.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

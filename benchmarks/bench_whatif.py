@@ -1,0 +1,143 @@
+"""Benchmark: what-if replay fidelity, counterfactual accuracy and simulator speed.
+
+Prints Markdown tables:
+
+1. **Real op traces** (``../shared/data/straggler-analysis``): replayed vs
+   observed step time (and the authors' ``step_t_base``), and the
+   ``remove-stragglers`` / ``ideal`` predictions vs the authors'
+   straggler-free step time ``tideal``.
+2. **SYNTHETIC counterfactuals**: a cluster with faults and its
+   ``--no-faults`` twin (same seed), both through ``prism replay``;
+   ``remove-stragglers`` + ``heal-switch:<the slow switch>`` on the faulty
+   one vs the twin's observed median step time, per job.
+3. **Simulator speed**: a 1,024-GPU job (DP 128 x PP 8), 100 steps, 8
+   micro-batches, built as an execution graph and simulated.
+
+    python benchmarks/bench_whatif.py [--presets tiny,demo]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+
+from prism.cli import main as prism  # noqa: E402
+from prism.whatif.graph import ExecutionGraph, simulate  # noqa: E402
+from prism.whatif.optrace import OpGraph, observed_step_times, read_op_trace  # noqa: E402
+from prism.whatif.scenarios import apply_op_scenarios, parse_scenario  # noqa: E402
+
+SA = Path(__file__).resolve().parents[2] / "shared" / "data" / "straggler-analysis"
+
+
+def real_traces() -> None:
+    print("### Real op traces (StragglerAnalysis)\n")
+    print("| trace | ops | tasks | steps | replay error mean / max | vs step_t_base | remove-stragglers vs tideal | ideal vs tideal |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for trial in ("SE", "ST"):
+        ops = read_op_trace(SA / f"trace-{trial}.parquet")
+        meta = yaml.safe_load((SA / f"meta-{trial}.yaml").read_text())
+        g = OpGraph(ops)
+
+        def steps(sc):
+            d = apply_op_scenarios(g, [parse_scenario(s) for s in sc], meta["dp_size"]) if sc else None
+            r = simulate(g.graph() if d is None else g.graph().with_durations(d))
+            return r.step_times().set_index("step")["finish"] - g.step_start
+
+        rep = steps([])
+        obs = observed_step_times(ops)
+        base = pd.Series(json.loads((SA / f"result-{trial}.json").read_text())["step_t_base"]).rename(int)
+        err = (rep / obs - 1).abs()
+        err_base = (rep.reindex(base.index) / base - 1).abs()
+        tideal = json.loads((SA / f"ms-{trial}.json").read_text())["tideal"]
+        rs, ideal = steps(["remove-stragglers"]).mean(), steps(["ideal"]).mean()
+        print(f"| {trial} (DP {meta['dp_size']} x PP {meta['pp_size']}) | {len(ops):,} | {g.n_nodes:,} | {len(obs)} | "
+              f"{err.mean():.3%} / {err.max():.3%} | {err_base.mean():.3%} | {rs:.3f} s vs {tideal:.3f} s ({rs / tideal - 1:+.1%}) | "
+              f"{ideal:.3f} s vs {tideal:.3f} s ({ideal / tideal - 1:+.1%}) |")
+    print()
+
+
+def counterfactuals(presets: list[str]) -> None:
+    from synthetic import preset
+
+    print("### SYNTHETIC counterfactuals vs the fault-free twin\n")
+    print("| preset | job | observed (faulty) | twin (truth) | predicted | error | unchanged replay error |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name in presets:
+        with tempfile.TemporaryDirectory() as d:
+            d = Path(d)
+            for tag, faults in (("faulty", True), ("twin", False)):
+                cl = preset(name, seed=0, with_faults=faults).generate()
+                cl.write(d / tag)
+                prism(["replay", str(d / tag / "flows.parquet"), "--topology", str(d / tag / "topology.csv"), "--out", str(d / f"r-{tag}"), "--quiet"])
+                prism(["whatif", str(d / f"r-{tag}"), "--out", str(d / f"w-{tag}"), "--quiet"])
+            faults = pd.read_csv(d / "faulty" / "truth" / "faults.csv")
+            sc = ["--scenario", "remove-stragglers"]
+            for sw in faults.loc[faults["kind"] == "slow_switch", "subject"]:
+                sc += ["--scenario", f"heal-switch:{sw}"]
+            prism(["whatif", str(d / "r-faulty"), "--topology", str(d / "faulty" / "topology.csv"), *sc, "--out", str(d / "w-fix"), "--quiet"])
+            base = json.loads((d / "w-faulty" / "summary.json").read_text())["jobs"]
+            twin = json.loads((d / "w-twin" / "summary.json").read_text())["jobs"]
+            fix = json.loads((d / "w-fix" / "summary.json").read_text())["jobs"]
+            for job in sorted(fix):
+                if job not in twin:
+                    continue
+                t = twin[job]["observed_step_s"]
+                print(f"| {name} | {job} | {base[job]['observed_step_s'] * 1e3:.1f} ms | {t * 1e3:.1f} ms | "
+                      f"{fix[job]['predicted_step_s'] * 1e3:.1f} ms | {fix[job]['predicted_step_s'] / t - 1:+.2%} | {base[job]['replay_error_mean_pct']:.3f}% |")
+    print()
+
+
+def speed() -> None:
+    dp, pp, mb, steps = 128, 8, 8, 100
+    ranks = dp * pp
+    t0 = time.perf_counter()
+    # tasks: each rank's compute chain; p2p and DP collectives as shared nodes
+    n_local = steps * ranks * 2 * mb
+    n_coll = steps * pp * 2
+    n = n_local + n_coll
+    dur = np.r_[np.full(n_local, 0.01), np.full(n_coll, 0.05)]
+    step = np.r_[np.repeat(np.arange(steps), ranks * 2 * mb), np.repeat(np.arange(steps), pp * 2)]
+    local = np.arange(n_local).reshape(steps, ranks, 2 * mb)
+    coll = n_local + np.arange(n_coll).reshape(steps, pp, 2)
+    stage = np.arange(ranks) % pp
+    src, dst = [local[:, :, :-1].ravel()], [local[:, :, 1:].ravel()]
+    # pipeline: micro-batch k's forward on stage s+1 after stage s (same DP rank)
+    nxt = stage < pp - 1
+    src.append(local[:, nxt, :mb].ravel())
+    dst.append(local[:, np.flatnonzero(nxt) + 1, :mb].ravel())
+    # DP collectives: every rank of a stage joins reduce-scatter, then all-gather; the next step after
+    src.append(local[:, :, -1].ravel())
+    dst.append(coll[:, stage, 0].ravel())
+    src.append(coll[:, :, 0].ravel())
+    dst.append(coll[:, :, 1].ravel())
+    src.append(coll[:-1, stage, 1].ravel())
+    dst.append(local[1:, :, 0].ravel())
+    g = ExecutionGraph(dur, step, np.concatenate(src), np.concatenate(dst), np.zeros(sum(len(x) for x in src)))
+    build = time.perf_counter() - t0
+    simulate(g)  # compile
+    t1 = time.perf_counter()
+    simulate(g)
+    sim = time.perf_counter() - t1
+    print("### Simulator speed\n")
+    print("| job | steps | tasks | edges | build | simulate | tasks/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| {ranks:,} GPUs (DP {dp} x PP {pp}), {mb} micro-batches | {steps} | {n:,} | {len(g.src):,} | {build:.2f} s | {sim:.2f} s | {n / sim:,.0f} |")
+    print()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--presets", default="tiny,demo")
+    args = ap.parse_args()
+    real_traces()
+    speed()
+    counterfactuals(args.presets.split(","))

@@ -1,0 +1,151 @@
+"""Execution graphs from op-level traces (the StragglerAnalysis schema).
+
+One row per operation: ``dp_rank, stage, rank, step, optype, start_ts,
+duration, seq_id, ...`` (Megatron: forward/backward compute, pipeline
+send/receive, DP reduce-scatter/all-gather, embedding and grad-norm
+all-reduces, optimizer). The graph:
+
+* every rank runs its operations of a step in their observed order; the
+  gap between one operation's end and the next one's start is kept as local
+  overhead;
+* synchronising operations become one node that all their members join:
+  a pipeline send and its receive (``forward-send`` at stage s with
+  ``forward-recv`` at s+1, same DP rank and micro-batch; ``backward-send``
+  at s with ``backward-recv`` at s-1), operations one rank issued together
+  (a send and a receive batched in one call: same start), and collectives
+  over their group (:data:`COLLECTIVE_GROUPS`);
+* a synchronisation's own duration is the shortest of its members'
+  observed durations: the last member to arrive waited for nobody, so its
+  time is the transfer itself; the others' longer times were waiting, which
+  the simulation recreates.
+
+Steps are independent: each rank's first operation is released at its
+observed start in the step.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from .graph import ExecutionGraph
+
+__all__ = ["COLLECTIVE_GROUPS", "OpGraph", "build_op_graph", "read_op_trace", "observed_step_times"]
+
+REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id")
+
+#: collective op type -> the columns (besides step and seq_id) that name one instance's group
+COLLECTIVE_GROUPS = {
+    "grads-reduce-scatter": ("stage",),  # the DP group of a stage
+    "params-all-gather": ("stage",),
+    "embedding-grads-all-reduce": ("dp_rank",),  # first and last stage of one pipeline
+    "optimizer-clip-main-grad": (),  # grad-norm all-reduce over every rank
+}
+COMPUTE = ("forward-compute", "backward-compute")
+P2P = ("forward-send", "forward-recv", "backward-send", "backward-recv")
+
+
+def read_op_trace(path) -> pd.DataFrame:
+    """Read a trace (Parquet or CSV) and check its columns; the message names the file and what is missing."""
+    path = str(path)
+    try:
+        df = pd.read_parquet(path) if path.endswith(".parquet") else pd.read_csv(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read the op trace: {e}") from e
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (expected {', '.join(REQUIRED)})")
+    df = df[list(REQUIRED) + [c for c in df.columns if c not in REQUIRED]].copy()
+    df["optype"] = df["optype"].astype(str)
+    bad = df["duration"].isna() | (df["duration"] < 0) | df["start_ts"].isna()
+    if bad.any():
+        raise ValueError(f"{path}: {int(bad.sum())} row(s) with a missing or negative start_ts/duration, first at row {int(np.flatnonzero(bad)[0])}")
+    return df.reset_index(drop=True)
+
+
+def observed_step_times(ops: pd.DataFrame) -> pd.Series:
+    """Per step: last end - first start, as observed."""
+    end = ops["start_ts"].astype(np.float64) + ops["duration"].astype(np.float64)
+    g = pd.DataFrame({"step": ops["step"], "s": ops["start_ts"].astype(np.float64), "e": end}).groupby("step")
+    return (g["e"].max() - g["s"].min()).rename("observed_s")
+
+
+class OpGraph:
+    """An op trace as an :class:`ExecutionGraph`, keeping the map from ops to nodes for scenarios."""
+
+    def __init__(self, ops: pd.DataFrame):
+        self.ops = ops.sort_values(["step", "rank", "start_ts", "optype"], kind="stable").reset_index(drop=True)
+        o = self.ops
+        n = len(o)
+        start = o["start_ts"].to_numpy(np.float64)
+        dur = o["duration"].to_numpy(np.float64)
+        end = start + dur
+        idx = pd.Series(np.arange(n))
+        pairs = []
+        # pipeline send -> receive of the same micro-batch on the neighbouring stage
+        for send, recv, delta in (("forward-send", "forward-recv", 1), ("backward-send", "backward-recv", -1)):
+            s = o[o["optype"] == send][["step", "dp_rank", "stage", "seq_id"]].assign(i=idx[o["optype"] == send].to_numpy())
+            r = o[o["optype"] == recv][["step", "dp_rank", "stage", "seq_id"]].assign(j=idx[o["optype"] == recv].to_numpy())
+            s = s.assign(stage=s["stage"] + delta)
+            m = s.merge(r, on=["step", "dp_rank", "stage", "seq_id"])
+            pairs.append(m[["i", "j"]].to_numpy())
+        # operations one rank issued together (a batched send and receive)
+        p2p = o[o["optype"].isin(P2P)]
+        key = p2p[["step", "rank", "start_ts"]]
+        lead = pd.Series(p2p.index, index=p2p.index).groupby([key["step"], key["rank"], key["start_ts"]]).transform("min")
+        pairs.append(np.stack([lead.to_numpy(), p2p.index.to_numpy()], axis=1))
+        # collectives over their group
+        for optype, cols in COLLECTIVE_GROUPS.items():
+            c = o[o["optype"] == optype]
+            if len(c):
+                keys = [c["step"], c["seq_id"]] + [c[k] for k in cols]
+                lead = pd.Series(c.index, index=c.index).groupby(keys).transform("min")
+                pairs.append(np.stack([lead.to_numpy(), c.index.to_numpy()], axis=1))
+        e = np.concatenate([p for p in pairs if len(p)]) if pairs else np.zeros((0, 2), np.int64)
+        adj = coo_matrix((np.ones(len(e)), (e[:, 0], e[:, 1])), shape=(n, n))
+        _, node = connected_components(adj, directed=False)
+        self.node = node.astype(np.int64)
+        self.n_nodes = int(node.max()) + 1 if n else 0
+        self.members = np.bincount(self.node, minlength=self.n_nodes)
+        # per rank and step, consecutive operations; a node repeated (batched ops) is one task
+        rank, step = o["rank"].to_numpy(), o["step"].to_numpy()
+        same_run = np.r_[False, (rank[1:] == rank[:-1]) & (step[1:] == step[:-1])]
+        new_task = ~same_run | np.r_[True, self.node[1:] != self.node[:-1]]
+        task_first = np.flatnonzero(new_task)
+        chained = same_run[task_first]  # the task follows another of the same rank and step
+        task_end = np.maximum.reduceat(end, task_first)  # a batched task ends with its latest op on this rank
+        t = np.flatnonzero(chained)
+        self.src, self.dst = self.node[task_first[t - 1]], self.node[task_first[t]]
+        self.gap = np.maximum(start[task_first[t]] - task_end[t - 1], 0.0)
+        # release: each rank's first task of a step at its observed start; a shared one at the latest member
+        first_ops = task_first[~chained]
+        release = np.zeros(self.n_nodes)
+        np.maximum.at(release, self.node[first_ops], start[first_ops])
+        self.release = release
+        self.step = np.zeros(self.n_nodes, np.int64)
+        self.step[self.node] = step
+        self.step_start = pd.Series(start).groupby(step).min()
+        labels = o["optype"].to_numpy(object)
+        self.label = np.empty(self.n_nodes, object)
+        self.label[self.node] = labels
+        self.proc = np.full(self.n_nodes, -1, np.int64)
+        single = self.members[self.node] == 1
+        self.proc[self.node[single]] = rank[single]
+        self.is_sync = self.members > 1
+
+    def durations(self, op_duration: np.ndarray | None = None) -> np.ndarray:
+        """Node durations from op durations: a task's own, a synchronisation's shortest member."""
+        d = self.ops["duration"].to_numpy(np.float64) if op_duration is None else np.asarray(op_duration, np.float64)
+        out = np.full(self.n_nodes, np.inf)
+        np.minimum.at(out, self.node, d)
+        return out
+
+    def graph(self, op_duration: np.ndarray | None = None) -> ExecutionGraph:
+        return ExecutionGraph(self.durations(op_duration), self.step, self.src, self.dst, self.gap, self.release,
+                              self.label, self.proc, {"step_start": self.step_start})
+
+
+def build_op_graph(ops: pd.DataFrame) -> OpGraph:
+    """See :class:`OpGraph`."""
+    return OpGraph(ops)

@@ -1,0 +1,96 @@
+"""Scenarios: parsed from ``--scenario`` text, applied to op durations of an op-trace graph.
+
+=========================  ===================================================
+``remove-stragglers``      every compute op at the median of its DP peers (same
+                           step, stage, op type and micro-batch)
+``ideal``                  every compute op at the mean of its op type over all
+                           ranks, micro-batches and steps (no stragglers and no
+                           imbalance: StragglerAnalysis' T_ideal analogue)
+``scale-comm:X``           every synchronisation (collective, send/receive) X
+                           times as long
+``scale-dp:N``             DP group size N: reduce-scatter and all-gather scale
+                           by the ring's (N-1)/N; per-rank work unchanged
+``heal-switch:NAME``       flows through the switch at its peers' bandwidth
+                           (network replays only)
+=========================  ===================================================
+
+Several scenarios combine, applied in the order given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "SCENARIO_HELP"]
+
+SCENARIO_HELP = "remove-stragglers, ideal, scale-comm:X, scale-dp:N, heal-switch:NAME (repeatable; applied in order)"
+_KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-dp", "heal-switch", "microbatches")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    kind: str
+    arg: str | None = None
+
+    def __str__(self) -> str:
+        return self.kind + (f":{self.arg}" if self.arg is not None else "")
+
+
+def parse_scenario(text: str) -> Scenario:
+    """``"scale-comm:0.5"`` -> ``Scenario("scale-comm", "0.5")``, checked.
+
+    >>> parse_scenario("scale-comm:0.5"), parse_scenario("remove-stragglers")
+    (Scenario(kind='scale-comm', arg='0.5'), Scenario(kind='remove-stragglers', arg=None))
+    """
+    kind, sep, arg = text.strip().partition(":")
+    if kind not in _KINDS:
+        raise ValueError(f"--scenario {text!r}: unknown; use {SCENARIO_HELP}")
+    if kind in ("remove-stragglers", "ideal") and sep:
+        raise ValueError(f"--scenario {text!r}: {kind} takes no argument")
+    if kind in ("scale-comm", "scale-dp", "microbatches", "heal-switch") and not arg:
+        raise ValueError(f"--scenario {text!r}: {kind} needs a value, e.g. {kind}:{'spine-00' if kind == 'heal-switch' else '2'}")
+    if kind == "scale-comm":
+        try:
+            if float(arg) <= 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"--scenario {text!r}: scale-comm takes a positive factor") from None
+    if kind in ("scale-dp", "microbatches"):
+        if not arg.isdigit() or int(arg) < 1:
+            raise ValueError(f"--scenario {text!r}: {kind} takes a positive whole number")
+    return Scenario(kind, arg or None)
+
+
+def apply_op_scenarios(graph_builder, scenarios: list[Scenario], dp_size: int | None = None) -> np.ndarray:
+    """Node durations of an :class:`~prism.whatif.optrace.OpGraph` under the scenarios."""
+    from .optrace import COMPUTE
+
+    ops = graph_builder.ops
+    d = ops["duration"].to_numpy(np.float64).copy()
+    compute = ops["optype"].isin(COMPUTE).to_numpy()
+    comm_scale = np.ones(len(ops))
+    for sc in scenarios:
+        if sc.kind == "remove-stragglers":
+            med = ops.assign(d=d).groupby(["step", "stage", "optype", "seq_id"])["d"].transform("median").to_numpy()
+            d = np.where(compute, med, d)
+        elif sc.kind == "ideal":
+            mean = ops.assign(d=d).groupby("optype")["d"].transform("mean").to_numpy()
+            d = np.where(compute, mean, d)
+        elif sc.kind == "scale-comm":
+            comm_scale *= np.where(compute, 1.0, float(sc.arg))
+        elif sc.kind == "scale-dp":
+            if not dp_size:
+                raise ValueError("scale-dp needs the trace's DP size (--meta with dp_size)")
+            n = int(sc.arg)
+            ring = lambda k: (k - 1) / k if k > 1 else 0.0  # noqa: E731
+            f = ring(n) / ring(dp_size) if dp_size > 1 else 1.0
+            dp_coll = ops["optype"].isin(["grads-reduce-scatter", "params-all-gather"]).to_numpy()
+            comm_scale *= np.where(dp_coll, f, 1.0)
+        else:
+            raise ValueError(f"--scenario {sc}: not available for op traces (heal-switch needs a network replay; microbatches is not built yet)")
+    nodes = graph_builder.durations(d)
+    # members of one synchronisation are communication ops of one kind, so they share a factor
+    scale = np.ones(graph_builder.n_nodes)
+    scale[graph_builder.node] = comm_scale
+    return nodes * scale

@@ -1,0 +1,151 @@
+"""What-if replay: the simulator, real op traces (StragglerAnalysis), and counterfactuals on a SYNTHETIC twin."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from prism.cli import main
+from prism.whatif.graph import ExecutionGraph, GraphCycleError, simulate
+from prism.whatif.optrace import OpGraph, observed_step_times, read_op_trace
+from prism.whatif.scenarios import apply_op_scenarios, parse_scenario
+
+SA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "straggler-analysis"
+needs_sa = pytest.mark.skipif(not SA.is_dir(), reason="../shared/data/straggler-analysis not present")
+
+
+def test_a_synchronisation_waits_for_its_last_member_and_gaps_add():
+    # two ranks: rank 0 computes 1 s, rank 1 computes 3 s, then a collective (node 2) of 0.5 s, then each
+    # computes 1 s more (rank 0 after a 0.25 s launch gap)
+    g = ExecutionGraph(duration=[1, 3, 0.5, 1, 1], step=[0] * 5, src=[0, 1, 2, 2], dst=[2, 2, 3, 4], gap=[0, 0, 0.25, 0])
+    r = simulate(g)
+    assert r.start.tolist() == [0, 0, 3, 3.75, 3.5]
+    assert r.step_times()["step_s"].tolist() == [4.75]
+
+
+def test_a_cycle_is_a_clear_error():
+    g = ExecutionGraph(duration=[1, 1], step=[0, 0], src=[0, 1], dst=[1, 0], gap=[0, 0])
+    with pytest.raises(GraphCycleError, match="deadlock"):
+        simulate(g)
+    with pytest.raises(ValueError, match="does not exist"):
+        ExecutionGraph(duration=[1], step=[0], src=[0], dst=[3], gap=[0])
+
+
+def test_scenario_parsing_rejects_nonsense():
+    for bad in ["faster", "scale-comm", "scale-comm:-1", "scale-dp:two", "remove-stragglers:1", "heal-switch"]:
+        with pytest.raises(ValueError):
+            parse_scenario(bad)
+    assert str(parse_scenario("heal-switch:spine-00")) == "heal-switch:spine-00"
+
+
+@needs_sa
+@pytest.mark.parametrize("trial", ["ST", "SE"])
+def test_replay_fidelity_on_real_traces(trial):
+    ops = read_op_trace(SA / f"trace-{trial}.parquet")
+    g = OpGraph(ops)
+    r = simulate(g.graph())
+    replayed = r.step_times().set_index("step")["finish"] - g.step_start
+    observed = observed_step_times(ops)
+    err = (replayed / observed - 1).abs()
+    assert err.mean() < 0.01 and err.max() < 0.02  # Lumos reports 3.3%; the issue's target is 1%
+    # the authors' own per-step base times are the observed ones
+    base = pd.Series(json.loads((SA / f"result-{trial}.json").read_text())["step_t_base"]).rename(int)
+    assert np.allclose(observed.reindex(base.index), base, rtol=1e-5)
+
+
+@needs_sa
+def test_scenarios_on_real_traces_move_the_right_way():
+    ops = read_op_trace(SA / "trace-SE.parquet")
+    meta = yaml.safe_load((SA / "meta-SE.yaml").read_text())
+    g = OpGraph(ops)
+
+    def median_step(scenarios):
+        d = apply_op_scenarios(g, [parse_scenario(s) for s in scenarios], meta["dp_size"])
+        r = simulate(g.graph().with_durations(d))
+        return float((r.step_times().set_index("step")["finish"] - g.step_start).median())
+
+    base = median_step([])
+    no_stragglers = median_step(["remove-stragglers"])
+    ideal = median_step(["ideal"])
+    assert ideal < no_stragglers < base
+    assert median_step(["scale-comm:0.5"]) < base < median_step(["scale-comm:2"])
+    assert median_step(["scale-dp:64"]) > base > median_step(["scale-dp:8"])  # bigger rings, longer collectives
+    tideal = json.loads((SA / "ms-SE.json").read_text())["tideal"]
+    assert ideal > tideal  # the authors' ideal also removes the sequence-length imbalance inside micro-batches
+
+
+@needs_sa
+def test_whatif_cli_on_an_op_trace(tmp_path):
+    out = tmp_path / "wi"
+    rc = main(["whatif", "--ops", str(SA / "trace-ST.parquet"), "--meta", str(SA / "meta-ST.yaml"), "--scenario", "ideal",
+               "--out", str(out), "--quiet"])
+    assert rc == 0
+    job = json.loads((out / "summary.json").read_text())["jobs"]["ST"]
+    assert {"observed_step_s", "replayed_step_s", "predicted_step_s"} <= set(job)
+    assert abs(job["replayed_step_s"] / job["observed_step_s"] - 1) < 0.01
+    tideal = json.loads((SA / "ms-ST.json").read_text())["tideal"]
+    assert abs(job["predicted_step_s"] / tideal - 1) < 0.05  # the StragglerAnalysis straggler-free step time
+    steps = pd.read_csv(out / "steps.csv")
+    assert len(steps) == job["steps"] and set(steps.columns) == {"job_id", "step", "observed_s", "replayed_s", "predicted_s"}
+    trace = json.loads((out / "timeline.json").read_text())["traceEvents"]
+    assert sum(e["ph"] == "X" for e in trace) == len(read_op_trace(SA / "trace-ST.parquet"))
+
+
+def test_whatif_cli_bad_input(tmp_path):
+    bad = tmp_path / "ops.csv"
+    pd.DataFrame({"rank": [0], "step": [0]}).to_csv(bad, index=False)
+    assert main(["whatif", "--ops", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert main(["whatif", str(tmp_path), "--out", str(tmp_path / "o")]) == 2  # not a replay directory
+    assert main(["whatif", "--ops", str(bad), "--scenario", "quicker", "--out", str(tmp_path / "o")]) == 2
+
+
+# ------------------------------------------------------- network replays
+
+
+@pytest.fixture(scope="module")
+def replays(tiny_dir, tmp_path_factory):
+    """The SYNTHETIC tiny cluster with its faults and its fault-free twin (same seed), both replayed."""
+    from synthetic import preset
+
+    d = tmp_path_factory.mktemp("whatif")
+    twin = d / "twin"
+    preset("tiny", seed=0, with_faults=False).generate().write(twin)
+    out = {}
+    for name, src in (("faulty", Path(tiny_dir)), ("twin", twin)):
+        assert main(["replay", str(src / "flows.parquet"), "--topology", str(src / "topology.csv"), "--out", str(d / f"r-{name}"), "--quiet"]) == 0
+        out[name] = d / f"r-{name}"
+    out["topology"] = Path(tiny_dir) / "topology.csv"
+    out["faults"] = pd.read_csv(Path(tiny_dir) / "truth" / "faults.csv")
+    out["dir"] = d
+    return out
+
+
+def _jobs(path) -> dict:
+    return json.loads((path / "summary.json").read_text())["jobs"]
+
+
+def test_network_replay_is_faithful_and_counterfactuals_match_the_twin(replays):
+    d = replays["dir"]
+    sw = replays["faults"].query("kind == 'slow_switch'")["subject"].iloc[0]
+    assert main(["whatif", str(replays["faulty"]), "--out", str(d / "w0"), "--quiet"]) == 0
+    assert main(["whatif", str(replays["twin"]), "--out", str(d / "wt"), "--quiet"]) == 0
+    assert main(["whatif", str(replays["faulty"]), "--topology", str(replays["topology"]), "--scenario", "remove-stragglers",
+                 "--scenario", f"heal-switch:{sw}", "--out", str(d / "w1"), "--quiet"]) == 0
+    base, twin, fixed = _jobs(d / "w0"), _jobs(d / "wt"), _jobs(d / "w1")
+    assert set(base) == set(twin) == set(fixed) and len(base) >= 3
+    moved = 0
+    for job in base:
+        assert base[job]["replay_error_mean_pct"] < 1.0
+        truth = twin[job]["observed_step_s"]
+        assert abs(fixed[job]["predicted_step_s"] / truth - 1) < 0.02, (job, fixed[job], truth)
+        moved += abs(base[job]["observed_step_s"] / truth - 1) > 0.05  # the faults cost this job more than 5%
+    assert moved >= 2  # the check above is not vacuous: the faults did slow jobs down
+
+
+def test_heal_switch_names_a_real_switch(replays, tmp_path):
+    assert main(["whatif", str(replays["faulty"]), "--scenario", "heal-switch:no-such-switch", "--out", str(tmp_path / "o")]) == 2
+    assert main(["whatif", str(replays["faulty"]), "--scenario", "ideal", "--out", str(tmp_path / "o")]) == 2
