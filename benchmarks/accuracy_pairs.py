@@ -72,7 +72,7 @@ def main() -> int:
     df = pd.DataFrame(rows)
     table = df.groupby(["config", "window"], sort=False).agg(acc=("accuracy", "mean"), worst=("accuracy", "min"), wrong=("wrong", "sum"), pairs=("pairs", "sum")).reset_index()
     print()
-    print(f"| classifier | " + " | ".join(f"{w:g} min" for w in windows) + " |")
+    print("| classifier | " + " | ".join(f"{w:g} min" for w in windows) + " |")
     print("|---|" + "---|" * len(windows))
     for name in df["config"].unique():
         cells = []

@@ -59,15 +59,9 @@ class SwitchMap:
     @classmethod
     def load(cls, path) -> "SwitchMap":
         """From YAML: ``{sessions: {17: leaf-03}, sources: {10.0.0.3: leaf-03}}``."""
-        import yaml
+        from prism.daemon import read_yaml
 
-        try:
-            with open(path) as f:
-                doc = yaml.safe_load(f) or {}
-        except OSError as e:
-            raise ValueError(f"--switch-map {path}: {e.strerror}") from e
-        except yaml.YAMLError as e:
-            raise ValueError(f"--switch-map {path}: not valid YAML: {e}") from e
+        doc = read_yaml(path, "--switch-map")
         if not isinstance(doc, dict) or set(doc) - {"sessions", "sources"}:
             raise ValueError(f"--switch-map {path}: expected a mapping with 'sessions' and/or 'sources'")
         try:

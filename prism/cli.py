@@ -136,12 +136,11 @@ def cmd_whatif(args) -> int:
         if bool(args.ops) == bool(args.replay_dir):
             raise ValueError("give either REPLAY_DIR or --ops TRACE")
         if args.ops:
-            meta = {}
-            if args.meta:
-                import yaml
+            from .daemon import read_yaml
 
-                with open(args.meta) as f:
-                    meta = yaml.safe_load(f) or {}
+            meta = read_yaml(args.meta, "--meta") if args.meta else {}
+            if not isinstance(meta, dict):
+                raise ValueError(f"--meta {args.meta}: expected a mapping (dp_size, pp_size, trial_name)")
             jobs, steps, events = whatif_ops(args.ops, meta, scenarios)
         else:
             jobs, steps, events = whatif_replay(args.replay_dir, scenarios, args.topology)

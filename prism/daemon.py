@@ -18,7 +18,7 @@ import time
 
 from .monitor import Monitor
 
-__all__ = ["Daemon", "load_config", "parse_duration", "format_event"]
+__all__ = ["Daemon", "load_config", "read_yaml", "parse_duration", "format_event"]
 
 log = logging.getLogger("prism.daemon")
 
@@ -37,17 +37,22 @@ def parse_duration(text) -> float:
     return float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
 
 
-def load_config(path: str, known: set[str]) -> dict:
-    """Flat ``{dotted.key: value}`` from a YAML file; unknown keys are an error."""
+def read_yaml(path, flag: str):
+    """A YAML file's document; unreadable or invalid files raise ValueError naming ``flag`` and the file."""
     import yaml
 
     try:
         with open(path) as f:
-            doc = yaml.safe_load(f) or {}
+            return yaml.safe_load(f) or {}
     except OSError as e:
-        raise ValueError(f"--config.file {path}: {e.strerror}") from e
+        raise ValueError(f"{flag} {path}: {e.strerror}") from e
     except yaml.YAMLError as e:
-        raise ValueError(f"--config.file {path}: not valid YAML: {e}") from e
+        raise ValueError(f"{flag} {path}: not valid YAML: {e}") from e
+
+
+def load_config(path: str, known: set[str]) -> dict:
+    """Flat ``{dotted.key: value}`` from a YAML file; unknown keys are an error."""
+    doc = read_yaml(path, "--config.file")
     if not isinstance(doc, dict):
         raise ValueError(f"--config.file {path}: expected a mapping of settings at the top level")
     flat: dict = {}

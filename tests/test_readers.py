@@ -7,7 +7,6 @@ import sys
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 import pytest
 
 from prism.readers import FlowReader, detect_format, read_flows

@@ -1,6 +1,5 @@
 """Step timelines and diagnosis against the SYNTHETIC generator's ground truth."""
 import numpy as np
-import pandas as pd
 import pytest
 
 from prism.evaluation import job_name_map, score_anomalies, score_steps
