@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--switch-map", metavar="YAML", help="ERSPAN session id and/or mirror source address -> switch name: "
                    "{sessions: {17: leaf-03}, sources: {10.0.0.3: leaf-03}}; unmapped mirrors are named mirror-<address>/s<session>")
     p.add_argument("--follow", metavar="DIR", help="keep reading new capture files as they appear in DIR (rotated pcaps); "
-                   "a file is read once it has not grown for --settle seconds. Stops on SIGTERM/SIGINT")
+                   "a file is read once it has not grown for --settle seconds. Stops on SIGTERM/SIGINT. With a file --out, flows are "
+                   "written when it stops: use kafka:// for a long-running collector")
     p.add_argument("--settle", type=float, default=2.0, metavar="SECONDS", help="with --follow: how long a file must be unchanged (default: %(default)s)")
     p.add_argument("--stats", metavar="FILE", help="write the counters (packets by status, CNPs per switch, messages) as JSON")
     p.add_argument("--batch-packets", type=int, default=1 << 18, metavar="N", help="packets decoded per slice; about 250 bytes each (default: %(default)s)")

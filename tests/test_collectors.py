@@ -367,3 +367,44 @@ def test_collect_to_kafka_in_the_daemons_format(synthetic_capture, tmp_path):
     got = pd.concat(frames)
     assert rejects.total == 0 and len(got) == len(info["expected"])
     assert np.array_equal(np.sort(got["size"].to_numpy()), np.sort(info["expected"]["size"].to_numpy()))
+
+
+def test_follow_reads_new_captures_serves_metrics_and_stops_on_sigterm(synthetic_capture, tmp_path):
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from prism.broker import free_port
+
+    d, info = synthetic_capture
+    watch = tmp_path / "captures"
+    watch.mkdir()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "collectors", "--follow", str(watch), "--settle", "0.3", "--out", str(tmp_path / "f.jsonl"),
+                             "--switch-map", str(d / "switches.yaml"), "--web.listen-address", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        shutil.copy(d / "roce.synthetic.pcap", watch / "rot-0001.pcap")  # a rotated file appears
+        (watch / "notes.txt").write_text("not a capture suffix: ignored")
+        deadline, text = time.time() + 60, ""
+        while time.time() < deadline and "prism_collector_messages_total" not in text:
+            time.sleep(0.5)
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                continue
+        while time.time() < deadline:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            if f"prism_collector_messages_total {float(len(info['expected']))}" in text:
+                break
+            time.sleep(0.5)
+        assert f'prism_collector_packets_total{{status="roce_cnp"}} {float(info["cnps"])}' in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "rot-0001.pcap" in err
+    assert len((tmp_path / "f.jsonl").read_text().splitlines()) == len(info["expected"])
