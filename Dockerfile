@@ -10,5 +10,7 @@ RUN pip install --no-cache-dir . && rm -rf /src
 WORKDIR /
 # the chart runs it as nobody with a read-only root filesystem
 USER 65534:65534
+# numba caches compiled decoders beside the code; the image's code is read-only at run time
+ENV NUMBA_CACHE_DIR=/tmp/numba MPLCONFIGDIR=/tmp
 ENTRYPOINT ["prism"]
 CMD ["--help"]

@@ -97,23 +97,10 @@ class PacketTable:
     def __getitem__(self, name) -> np.ndarray:
         return self.arrays[name]
 
-    def take(self, idx) -> "PacketTable":
-        return PacketTable({k: v[idx] for k, v in self.arrays.items()})
-
-    @staticmethod
-    def concat(tables) -> "PacketTable":
-        tables = [t for t in tables if len(t)]
-        if not tables:
-            return decode_packets(None)
-        return PacketTable({k: np.concatenate([t.arrays[k] for t in tables]) for k in tables[0].arrays})
-
 
 # column of each field in the kernel's output matrix
-_COL = {name: i for i, name in enumerate(PacketTable.FIELDS)}
-_C = {k: np.int64(v) for k, v in _COL.items()}
 (_TS, _ST, _ERSPAN, _SESSION, _VLAN, _COS, _ENCAP, _TBIT, _GRESEQ, _MHI, _MLO, _IPV, _SHI, _SLO, _DHI, _DLO, _PROTO, _IPLEN,
  _SPORT, _DPORT, _ULEN, _OP, _PAD, _DQP, _ACKREQ, _PSN, _RETH, _PAYLOAD, _ICRC, _IVLAN, _ORIG, _CAP) = range(len(PacketTable.FIELDS))
-_S = {k: np.int64(v) for k, v in STATUS.items()}
 S_DATA, S_ACK, S_CNP, S_READ, S_OTHER, S_NONROCE, S_NONIP, S_TRUNC, S_LINK, S_GRE, S_FRAME, S_FRAG, S_BAD = range(len(STATUS_NAMES))
 
 
@@ -356,7 +343,7 @@ def _decode_kernel(buf, off, cap, linktype, out, ext_len, has_reth, op_kind):
         low = op & 31
         rc_like = transport == 0 or transport == 1 or transport == 5
         ext = 0
-        kind = 6
+        kind = K_OTHER
         if rc_like:
             ext = ext_len[low] + (4 if transport == 5 else 0)  # XRC: XRCETH
             kind = op_kind[low]
@@ -371,11 +358,11 @@ def _decode_kernel(buf, off, cap, linktype, out, ext_len, has_reth, op_kind):
             out[i, _ST] = S_CNP
         elif rc_like and payload < 0:
             out[i, _ST] = S_BAD
-        elif kind <= 3:
+        elif kind <= K_ONLY:  # FIRST, MIDDLE, LAST, ONLY
             out[i, _ST] = S_DATA
-        elif kind == 4:
+        elif kind == K_READ_REQ:
             out[i, _ST] = S_READ
-        elif kind == 5:
+        elif kind == K_ACK:
             out[i, _ST] = S_ACK
         else:
             out[i, _ST] = S_OTHER

@@ -301,7 +301,11 @@ def test_optional_features_are_off_by_default_and_render_when_enabled():
     assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(board["data"]["prism.json"])["uid"] == grafana.DASHBOARD_UID
     ds = objs["DaemonSet/prism-collector"]
-    assert ds["spec"]["template"]["spec"]["containers"][0]["args"][0] == "collect"
+    (collector,) = ds["spec"]["template"]["spec"]["containers"]
+    assert collector["args"][0] == "collect" and "--follow" in collector["args"]
+    # the read-only root filesystem: numba must cache under the writable /tmp
+    assert {"name": "NUMBA_CACHE_DIR", "value": "/tmp/numba"} in collector["env"]
+    assert any(m["mountPath"] == "/tmp" for m in collector["volumeMounts"])
     import kubernetes_validate
 
     for key in ("DaemonSet/prism-collector", "ConfigMap/prism-collector", "ConfigMap/prism-dashboard"):
