@@ -43,7 +43,13 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario]) -> tupl
     t0 = time.perf_counter()
     g = OpGraph(ops)
     base = simulate(g.graph())
-    pred = simulate(g.graph().with_durations(apply_op_scenarios(g, scenarios, meta.get("dp_size")))) if scenarios else base
+    gp = g
+    for sc in scenarios:
+        if sc.kind == "microbatches":
+            from .schedule import rebuild_microbatches
+
+            gp = OpGraph(rebuild_microbatches(gp.ops, int(sc.arg), meta.get("pp_size")))
+    pred = simulate(gp.graph().with_durations(apply_op_scenarios(gp, scenarios, meta.get("dp_size")))) if scenarios else base
     sim_s = time.perf_counter() - t0
     observed = observed_step_times(ops)
     steps = pd.DataFrame({
@@ -51,7 +57,7 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario]) -> tupl
         "step": observed.index,
         "observed_s": observed.to_numpy(),
         "replayed_s": (base.step_times().set_index("step")["finish"] - g.step_start).reindex(observed.index).to_numpy(),
-        "predicted_s": (pred.step_times().set_index("step")["finish"] - g.step_start).reindex(observed.index).to_numpy(),
+        "predicted_s": (pred.step_times().set_index("step")["finish"] - gp.step_start).reindex(observed.index).to_numpy(),
     })
     err = (steps["replayed_s"] / steps["observed_s"] - 1).abs()
     summary = {
@@ -65,13 +71,13 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario]) -> tupl
         "simulation_seconds": round(sim_s, 3),
     }
     # predicted timeline: each op at its node's simulated time, on its rank
-    node = g.node
+    node = gp.node
     # steps were traced separately (each from 0): lay them out one after another
     finish = pred.step_times().set_index("step")["finish"]
-    offset = (finish.cumsum() - finish).reindex(g.ops["step"]).to_numpy()
+    offset = (finish.cumsum() - finish).reindex(gp.ops["step"]).to_numpy()
     start = pred.start[node] + offset
-    rows = pd.DataFrame({"name": g.ops["optype"].to_numpy(), "track": "rank " + g.ops["rank"].astype(str),
-                         "start": start, "dur": pred.graph.duration[node], "step": g.ops["step"].to_numpy()})
+    rows = pd.DataFrame({"name": gp.ops["optype"].to_numpy(), "track": "rank " + gp.ops["rank"].astype(str),
+                         "start": start, "dur": pred.graph.duration[node], "step": gp.ops["step"].to_numpy()})
     return {job: summary}, steps, _trace_events(job, rows)
 
 

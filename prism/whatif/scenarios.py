@@ -12,9 +12,12 @@
                            by the ring's (N-1)/N; per-rank work unchanged
 ``heal-switch:NAME``       flows through the switch at its peers' bandwidth
                            (network replays only)
+``microbatches:M``         the pipeline rebuilt for M micro-batches per step
+                           (op traces; :mod:`.schedule`)
 =========================  ===================================================
 
-Several scenarios combine, applied in the order given.
+Several scenarios combine, applied in the order given; ``microbatches``
+changes the graph itself, so it is applied first.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import numpy as np
 
 __all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "SCENARIO_HELP"]
 
-SCENARIO_HELP = "remove-stragglers, ideal, scale-comm:X, scale-dp:N, heal-switch:NAME (repeatable; applied in order)"
+SCENARIO_HELP = "remove-stragglers, ideal, scale-comm:X, scale-dp:N, microbatches:M, heal-switch:NAME (repeatable; applied in order)"
 _KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-dp", "heal-switch", "microbatches")
 
 
@@ -87,8 +90,10 @@ def apply_op_scenarios(graph_builder, scenarios: list[Scenario], dp_size: int | 
             f = ring(n) / ring(dp_size) if dp_size > 1 else 1.0
             dp_coll = ops["optype"].isin(["grads-reduce-scatter", "params-all-gather"]).to_numpy()
             comm_scale *= np.where(dp_coll, f, 1.0)
+        elif sc.kind == "microbatches":
+            continue  # applied to the trace before the graph was built (schedule.rebuild_microbatches)
         else:
-            raise ValueError(f"--scenario {sc}: not available for op traces (heal-switch needs a network replay; microbatches is not built yet)")
+            raise ValueError(f"--scenario {sc}: not available for op traces (heal-switch needs a network replay)")
     nodes = graph_builder.durations(d)
     # members of one synchronisation are communication ops of one kind, so they share a factor
     scale = np.ones(graph_builder.n_nodes)
