@@ -286,12 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"prism {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # in the order data flows: capture -> daemon or replay -> what-if; then deployment and test data
     _add_demo(sub)
-    _add_daemon(sub)
-    _add_alerts(sub)
     _add_collect(sub)
-    _add_whatif(sub)
+    _add_daemon(sub)
     _add_replay(sub)
+    _add_whatif(sub)
+    _add_alerts(sub)
     _add_synth(sub)
     return parser
 
