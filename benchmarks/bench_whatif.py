@@ -50,7 +50,7 @@ def real_traces() -> None:
         def steps(sc):
             d = apply_op_scenarios(g, [parse_scenario(s) for s in sc], meta["dp_size"]) if sc else None
             r = simulate(g.graph() if d is None else g.graph().with_durations(d))
-            return r.step_times().set_index("step")["finish"] - g.step_start
+            return g.step_seconds(r)
 
         rep = steps([])
         obs = observed_step_times(ops)

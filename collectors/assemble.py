@@ -32,6 +32,8 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
+from prism.records import empty_flows
+
 from .decode import K_FIRST, K_LAST, K_ONLY, STATUS, STATUS_NAMES, _OP_CLASS, PacketTable, address_strings, opcode_kind
 
 __all__ = ["SwitchMap", "FlowAssembler", "CollectStats"]
@@ -92,7 +94,7 @@ class CollectStats:
         self.unmapped_mirrors: set[str] = set()
 
     def as_dict(self) -> dict:
-        return {"packets": dict(self.packets), "cnp_by_switch": dict(self.cnp_by_switch), **dict(self.counts),
+        return {"packets_by_status": dict(self.packets), "cnp_by_switch": dict(self.cnp_by_switch), **dict(self.counts),
                 "unmapped_mirrors": sorted(self.unmapped_mirrors)}
 
 
@@ -192,8 +194,7 @@ class FlowAssembler:
         return self._empty()
 
     def _empty(self) -> pd.DataFrame:
-        return pd.DataFrame({"start_ns": np.zeros(0, np.int64), "duration_ns": np.zeros(0, np.int64), "src": [], "dst": [],
-                             "size": np.zeros(0, np.int64), "switches": [], "dst_qp": np.zeros(0, np.int64)})
+        return empty_flows().assign(dst_qp=np.zeros(0, np.int64))
 
     def _assemble(self, c: dict, final: bool) -> pd.DataFrame:
         n = len(c["ts_ns"])

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from prism.readers import write_flows
+from prism.records import empty_flows
+
 from .assemble import FlowAssembler, SwitchMap
 from .decode import decode_packets, scratch_for
 from .pcapfile import CaptureFormatError, read_capture
@@ -28,12 +31,10 @@ class FileSink:
     """Collect flows and write them to one file at :meth:`close` (format from the extension)."""
 
     def __init__(self, path: str):
-        from synthetic.generator import write_flows  # the one flow writer (parquet/csv/jsonl)
-
         name = str(path)
         if not name.endswith((".parquet", ".csv", ".csv.gz", ".jsonl", ".jsonl.gz")):
             raise ValueError(f"--out {name}: unknown flow format; use .parquet, .csv, .csv.gz, .jsonl or .jsonl.gz, or kafka://HOST:PORT/TOPIC")
-        self.path, self._write, self.parts, self.records = Path(name), write_flows, [], 0
+        self.path, self.parts, self.records = Path(name), [], 0
 
     def send(self, flows: pd.DataFrame) -> None:
         if len(flows):
@@ -41,10 +42,10 @@ class FileSink:
             self.records += len(flows)
 
     def close(self) -> None:
-        flows = pd.concat(self.parts, ignore_index=True) if self.parts else FlowAssembler().finish()
+        flows = pd.concat(self.parts, ignore_index=True) if self.parts else empty_flows()
         flows = flows.astype({"src": str, "dst": str, "switches": str}).sort_values("start_ns", kind="stable")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._write(flows.reset_index(drop=True), self.path)
+        write_flows(flows.reset_index(drop=True), self.path)
 
 
 class KafkaSink:
@@ -133,11 +134,9 @@ class Collector:
         self.sink.close()
 
     def summary(self) -> dict:
-        st = self.stats.as_dict()
-        st["packets_by_status"] = st.pop("packets")
         return {"files": self.files, "packets": self.packets, "flows": int(self.stats.counts["messages"]),
                 "seconds": round(self.seconds, 3), "packets_per_second": round(self.packets / self.seconds) if self.seconds else None,
-                **st, "bad_files": self.bad_files, "truncated_files": self.truncated_files}
+                **self.stats.as_dict(), "bad_files": self.bad_files, "truncated_files": self.truncated_files}
 
 
 def capture_files(paths) -> list[str]:

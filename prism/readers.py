@@ -1,4 +1,4 @@
-"""Readers for flow dumps: CSV, Parquet and JSON Lines, each optionally gzip.
+"""Readers (and the writer) for flow dumps: CSV, Parquet and JSON Lines, each optionally gzip.
 
 The format is picked by extension (``.csv``, ``.parquet``/``.pq``,
 ``.jsonl``/``.ndjson``/``.json``, each optionally followed by ``.gz``); ``-``
@@ -34,7 +34,7 @@ from .records import (
     validate_flows,
 )
 
-__all__ = ["FlowReader", "detect_format", "read_flows", "DEFAULT_CHUNK_ROWS"]
+__all__ = ["FlowReader", "detect_format", "read_flows", "write_flows", "DEFAULT_CHUNK_ROWS"]
 
 DEFAULT_CHUNK_ROWS = 1 << 18
 _DICT = pa.dictionary(pa.int32(), pa.string())
@@ -399,3 +399,23 @@ def read_flows(paths, chunk_rows: int = DEFAULT_CHUNK_ROWS, rejects: RejectCount
     rejects = rejects if rejects is not None else RejectCounter()
     for p in paths:
         yield from FlowReader(p, chunk_rows=chunk_rows, rejects=rejects)
+
+
+def write_flows(flows: pd.DataFrame, path: Path) -> None:
+    """Write a flow frame as Parquet, CSV or JSON Lines (by extension, .gz ok)."""
+    name = str(path)
+    table = pa.Table.from_pandas(flows, preserve_index=False)
+    if name.endswith(".parquet"):
+        pq.write_table(table, name, compression="zstd")
+    elif name.endswith(".csv") or name.endswith(".csv.gz"):
+        # dictionary columns are written as their strings
+        table = table.cast(pa.schema([pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type) for f in table.schema]))
+        with pa.CompressedOutputStream(name, "gzip") if name.endswith(".gz") else pa.OSFile(name, "wb") as f:
+            pacsv.write_csv(table, f)
+    elif name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
+        df = flows.astype({c: str for c in ("src", "dst", "switches")})
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(name, "wt") as f:
+            df.to_json(f, orient="records", lines=True)
+    else:
+        raise ValueError(f"{name}: unknown flow format (parquet, csv, csv.gz, jsonl, jsonl.gz)")

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
+
+from prism.readers import write_flows  # noqa: F401  (also re-exported: tests and benchmarks import it from here)
 
 from .fabric import Fabric
 from .faults import DegradedSwitch, SlowServer, SlowStep
@@ -71,28 +70,6 @@ def _json_default(o):
     if isinstance(o, (np.floating,)):
         return float(o)
     raise TypeError(type(o))
-
-
-def write_flows(flows: pd.DataFrame, path: Path) -> None:
-    """Write a flow frame as Parquet, CSV or JSON Lines (by extension, .gz ok)."""
-    name = str(path)
-    table = pa.Table.from_pandas(flows, preserve_index=False)
-    if name.endswith(".parquet"):
-        pq.write_table(table, name, compression="zstd")
-    elif name.endswith(".csv") or name.endswith(".csv.gz"):
-        # dictionary columns are written as their strings
-        table = table.cast(pa.schema([pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type) for f in table.schema]))
-        with pa.CompressedOutputStream(name, "gzip") if name.endswith(".gz") else pa.OSFile(name, "wb") as f:
-            pacsv.write_csv(table, f)
-    elif name.endswith(".jsonl") or name.endswith(".jsonl.gz"):
-        import gzip
-
-        df = flows.astype({c: str for c in ("src", "dst", "switches")})
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(name, "wt") as f:
-            df.to_json(f, orient="records", lines=True)
-    else:
-        raise ValueError(f"{name}: unknown flow format (parquet, csv, csv.gz, jsonl, jsonl.gz)")
 
 
 class ClusterGenerator:

@@ -48,7 +48,7 @@ def test_replay_fidelity_on_real_traces(trial):
     ops = read_op_trace(SA / f"trace-{trial}.parquet")
     g = OpGraph(ops)
     r = simulate(g.graph())
-    replayed = r.step_times().set_index("step")["finish"] - g.step_start
+    replayed = g.step_seconds(r)
     observed = observed_step_times(ops)
     err = (replayed / observed - 1).abs()
     assert err.mean() < 0.01 and err.max() < 0.02  # Lumos reports 3.3%; the target is 1%
@@ -66,7 +66,7 @@ def test_scenarios_on_real_traces_move_the_right_way():
     def median_step(scenarios):
         d = apply_op_scenarios(g, [parse_scenario(s) for s in scenarios], meta["dp_size"])
         r = simulate(g.graph().with_durations(d))
-        return float((r.step_times().set_index("step")["finish"] - g.step_start).median())
+        return float(g.step_seconds(r).median())
 
     base = median_step([])
     no_stragglers = median_step(["remove-stragglers"])
@@ -89,7 +89,7 @@ def test_microbatches_rebuilds_the_pipeline(trial, tolerance, tmp_path):
 
     def median_step(o):
         g = OpGraph(o)
-        return float((simulate(g.graph()).step_times().set_index("step")["finish"] - g.step_start).median())
+        return float(g.step_seconds(simulate(g.graph())).median())
 
     base = median_step(ops)
     same = rebuild_microbatches(ops, m, meta["pp_size"])

@@ -25,7 +25,7 @@ Examples
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -54,7 +54,6 @@ class ExecutionGraph:
     release: np.ndarray | None = None
     label: np.ndarray | None = None  # str per node, for the trace
     proc: np.ndarray | None = None  # int64 processor of a node (-1: a synchronisation of several)
-    meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
         n = len(self.duration)
@@ -73,7 +72,7 @@ class ExecutionGraph:
     def with_durations(self, duration: np.ndarray) -> "ExecutionGraph":
         """The same dependencies with other durations (a scenario)."""
         return ExecutionGraph(np.asarray(duration, np.float64), self.step, self.src, self.dst, self.gap,
-                              self.release, self.label, self.proc, dict(self.meta))
+                              self.release, self.label, self.proc)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from scipy.sparse.csgraph import connected_components
 
 from .graph import ExecutionGraph
 
-__all__ = ["COLLECTIVE_GROUPS", "OpGraph", "build_op_graph", "read_op_trace", "observed_step_times"]
+__all__ = ["COLLECTIVE_GROUPS", "OpGraph", "read_op_trace", "observed_step_times"]
 
 REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id")
 
@@ -143,9 +143,8 @@ class OpGraph:
 
     def graph(self, op_duration: np.ndarray | None = None) -> ExecutionGraph:
         return ExecutionGraph(self.durations(op_duration), self.step, self.src, self.dst, self.gap, self.release,
-                              self.label, self.proc, {"step_start": self.step_start})
+                              self.label, self.proc)
 
-
-def build_op_graph(ops: pd.DataFrame) -> OpGraph:
-    """See :class:`OpGraph`."""
-    return OpGraph(ops)
+    def step_seconds(self, result) -> pd.Series:
+        """Simulated step times, by step: last finish - the step's observed first start."""
+        return result.step_times().set_index("step")["finish"] - self.step_start

@@ -56,8 +56,8 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario]) -> tupl
         "job_id": job,
         "step": observed.index,
         "observed_s": observed.to_numpy(),
-        "replayed_s": (base.step_times().set_index("step")["finish"] - g.step_start).reindex(observed.index).to_numpy(),
-        "predicted_s": (pred.step_times().set_index("step")["finish"] - gp.step_start).reindex(observed.index).to_numpy(),
+        "replayed_s": g.step_seconds(base).reindex(observed.index).to_numpy(),
+        "predicted_s": gp.step_seconds(pred).reindex(observed.index).to_numpy(),
     })
     err = (steps["replayed_s"] / steps["observed_s"] - 1).abs()
     summary = {
