@@ -16,27 +16,28 @@ import time
 import numpy as np
 import pandas as pd
 
-from prism.evaluation import gpu_flow_arrays, pair_type_truth
+from prism.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth
 from prism.jobs import JobRecognizer
-from prism.parallelism import ParallelismClassifier
+from prism.parallelism import ParallelismClassifier, SizeRuleClassifier
 from prism.topology import Topology
 from synthetic import preset
 
 CONFIGS = {
-    "paper, no refinement": lambda: ParallelismClassifier.paper(refine=False),
-    "paper + refinement": lambda: ParallelismClassifier.paper(refine=True),
+    "paper, no refinement": lambda: SizeRuleClassifier.paper(refine=False),
+    "paper + refinement": lambda: SizeRuleClassifier.paper(refine=True),
+    "size rule + our earlier additions": lambda: SizeRuleClassifier(),
     "ours": lambda: ParallelismClassifier(),
 }
 ABLATIONS = {
-    "ours without one-way rule": dict(use_direction=False),
-    "ours without burstiness": dict(use_burstiness=False),
-    "ours without job DP sizes": dict(use_job_sizes=False),
-    "ours without recurring sizes": dict(size_repeats=1, min_size_share=0.0),
+    "size rule without one-way rule": dict(use_direction=False),
+    "size rule without burstiness": dict(use_burstiness=False),
+    "size rule without job DP sizes": dict(use_job_sizes=False),
+    "size rule without recurring sizes": dict(size_repeats=1, min_size_share=0.0),
 }
 
 
-def accuracy(clf, a, b, start, size, labels, topo, truth_pairs):
-    p = clf.fit(a, b, start, size, labels).pairs_
+def accuracy(clf, a, b, start, size, labels, topo, truth_pairs, end=None):
+    p = clf.fit(a, b, start, size, labels, end=end).pairs_
     t = pair_type_truth(p["a"], p["b"], topo, truth_pairs)
     pred = np.where(p["dp"], "DP", "PP")
     return float((t == pred).mean()), int((t != pred).sum()), len(t)
@@ -56,6 +57,7 @@ def main() -> int:
         c = preset("accuracy", seed=seed, duration_s=max(windows) * 60).generate()
         topo = Topology.from_frame(c.topology)
         a, b, start, size = gpu_flow_arrays(c.flows, topo)
+        end = gpu_flow_ends(c.flows, topo)
         w0 = c.meta["window_start_ns"]
         print(f"seed {seed}: {len(c.flows):,} flows generated in {time.perf_counter() - t0:.0f} s", flush=True)
         for w in windows:
@@ -63,10 +65,10 @@ def main() -> int:
             labels = JobRecognizer(topo).partial_fit_pairs(a[m], b[m]).labels()
             configs = dict(CONFIGS)
             if args.ablation:
-                configs.update({k: (lambda kw=kw: ParallelismClassifier(**kw)) for k, kw in ABLATIONS.items()})
+                configs.update({k: (lambda kw=kw: SizeRuleClassifier(**kw)) for k, kw in ABLATIONS.items()})
             for name, make in configs.items():
                 t = time.perf_counter()
-                acc, wrong, n = accuracy(make(), a[m], b[m], start[m], size[m], labels, topo, c.pairs)
+                acc, wrong, n = accuracy(make(), a[m], b[m], start[m], size[m], labels, topo, c.pairs, end=end[m])
                 rows.append(dict(seed=seed, window=w, config=name, accuracy=acc, wrong=wrong, pairs=n, seconds=time.perf_counter() - t, flows=int(m.sum())))
                 print(f"  {w:g} min  {name:32s} {acc:.4f} ({wrong} wrong of {n})  {time.perf_counter() - t:.1f} s", flush=True)
     df = pd.DataFrame(rows)

@@ -81,14 +81,17 @@ def analyse(
     """
     s = settings or Settings()
     if len(a) == 0:
-        return Analysis(pairs=pd.DataFrame(columns=["job_id", "src", "dst", "type"]), steps=pd.DataFrame(columns=STEP_COLUMNS),
+        return Analysis(pairs=pd.DataFrame(columns=["job_id", "src", "dst", "type", "confidence", "evidence"]), steps=pd.DataFrame(columns=STEP_COLUMNS),
                         phases=pd.DataFrame(columns=PHASE_COLUMNS), anomalies=empty_anomalies())
     n = len(topology)
-    clf = s.classifier.fit(a, b, start, size, labels)
+    clf = s.classifier.fit(a, b, start, size, labels, end=start + duration)
     p = clf.pairs_
     src_ip, dst_ip = topology.pair_addresses(p["a"], p["b"])
     ip_job = jobs.set_index("ip")["job_id"]
     pairs = pd.DataFrame({"job_id": ip_job.reindex(src_ip).to_numpy(), "src": src_ip, "dst": dst_ip, "type": np.where(p["dp"], "DP", "PP")})
+    # the size-rule baseline has no confidence: it is sure of everything
+    pairs["confidence"] = p["confidence"].to_numpy() if "confidence" in p else 1.0
+    pairs["evidence"] = p["evidence"].to_numpy() if "evidence" in p else "size rule"
     pairs = pairs.sort_values(["job_id", "src", "dst"]).reset_index(drop=True)
     out = Analysis(pairs=pairs)
     # the DP rings and pipelines: components of the DP and of the PP pairs
@@ -104,10 +107,12 @@ def analyse(
     pk = _pair_key(pa, pb, n)
     o = np.argsort(pk)
     pk, pdp = pk[o], dp_mask[o]
-    is_dp = pdp[np.searchsorted(pk, _pair_key(a, b, n))]
+    flow_pair = np.searchsorted(pk, _pair_key(a, b, n))
+    is_dp = pdp[flow_pair]
+    collective = p["collective"].to_numpy()[o][flow_pair] if "collective" in p else None
     job = labels[a]
     end = start + duration
-    tl = s.timeline.fit(job, start, end, is_dp, size=size, capture_end=capture_end, job_names=label_name)
+    tl = s.timeline.fit(job, start, end, is_dp, size=size, capture_end=capture_end, job_names=label_name, pair=_pair_key(a, b, n), collective=collective)
     out.steps = tl.steps_[STEP_COLUMNS]
     fs = tl.flow_step_
     inside = fs >= 0
@@ -115,7 +120,13 @@ def analyse(
     if stop_after == "steps":
         return out
 
-    pp = inside & ~is_dp
+    # pipeline transfers, not the control messages that ride the same pairs
+    # (the grad-norm all-reduce): they would pose as a stage's first output
+    pair_max = np.zeros(len(pk), dtype=np.int64)
+    np.maximum.at(pair_max, flow_pair, size)
+    pp = inside & ~is_dp & (size >= 0.01 * pair_max[flow_pair])
+    if collective is not None:  # and not the embedding/grad-norm pair that closes a pipeline into a ring
+        pp &= ~collective
     first = _first_flows(fs[pp], a[pp], b[pp], start[pp], end[pp], tl.steps_)
     server_of = topology.nics["server"].to_numpy()
     lag = s.cross_group.fit(first, out.steps, server_of)

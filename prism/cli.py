@@ -27,6 +27,9 @@ def _add_synth(sub):
         ),
     )
     p.add_argument("--preset", default="demo", choices=["tiny", "demo", "large", "accuracy"], help="cluster size and jobs (default: %(default)s)")
+    p.add_argument("--scenario", default=None, metavar="NAME",
+                   help="instead of a preset, a cluster of the robustness matrix with one real-world confounder (or 'all'): "
+                        "baseline, clip, embedding, pp-sizes, tp-pp-dp, overlap, dist-opt, collector, all")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="capture window (default: the preset's)")
@@ -300,9 +303,18 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_synth(args) -> int:
     from synthetic import preset
 
-    gen = preset(args.preset, seed=args.seed, with_faults=not args.no_faults, duration_s=args.duration)
-    print(f"generating SYNTHETIC cluster '{args.preset}' (seed {args.seed}{', no faults' if args.no_faults else ''})...", file=sys.stderr)
-    cluster = gen.generate()
+    if args.scenario:
+        from synthetic.scenarios import SCENARIOS, scenario_cluster
+
+        if args.scenario not in SCENARIOS:
+            print(f"prism synth: unknown scenario {args.scenario!r}; choose one of {', '.join(SCENARIOS)}", file=sys.stderr)
+            return 2
+        print(f"generating SYNTHETIC scenario '{args.scenario}' (seed {args.seed}{', no faults' if args.no_faults else ''})...", file=sys.stderr)
+        cluster = scenario_cluster(args.scenario, seed=args.seed, duration_s=args.duration or 60.0, with_faults=not args.no_faults)
+    else:
+        gen = preset(args.preset, seed=args.seed, with_faults=not args.no_faults, duration_s=args.duration)
+        print(f"generating SYNTHETIC cluster '{args.preset}' (seed {args.seed}{', no faults' if args.no_faults else ''})...", file=sys.stderr)
+        cluster = gen.generate()
     path = cluster.write(args.out, fmt=args.format)
     n_jobs = cluster.jobs["job_id"].nunique()
     print(f"wrote {len(cluster.flows):,} flows to {path}, topology and ground truth ({n_jobs} jobs, {len(cluster.faults)} faults) to {args.out}")

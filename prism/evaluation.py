@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import comb
 
-__all__ = ["adjusted_rand_index", "gpu_flow_arrays", "pair_type_truth", "job_name_map", "score_steps", "score_anomalies"]
+__all__ = ["adjusted_rand_index", "gpu_flow_arrays", "gpu_flow_ends", "score_cluster", "pair_type_truth", "job_name_map", "score_steps", "score_anomalies"]
 
 
 def adjusted_rand_index(labels_true, labels_pred) -> float:
@@ -41,6 +41,13 @@ def gpu_flow_arrays(flows: pd.DataFrame, topology) -> tuple[np.ndarray, np.ndarr
     return a[g], b[g], flows["start_ns"].to_numpy()[g], flows["size"].to_numpy()[g]
 
 
+def gpu_flow_ends(flows: pd.DataFrame, topology) -> np.ndarray:
+    """End (ns) of the flows between two GPU NICs, in :func:`gpu_flow_arrays`' order."""
+    a, b = topology.nic_index(flows["src"]), topology.nic_index(flows["dst"])
+    g = (a >= 0) & (b >= 0)
+    return (flows["start_ns"].to_numpy() + flows["duration_ns"].to_numpy())[g]
+
+
 def pair_type_truth(a: np.ndarray, b: np.ndarray, topology, truth_pairs: pd.DataFrame) -> np.ndarray:
     """The true type of each pair (NIC indices), from a ``job_id,src,dst,type`` frame.
 
@@ -59,16 +66,22 @@ def job_name_map(pred_jobs: pd.DataFrame, truth_jobs: pd.DataFrame) -> dict:
     return dict(zip(best["job_id"], best["job_id_true"]))
 
 
-def score_steps(pred: pd.DataFrame, truth: pd.DataFrame, names: dict, tolerance: float = 0.01) -> pd.DataFrame:
+def score_steps(pred: pd.DataFrame, truth: pd.DataFrame, names: dict, tolerance: float = 0.01, capture_end: int | None = None) -> pd.DataFrame:
     """Per true job: steps found, spurious steps, mean and max duration error.
 
     A predicted step matches the true step of the same job whose end is
     nearest, if the ends differ by less than ``tolerance`` of its duration.
+    With ``capture_end``, steps (true and predicted) ending within one
+    median step of the capture's end are not scored: whether such a step
+    is whole cannot be told (its next step is not in the capture).
     """
     rows = []
     pred = pred.assign(job=pred["job_id"].map(names))
     for job, t in truth.groupby("job_id"):
         p = pred[pred["job"] == job]
+        if capture_end is not None and len(t):
+            edge = capture_end - float((t["end_ns"] - t["start_ns"]).median())
+            t, p = t[t["end_ns"] <= edge], p[p["end_ns"] <= edge]
         te, tdur = t["end_ns"].to_numpy(), (t["end_ns"] - t["start_ns"]).to_numpy().astype(float)
         pe, pdur = p["end_ns"].to_numpy(), (p["end_ns"] - p["start_ns"]).to_numpy().astype(float)
         if len(te) and len(pe):
@@ -103,7 +116,8 @@ def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps
     An anomaly is explained (not a false positive) if it finds a fault, or is
     an effect of one: a ``regime_change`` of a job starting while a
     ``slow_group`` of that job or a ``slow_switch`` fault begins (within 5
-    of the job's median step durations, from ``steps``; 5 s without them).
+    of the job's median step durations, from ``steps``; 5 s without them),
+    or a ``slow_step`` of a job while a ``slow_group`` fault of it lasts.
     """
     pred = pred.assign(job=pred["job_id"].map(names).fillna(""))
     f = faults.copy()
@@ -128,4 +142,44 @@ def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps
             lag = pred["job"].map(lambda j: 5 * med_step.get(j, 1e9)).to_numpy()
             near = (pred["start_ns"].to_numpy() >= r["start_ns"] - lag) & (pred["start_ns"].to_numpy() <= r["start_ns"] + lag)
             explained |= (pred["kind"] == "regime_change").to_numpy() & jobs_hit.to_numpy() & near
+        if r["kind"] == "slow_group":
+            # a straggling worker also makes some of its job's steps slow while it lasts
+            during = (pred["start_ns"].to_numpy() >= r["start_ns"] - 1_000) & (pred["start_ns"].to_numpy() <= r["end_ns"])
+            explained |= (pred["kind"] == "slow_step").to_numpy() & (pred["job"] == r["job_id"]).to_numpy() & during
     return f, pred.assign(matched=explained).drop(columns="job")
+
+
+def score_cluster(result, cluster) -> dict:
+    """One row of the robustness table: a replay result against a generated cluster's truth.
+
+    ``result``: :class:`prism.replay.ReplayResult`; ``cluster``: anything with
+    ``jobs, pairs, steps, faults`` truth frames (synthetic or trace-derived).
+
+    Returns ``jobs_ari, pairs, pair_acc, pairs_uncertain, true_steps,
+    steps_found, steps_spurious, step_err_mean, faults, faults_found,
+    anomalies, anomalies_unexplained`` and per-kind unexplained counts.
+    """
+    truth_jobs = cluster.jobs
+    pred = result.jobs.set_index("ip")["job_id"].reindex(truth_jobs["ip"]).fillna("?")
+    row = {"jobs_ari": adjusted_rand_index(truth_jobs["job_id"], pred.to_numpy())}
+    an = result.analysis
+    pairs = result.pairs
+    t = cluster.pairs.set_index(["src", "dst"])["type"]
+    got = pairs.set_index(["src", "dst"])["type"]
+    both = t.index.intersection(got.index)
+    row["pairs"] = len(t)
+    row["pair_acc"] = float((t.loc[both] == got.loc[both]).sum() / max(len(t), 1))
+    row["pairs_uncertain"] = int((pairs.get("confidence", pd.Series(1.0, index=pairs.index)) < 0.5).sum()) if "confidence" in pairs else 0
+    names = job_name_map(result.jobs, truth_jobs)
+    if an is not None and an.steps is not None:
+        sc = score_steps(an.steps, cluster.steps, names, capture_end=cluster.meta.get("window_end_ns"))
+        found = int(sc["found"].sum())
+        row.update(true_steps=int(sc["true_steps"].sum()), steps_found=found, steps_spurious=int(sc["spurious"].sum()),
+                   step_err_mean=float((sc["mean_err"].fillna(0) * sc["found"]).sum() / max(found, 1)))
+    if an is not None and an.anomalies is not None:
+        faults, anomalies = score_anomalies(an.anomalies, cluster.faults, names, an.steps)
+        row.update(faults=len(faults), faults_found=int(faults["matched"].sum()), anomalies=len(anomalies),
+                   anomalies_unexplained=int((~anomalies["matched"]).sum()))
+        for kind, n in anomalies.loc[~anomalies["matched"], "kind"].value_counts().items():
+            row[f"false_{kind}"] = int(n)
+    return row

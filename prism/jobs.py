@@ -4,7 +4,9 @@ GPUs that exchange traffic belong to one job: union-find over the
 communicating GPU NIC pairs gives clusters. In a rail-optimised fabric a
 TP=8 job's traffic never leaves its rail, so each rail is a cluster of its
 own; clusters whose server sets are identical (Jaccard similarity 1) are the
-rails of one job and are merged.
+rails of one job and are merged. Jobs own whole servers, so we merge more
+generally: clusters that share any server are one job (with TP < 8 the
+rails of one job cover overlapping, not identical, server sets).
 
 Functions here are plain functions of arrays; :class:`JobRecognizer` wraps
 them for streaming use (``partial_fit`` per chunk, then ``predict``).
@@ -20,7 +22,7 @@ from scipy.sparse.csgraph import connected_components
 
 from .topology import Topology
 
-__all__ = ["gpu_clusters", "merge_identical_server_sets", "job_id_for", "JobRecognizer"]
+__all__ = ["gpu_clusters", "merge_identical_server_sets", "merge_shared_servers", "job_id_for", "JobRecognizer"]
 
 
 def gpu_clusters(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
@@ -108,6 +110,57 @@ def merge_identical_server_sets(clusters: np.ndarray, server_of: np.ndarray) -> 
     return out
 
 
+def merge_shared_servers(clusters: np.ndarray, server_of: np.ndarray) -> np.ndarray:
+    """Merge clusters that share a server (transitively).
+
+    Training jobs are given whole servers, so two clusters on one server are
+    one job. This generalises the identical-set rule to layouts where a
+    job's clusters cover different servers: with TP < 8 several DP replicas
+    share a server, their ring edges run over NVLink there, and the rails
+    that leave the server form clusters over overlapping, not identical,
+    server sets.
+
+    Parameters
+    ----------
+    clusters : int array
+        Cluster label per NIC (-1 for none).
+    server_of : int array
+        Server index per NIC.
+
+    Returns
+    -------
+    numpy.ndarray
+        Job label per NIC (-1 for none), jobs numbered by first NIC.
+
+    Notes
+    -----
+    Connected components of the bipartite cluster-server graph: O(n).
+
+    Examples
+    --------
+    Rail clusters over servers {0, 1}, {1, 2} and {3}:
+
+    >>> merge_shared_servers(np.array([0, 0, 1, 1, 2, -1]), np.array([0, 1, 1, 2, 3, 3]))
+    array([ 0,  0,  0,  0,  1, -1])
+    """
+    clusters = np.asarray(clusters)
+    out = np.full(len(clusters), -1, dtype=np.int64)
+    active = clusters >= 0
+    if not active.any():
+        return out
+    c = clusters[active].astype(np.int64)
+    srv = np.asarray(server_of)[active].astype(np.int64)
+    nc = int(c.max()) + 1
+    ns = int(srv.max()) + 1
+    g = coo_matrix((np.ones(len(c)), (c, nc + srv)), shape=(nc + ns, nc + ns))
+    _, comp = connected_components(g, directed=False)
+    job = comp[c]
+    _, first, inv = np.unique(job, return_index=True, return_inverse=True)
+    order = np.argsort(np.argsort(first))
+    out[active] = order[inv]
+    return out
+
+
 def job_id_for(servers) -> str:
     """A stable job id from the job's server names.
 
@@ -129,8 +182,13 @@ class JobRecognizer:
     topology : Topology
         The GPU NICs; only pairs of two NICs are used.
     merge_rails : bool, default True
-        Merge clusters with identical server sets (the paper's second pass).
-        Off gives the raw union-find clusters.
+        Merge clusters into jobs (off gives the raw union-find clusters).
+    merge : {"shared", "identical"}, default "shared"
+        ``"shared"``: clusters that share a server are one job (jobs own
+        whole servers; needed for TP < 8 layouts, see
+        :func:`merge_shared_servers`). ``"identical"``: the paper's rule,
+        only clusters with identical server sets; use it where jobs share
+        servers.
 
     Examples
     --------
@@ -142,9 +200,12 @@ class JobRecognizer:
     [4]
     """
 
-    def __init__(self, topology: Topology, merge_rails: bool = True):
+    def __init__(self, topology: Topology, merge_rails: bool = True, merge: str = "shared"):
+        if merge not in ("shared", "identical"):
+            raise ValueError(f"merge must be 'shared' or 'identical', not {merge!r}")
         self.topology = topology
         self.merge_rails = merge_rails
+        self.merge = merge
         n = len(topology)
         # adjacency seen so far as a set of pair keys a * n + b with a < b;
         # bounded by the number of distinct GPU pairs, not by flows
@@ -171,7 +232,12 @@ class JobRecognizer:
         if self._labels is None:
             a, b = self.pairs
             clusters = gpu_clusters(a, b, self._n)
-            self._labels = clusters if not self.merge_rails else merge_identical_server_sets(clusters, self.topology.server_codes)
+            if not self.merge_rails:
+                self._labels = clusters
+            elif self.merge == "shared":
+                self._labels = merge_shared_servers(clusters, self.topology.server_codes)
+            else:
+                self._labels = merge_identical_server_sets(clusters, self.topology.server_codes)
         return self._labels.copy()
 
     def predict(self) -> pd.DataFrame:

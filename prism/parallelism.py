@@ -40,6 +40,7 @@ After the additions, refinement runs again over the larger DP graph.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pandas as pd
 from scipy.sparse import coo_matrix
@@ -47,7 +48,7 @@ from scipy.sparse.csgraph import connected_components
 
 from .changepoint import BOCD
 
-__all__ = ["ParallelismClassifier", "pair_steps", "refine_by_dp_components"]
+__all__ = ["ParallelismClassifier", "SizeRuleClassifier", "SIGNALS", "pair_steps", "refine_by_dp_components", "pair_episodes"]
 
 #: Flows of one pair starting closer than this are one event (e.g. both
 #: directions of a two-member ring start together).
@@ -156,18 +157,9 @@ def refine_by_dp_components(a: np.ndarray, b: np.ndarray, is_dp: np.ndarray) -> 
     ...                         np.array([True, True, True, False])).tolist()
     [True, True, True, True]
     """
-    if len(a) == 0:
-        return is_dp.copy()
-    nodes, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
-    ia, ib = inv[: len(a)], inv[len(a) :]
-    g = coo_matrix((np.ones(int(is_dp.sum())), (ia[is_dp], ib[is_dp])), shape=(len(nodes), len(nodes)))
-    _, comp = connected_components(g, directed=False)
     # a node with no DP edge is its own component, so PP pairs between such
     # nodes are left alone
-    has_dp = np.zeros(len(nodes), dtype=bool)
-    has_dp[ia[is_dp]] = True
-    has_dp[ib[is_dp]] = True
-    return is_dp | (has_dp[ia] & has_dp[ib] & (comp[ia] == comp[ib]))
+    return is_dp | _inside(a, b, is_dp)
 
 
 def _burstiness(pair_id: np.ndarray, start: np.ndarray, n_pairs: int, event_gap_ns: int):
@@ -192,8 +184,13 @@ def _burstiness(pair_id: np.ndarray, start: np.ndarray, n_pairs: int, event_gap_
     return ratio, cnt + 1
 
 
-class ParallelismClassifier:
-    """Label each communicating GPU pair DP or PP.
+class SizeRuleClassifier:
+    """LLMPrism's size-count rule (Algorithm 2) and our earlier additions to it.
+
+    Kept as the baseline of the robustness benchmark: exact on the synthetic
+    generator it was tuned on, and wrong where PP pairs carry collectives
+    (embedding and grad-norm all-reduces) or messages of varied sizes.
+    :class:`ParallelismClassifier` is the default.
 
     Parameters
     ----------
@@ -260,12 +257,12 @@ class ParallelismClassifier:
         self.event_gap_ns = int(event_gap_ns)
 
     @classmethod
-    def paper(cls, refine: bool = True, **kw) -> "ParallelismClassifier":
+    def paper(cls, refine: bool = True, **kw) -> "SizeRuleClassifier":
         """LLMPrism's Algorithm 2 as published (with or without refinement)."""
         return cls(refine=refine, use_direction=False, use_job_sizes=False, size_repeats=1, min_size_share=0.0, use_burstiness=False, **kw)
 
-    def fit(self, src: np.ndarray, dst: np.ndarray, start: np.ndarray, size: np.ndarray, job_of: np.ndarray) -> "ParallelismClassifier":
-        """Classify from GPU flows.
+    def fit(self, src: np.ndarray, dst: np.ndarray, start: np.ndarray, size: np.ndarray, job_of: np.ndarray, end=None) -> "SizeRuleClassifier":
+        """Classify from GPU flows (``end`` is accepted and not used).
 
         Parameters
         ----------
@@ -377,3 +374,341 @@ class ParallelismClassifier:
         """``a, b, job, type`` per pair (NIC indices; ``type`` is ``DP`` or ``PP``)."""
         p = self.pairs_
         return pd.DataFrame({"a": p["a"], "b": p["b"], "job": p["job"], "type": np.where(p["dp"], "DP", "PP")})
+
+
+#: The signals :class:`ParallelismClassifier` can do without (ablations).
+SIGNALS = ("direction", "ring_job", "timing", "symmetry", "structure", "light")
+
+
+@numba.njit(cache=True)
+def _new_episode(pair_id, start, end, merge_ns):  # pragma: no cover - compiled
+    n = len(start)
+    new = np.empty(n, np.bool_)
+    busy = np.int64(0)
+    for i in range(n):
+        if i == 0 or pair_id[i] != pair_id[i - 1] or start[i] > busy + merge_ns:
+            new[i] = True
+            busy = end[i]
+        else:
+            new[i] = False
+            if end[i] > busy:
+                busy = end[i]
+    return new
+
+
+def pair_episodes(pair_id: np.ndarray, start: np.ndarray, end: np.ndarray, merge_ns: int = 20_000) -> np.ndarray:
+    """Mark the flows that open an *episode*: a run of a pair's flows with no idle gap.
+
+    Parameters
+    ----------
+    pair_id, start, end : int arrays
+        Flows sorted by (pair, start); both directions of a pair together.
+    merge_ns : int
+        A flow starting within this of the pair's busy end continues the
+        episode (collector jitter, back-to-back messages of one transfer).
+
+    Returns
+    -------
+    bool array
+        True where a flow opens an episode.
+
+    Notes
+    -----
+    One compiled pass, O(n). A pipeline transfer is one episode (its
+    messages back to back, or the two directions of a batched exchange); a
+    collective is one episode per ring step, or one for the whole operation
+    when its ring steps pipeline back to back.
+
+    Examples
+    --------
+    >>> pair_episodes(np.array([0, 0, 0, 1]), np.array([0, 10, 100_000, 5]), np.array([10, 20, 100_010, 6])).tolist()
+    [True, False, True, True]
+    """
+    return _new_episode(np.asarray(pair_id, np.int64), np.asarray(start, np.int64), np.asarray(end, np.int64), np.int64(merge_ns))
+
+
+class ParallelismClassifier:
+    """Type each communicating GPU pair DP or PP from several independent signals.
+
+    Signals, each robust to what real Megatron traffic adds (collectives on
+    pipeline pairs, messages of varied sizes, NVLink-hidden ring edges):
+
+    1. **direction** (bytes, not flows): a ring collective over more than
+       two members sends every chunk one way around the ring, so each
+       network edge of a DP ring carries its bytes one way; a pipeline pair
+       always carries activations forward and their gradients back. The
+       grad-norm all-reduce that rides pipeline pairs one way is a few
+       bytes and does not move the byte share.
+    2. **the job's DP size is one number**: once a job shows one-way ring
+       edges (DP > 2), every DP edge of it is one-way, so its two-way pairs
+       are pipeline pairs, whatever their sizes.
+    3. **timing and symmetry**, for jobs without one-way rings (DP <= 2),
+       two votes: a pipeline pair exchanges once or twice per micro-batch,
+       spread over the step, a DP pair of two members (or the embedding
+       all-reduce between the first and last stage) once or twice per step
+       (episodes, :func:`pair_episodes`, per second compared *within the
+       job*, or per step where all its pairs keep one pace); and every step
+       of a two-member ring goes both ways at once, while a pipeline's
+       warm-up forwards and cool-down backwards go one way.
+    4. **structure**: a pair inside one pipeline (a connected chain of
+       pipeline pairs) is pipeline traffic, the embedding pair that closes
+       the chain included; a pair inside one DP ring is DP (LLMPrism's
+       refinement).
+
+    Every pair gets a ``confidence`` in [0, 1] from the margins of the
+    signals that decided it; below ``uncertain_below`` it is reported as
+    uncertain rather than a confident guess.
+
+    Parameters
+    ----------
+    one_way_share : float, default 0.95
+        Byte share in one direction that makes a pair one-way.
+    min_flows : int, default 8
+        Fewer flows than this say nothing about direction.
+    min_ring_pairs : int, default 2
+        One-way pairs a job needs before its DP size counts as > 2.
+    rate_ratio : float, default 2.5
+        In a job without one-way rings, a pair whose episode rate is this
+        many times below the job's busiest pairs (90th percentile) is
+        collective-like (DP candidate); within ``1.6`` it is pipeline-like.
+    merge_ns : int, default 20000
+        Episode merge slack (:func:`pair_episodes`).
+    symmetric_share, asymmetric_share : float, default 0.97, 0.9
+        A pair whose episodes carry both directions at least (at most) this
+        often looks like a two-member ring (a pipeline).
+    light_share : float, default 0.01
+        A pair with fewer bytes than this share of its job's median pair is
+        control traffic (e.g. the grad-norm ring's edge from the last stage
+        back to the first): typed by timing and structure, not direction.
+    uncertain_below : float, default 0.6
+    without : tuple of str
+        Signals to switch off, for ablations: any of :data:`SIGNALS`.
+
+    Attributes
+    ----------
+    pairs_ : pandas.DataFrame
+        After ``fit``, one row per unordered pair: ``a, b, job, flows,
+        bytes, fwd_share, one_way, episodes, rate, rel_rate, msgs_per_episode,
+        evidence, dp, confidence``.
+
+    Examples
+    --------
+    A 4-member ring (one-way edges 0>1>2>3>0, bursts every 100 ms) and a
+    two-way pipeline pair 0-4 exchanging 8 times per step:
+
+    >>> t = np.arange(20) * 100_000_000
+    >>> ring = [(a, (a + 1) % 4, t + k * 30_000) for a in range(4) for k in range(3)]
+    >>> pipe = [(0, 4, t + 1_000_000 + m * 9_000_000) for m in range(8)] + [(4, 0, t + 5_000_000 + m * 9_000_000) for m in range(8)]
+    >>> src = np.concatenate([np.full(len(x), a) for a, b, x in ring + pipe]); dst = np.concatenate([np.full(len(x), b) for a, b, x in ring + pipe])
+    >>> start = np.concatenate([x for _, _, x in ring + pipe])
+    >>> clf = ParallelismClassifier().fit(src, dst, start, np.full(len(start), 1 << 20), np.zeros(5, int), end=start + 20_000)
+    >>> clf.predict()[["a", "b", "type"]].values.tolist()
+    [[0, 1, 'DP'], [0, 3, 'DP'], [0, 4, 'PP'], [1, 2, 'DP'], [2, 3, 'DP']]
+    """
+
+    def __init__(self, one_way_share: float = 0.95, min_flows: int = 8, min_ring_pairs: int = 2, rate_ratio: float = 2.5,
+                 merge_ns: int = 20_000, symmetric_share: float = 0.97, asymmetric_share: float = 0.9, light_share: float = 0.01,
+                 uncertain_below: float = 0.6, without: tuple = ()):
+        unknown = set(without) - set(SIGNALS)
+        if unknown:
+            raise ValueError(f"unknown signal(s) {sorted(unknown)}; choose from {', '.join(SIGNALS)}")
+        self.without = frozenset(without)
+        self.one_way_share = float(one_way_share)
+        self.min_flows = int(min_flows)
+        self.min_ring_pairs = int(min_ring_pairs)
+        self.rate_ratio = float(rate_ratio)
+        self.merge_ns = int(merge_ns)
+        self.light_share = float(light_share)
+        self.symmetric_share = float(symmetric_share)
+        self.asymmetric_share = float(asymmetric_share)
+        self.uncertain_below = float(uncertain_below)
+
+    def fit(self, src, dst, start, size, job_of, end=None) -> "ParallelismClassifier":
+        """Type the pairs.
+
+        Parameters
+        ----------
+        src, dst : int arrays
+            NIC index of each flow's ends.
+        start, size : int arrays
+            Flow start (ns) and bytes.
+        job_of : int array
+            Job label per NIC (:class:`prism.jobs.JobRecognizer`).
+        end : int array, optional
+            Flow end (ns); default ``start`` (episodes then merge on starts).
+
+        Notes
+        -----
+        One sort of the flows by (pair, start), one compiled pass for the
+        episodes, then per-pair sums; everything after works per pair.
+        """
+        src, dst = np.asarray(src), np.asarray(dst)
+        start = np.asarray(start, np.int64)
+        end = start if end is None else np.asarray(end, np.int64)
+        size = np.asarray(size, np.float64)
+        n_nodes = int(max(src.max(initial=0), dst.max(initial=0))) + 1
+        key = np.minimum(src, dst).astype(np.int64) * n_nodes + np.maximum(src, dst)
+        order = np.lexsort((start, key))
+        key, st, en = key[order], start[order], end[order]
+        fwd = (src <= dst)[order]
+        sz = size[order]
+        del order
+        new_pair = np.ones(len(key), dtype=bool)
+        new_pair[1:] = key[1:] != key[:-1]
+        pid = np.cumsum(new_pair) - 1
+        keys = key[new_pair]
+        n = len(keys)
+        # control messages (a few bytes: the grad-norm all-reduce) open no
+        # episode: a pair's timing is that of the transfers it carries
+        big = np.maximum.reduceat(sz, np.flatnonzero(new_pair)) if len(sz) else np.zeros(0)
+        bulk = (sz >= 0.01 * big[pid]) | ("light" in self.without)
+        new_ep = np.zeros(len(pid), dtype=bool)
+        new_ep[bulk] = pair_episodes(pid[bulk], st[bulk], en[bulk], self.merge_ns)
+        # episodes that carry both directions: every step of a two-member
+        # ring does; a pipeline's warm-up forwards and cool-down backwards
+        # do not
+        ep_id = np.cumsum(new_ep[bulk]) - 1
+        ep_fwd = np.bincount(ep_id, weights=fwd[bulk])
+        ep_all = np.bincount(ep_id)
+        ep_both = (ep_fwd > 0) & (ep_fwd < ep_all)
+        ep_pair = pid[bulk][new_ep[bulk]]
+        flows = np.bincount(pid, minlength=n)
+        nbytes = np.bincount(pid, weights=sz, minlength=n)
+        fwd_bytes = np.bincount(pid, weights=sz * fwd, minlength=n)
+        episodes = np.bincount(pid, weights=new_ep, minlength=n)
+        first = st[new_pair]
+        last = np.maximum.reduceat(en, np.flatnonzero(new_pair)) if len(st) else np.zeros(0, np.int64)
+        span_s = np.maximum(last - first, 1) / 1e9
+        p = pd.DataFrame({"a": keys // n_nodes, "b": keys % n_nodes})
+        p["job"] = np.asarray(job_of)[p["a"].to_numpy()]
+        p["flows"] = flows
+        p["bytes"] = nbytes.astype(np.int64)
+        p["fwd_share"] = fwd_bytes / np.maximum(nbytes, 1)
+        # a pair carrying a sliver of its job's bytes (the grad-norm ring's
+        # closing edge) is control traffic: its direction says nothing
+        job_med = p.groupby("job")["bytes"].transform("median").to_numpy()
+        p["light"] = (nbytes < self.light_share * job_med) & ("light" not in self.without)
+        p["one_way"] = (np.maximum(p["fwd_share"], 1 - p["fwd_share"]) >= self.one_way_share) & (flows >= self.min_flows) & ~p["light"] & ("direction" not in self.without)
+        p["episodes"] = episodes.astype(np.int64)
+        p["both_ways"] = np.bincount(ep_pair, weights=ep_both, minlength=n) / np.maximum(episodes, 1)
+        p["job_steps"] = _job_step_counts(p["job"].to_numpy(), np.asarray(job_of), key, st, en, n_nodes)
+        p["rate"] = episodes / span_s
+        p["msgs_per_episode"] = flows / np.maximum(episodes, 1)
+        self.pairs_ = self._decide(p)
+        return self
+
+    # ------------------------------------------------------------------
+    def _decide(self, p: pd.DataFrame) -> pd.DataFrame:
+        a, b = p["a"].to_numpy(), p["b"].to_numpy()
+        one_way = p["one_way"].to_numpy()
+        ring_pairs = pd.Series(one_way).groupby(p["job"].to_numpy()).transform("sum").to_numpy()
+        ring_job = (ring_pairs >= self.min_ring_pairs) & ("ring_job" not in self.without)
+        # the job's busiest two-way pairs set the pipeline rate
+        two_way = ~one_way
+        r90 = pd.Series(np.where(two_way, p["rate"], np.nan)).groupby(p["job"].to_numpy()).transform(lambda x: x.quantile(0.9)).to_numpy()
+        rel = p["rate"].to_numpy() / np.where(r90 > 0, r90, np.nan)
+        p["rel_rate"] = rel
+        lo = 1.0 / self.rate_ratio
+        hi = 1.0 / 1.6
+        # a job whose two-way pairs all keep one pace (a pure DP job of two
+        # replicas, or a pure pipeline) has no fast class to compare with:
+        # count its episodes per step instead (DP: one or two bursts a step)
+        r10 = pd.Series(np.where(two_way, p["rate"], np.nan)).groupby(p["job"].to_numpy()).transform(lambda x: x.quantile(0.1)).to_numpy()
+        one_pace = ~ring_job & (r10 >= hi * r90)
+        per_step = p["episodes"].to_numpy() / np.maximum(p["job_steps"].to_numpy(), 1)
+        rel = np.where(one_pace & (p["job_steps"].to_numpy() > 0), per_step / 3.0, rel)  # 3 episodes a step: the middle of the band
+        p["rel_rate"] = rel
+        use_timing = "timing" not in self.without
+        bursty = two_way & (rel <= lo) & use_timing
+        spread = two_way & (rel >= hi) & use_timing
+        # symmetry: every episode both ways (a two-member ring) or not (a
+        # pipeline's warm-up and cool-down go one way)
+        both = p["both_ways"].to_numpy()
+        use_sym = "symmetry" not in self.without
+        sym = two_way & (both >= self.symmetric_share) & use_sym
+        asym = two_way & (both <= self.asymmetric_share) & use_sym
+        vote = bursty.astype(int) - spread.astype(int) + sym.astype(int) - asym.astype(int)
+        timed_dp = (vote > 0) | ((vote == 0) & sym)
+        bursty = bursty | (timed_dp & ~spread)  # what the timeline treats as collective bursts
+        dp = np.where(ring_job, one_way, one_way | (two_way & timed_dp))
+        evidence = np.where(one_way, "one-way", np.where(ring_job, "two-way in a ring job",
+                            np.where(vote >= 2, "collective-like timing, both ways at once", np.where(vote <= -2, "pipeline-like timing, warm-up one way",
+                                     np.where(timed_dp, "collective-like (signals disagree)", "pipeline-like (signals disagree)")))))
+        conf = np.where(one_way, np.minimum(1.0, 0.6 + p["flows"].to_numpy() / 100.0), 0.9)
+        conf = np.where(~ring_job & two_way, np.select([np.abs(vote) >= 2, np.abs(vote) == 1], [0.9, 0.7], 0.5), conf)
+        # structure: a pair inside one pipeline is pipeline traffic (the
+        # embedding all-reduce closes the chain); inside one DP ring, DP
+        use_structure = "structure" not in self.without
+        pp_closed = _inside(a, b, ~dp) & dp & two_way & use_structure
+        dp = dp & ~pp_closed
+        evidence = np.where(pp_closed, "closes a pipeline", evidence)
+        conf = np.where(pp_closed, 0.85, conf)
+        # a timing-only DP call between GPUs that have no pipeline partner
+        # on the network could as well be an embedding pair whose pipeline
+        # runs over NVLink: say so
+        has_pp = np.zeros(int(max(a.max(initial=0), b.max(initial=0))) + 1, dtype=bool)
+        has_pp[a[~dp]] = True
+        has_pp[b[~dp]] = True
+        lonely = dp & two_way & ~ring_job & ~(has_pp[a] & has_pp[b]) & _job_has(p["job"].to_numpy(), ~dp)
+        conf = np.where(lonely, np.minimum(conf, 0.55), conf)
+        evidence = np.where(lonely, evidence + "; no pipeline partner on the network", evidence)
+        dp_closed = refine_by_dp_components(a, b, dp) & ~dp & use_structure
+        dp = dp | dp_closed
+        evidence = np.where(dp_closed, "inside a DP ring", evidence)
+        conf = np.where(dp_closed, 0.85, conf)
+        p["evidence"] = evidence
+        #: traffic of collectives (bursts once or twice a step), DP or not:
+        #: the embedding pair of a job whose DP rings run inside servers
+        p["collective"] = dp | bursty
+        p["dp"] = dp
+        p["confidence"] = np.round(conf, 3)
+        p["uncertain"] = conf < self.uncertain_below
+        return p
+
+    def predict(self) -> pd.DataFrame:
+        """``a, b, job, type, confidence`` per pair (NIC indices; ``type`` is ``DP`` or ``PP``)."""
+        p = self.pairs_
+        return pd.DataFrame({"a": p["a"], "b": p["b"], "job": p["job"], "type": np.where(p["dp"], "DP", "PP"), "confidence": p["confidence"]})
+
+
+def _job_has(job: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per pair: does its job have any pair where ``mask`` holds."""
+    return pd.Series(mask).groupby(job).transform("any").to_numpy()
+
+
+def _job_step_counts(pair_job: np.ndarray, job_of: np.ndarray, key: np.ndarray, start: np.ndarray, end: np.ndarray, n_nodes: int) -> np.ndarray:
+    """Per pair, the number of steps its job ran in the window (0: unknown).
+
+    The job's flows (all pairs) are cut where :func:`prism.timeline.natural_break`
+    finds the most regular period; only jobs whose pairs all keep one pace
+    need it, so the cost is one sort per job.
+    """
+    from .timeline import busy_gaps, natural_break
+
+    flow_job = job_of[key // n_nodes]
+    out = {}
+    for j in np.unique(pair_job):
+        m = flow_job == j
+        o = np.argsort(start[m], kind="stable")
+        s, e = start[m][o], end[m][o]
+        if len(s) < 4:
+            out[j] = 0
+            continue
+        gap, busy_end = busy_gaps(s, e)
+        tau = natural_break(gap, busy_end)
+        out[j] = int((gap >= tau).sum()) + 1 if np.isfinite(tau) else 0
+    return np.array([out[j] for j in pair_job], dtype=np.int64)
+
+
+def _inside(a: np.ndarray, b: np.ndarray, edge: np.ndarray) -> np.ndarray:
+    """Pairs whose two ends are connected through pairs where ``edge`` holds (one connected-components pass)."""
+    if len(a) == 0:
+        return np.zeros(0, dtype=bool)
+    nodes, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
+    ia, ib = inv[: len(a)], inv[len(a):]
+    g = coo_matrix((np.ones(int(edge.sum())), (ia[edge], ib[edge])), shape=(len(nodes), len(nodes)))
+    _, comp = connected_components(g, directed=False)
+    has = np.zeros(len(nodes), dtype=bool)
+    has[ia[edge]] = True
+    has[ib[edge]] = True
+    return has[ia] & has[ib] & (comp[ia] == comp[ib])

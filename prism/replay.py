@@ -6,7 +6,7 @@ Output contract (names and columns are fixed; later stages fill them in):
 
 =================  ==========================================================
 ``jobs.csv``       ``job_id,ip``
-``pairs.csv``      ``job_id,src,dst,type`` (unordered pair, src < dst, DP/PP)
+``pairs.csv``      ``job_id,src,dst,type,confidence,evidence`` (unordered pair, src < dst, DP/PP)
 ``steps.csv``      ``job_id,step,start_ns,end_ns`` then ``duration_ns``,
                    PP and DP spans, ``flows,bytes`` (whole steps only)
 ``phases.csv``     ``job_id,step,group,kind,start_ns,end_ns,flows,bytes,servers``
@@ -44,7 +44,7 @@ __all__ = ["ReplayResult", "replay", "OUTPUT_COLUMNS"]
 
 OUTPUT_COLUMNS = {
     "jobs.csv": ["job_id", "ip"],
-    "pairs.csv": ["job_id", "src", "dst", "type"],
+    "pairs.csv": ["job_id", "src", "dst", "type", "confidence", "evidence"],
     "steps.csv": STEP_COLUMNS,
     "phases.csv": PHASE_COLUMNS,
     "anomalies.csv": ANOMALY_COLUMNS,
@@ -91,6 +91,8 @@ class ReplayResult:
                 if self.pairs is not None:
                     types = self.pairs.loc[self.pairs["job_id"] == job_id, "type"].value_counts()
                     row.update(dp_pairs=int(types.get("DP", 0)), pp_pairs=int(types.get("PP", 0)))
+                    if "confidence" in self.pairs:
+                        row.update(uncertain_pairs=int(((self.pairs["job_id"] == job_id) & (self.pairs["confidence"] < 0.6)).sum()))
                 an = self.analysis
                 if an is not None and an.shapes is not None and job_id in set(an.shapes["job_id"]):
                     sh = an.shapes.set_index("job_id").loc[job_id]
@@ -358,9 +360,15 @@ def format_summary(res: ReplayResult) -> str:
             extra += f", {j['dp_pairs']} DP / {j['pp_pairs']} PP pairs"
         lines.append(f"  {j['job_id']}  {j['gpus']:>5} GPUs on {len(srv):>4} servers ({srv_txt}){extra}")
         if "dp" in j:
-            step = f"{j['steps']} steps, median {j['median_step_ms']:,.1f} ms" if j.get("steps") else "no whole step"
             shape = f"DP{j['dp']} x PP{j['pp']} (x TP{j['tp']} inferred)" if j["dp_exact"] else f"DP>={j['dp']} x PP{j['pp']} (a DP ring runs partly inside servers)"
-            lines.append(f"      {shape}; {step}; {j['anomalies']} anomalies")
+            parts = [shape]
+            if "steps" in j:  # not with --stop-after pairs
+                parts.append(f"{j['steps']} steps, median {j['median_step_ms']:,.1f} ms" if j["steps"] else "no whole step")
+            if "anomalies" in j:  # not with --stop-after pairs or steps
+                parts.append(f"{j['anomalies']} anomalies")
+            if j.get("uncertain_pairs"):
+                parts.append(f"{j['uncertain_pairs']} pair type(s) uncertain")
+            lines.append("      " + "; ".join(parts))
     if s.get("anomalies"):
         lines.append(f"anomalies: {len(s['anomalies'])}")
         for a in s["anomalies"][:20]:

@@ -31,7 +31,7 @@ import pandas as pd
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-__all__ = ["StepTimeline", "natural_break", "busy_gaps", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
+__all__ = ["StepTimeline", "natural_break", "busy_gaps", "optimizer_gaps", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
 
 STEP_COLUMNS = [
     "job_id", "step", "start_ns", "end_ns", "duration_ns",
@@ -124,22 +124,170 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     counts_above = len(g) - np.searchsorted(np.sort(g), u, side="right")  # gaps above each value
     jumps = np.flatnonzero((u[1:] / u[:-1] >= min_jump) & (counts_above[:-1] >= min_steps + 1))
     scored = []
+    span = float(busy_end[-1] - busy_end[0]) or 1.0  # for the tie-break when every cut leaves time out
     for i in jumps:
         tau = float(np.sqrt(u[i] * u[i + 1]))
-        dur = np.diff(busy_end[:-1][g >= tau])
+        b = busy_end[:-1][g >= tau]
+        dur = np.diff(b)
         if len(dur) < min_steps:
             continue
         med = np.median(dur)
         spread = np.median(np.abs(dur - med)) / med
         merged = dur[dur >= 1.9 * med].sum() / dur.sum()  # time in what look like merged steps
-        scored.append((spread + merged, tau))
+        # time left outside any step beyond a partial step at each edge: a
+        # threshold that cuts only the slower half of a job (a straggler
+        # appeared) is regular too, but leaves the faster half uncut
+        outside = max(0.0, b[0] - busy_end[0] - 1.5 * med) + max(0.0, busy_end[-1] - b[-1] - 1.5 * med)
+        scored.append((spread + merged + outside / span, tau, outside == 0))
     if not scored:
         return np.inf
+    # a cut that leaves the job's traffic outside any step (beyond the
+    # partial steps at the edges) is admissible only if every cut does
+    if any(whole for _, _, whole in scored):
+        scored = [x for x in scored if x[2]]
+    scored = [(sc, tau) for sc, tau, _ in scored]
     best = min(s for s, _ in scored)
     # near-ties go to the coarsest cut: a pipeline's microbatches are as
     # regular as its steps
     best_tau = max(t for s, t in scored if s <= best + tie)
     return best_tau
+
+
+def optimizer_gaps(start, busy_end, gap, cut, size, pair, other_start, other_end, other_size, min_gap_ns: int = 100_000,
+                   max_candidates: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Where, inside each collective burst, one step ends and the next begins.
+
+    With a distributed optimizer the DP rings run two collectives per step:
+    the gradients' reduce-scatter at the end of the step and, after the
+    optimizer, the parameters' all-gather that opens the next. Both fall in
+    one burst between the long compute gaps, and the step boundary is the
+    quiet gap between them, not the burst's end. A gap inside a burst is
+    that boundary when
+
+    1. little else starts in it: the traffic that does carries under a
+       quarter of the burst's bytes (the step's closing collectives on
+       pipeline pairs, the embedding and grad-norm all-reduces, then the
+       optimizer; a pipeline's forward would not wait for the all-gather);
+    2. the DP pairs after it are pairs that also ran before it in the burst,
+       and each moves about the bytes it moved before (the same rings
+       gather what they scattered, edge by edge; a pipeline's stages
+       reducing one after another use different rings, and a pause inside
+       one collective leaves its edges unbalanced);
+    3. the bytes and the messages after it are those before it, within 2%
+       (an all-gather moves the buffer the reduce-scatter moved, in the same
+       messages; the gradient buckets that a backward releases one by one
+       differ in size). A pure DP job whose overlapped buckets split into
+       two exactly equal halves is indistinguishable from this.
+
+    The longest such gap of a burst wins (the optimizer's pause).
+
+    Parameters
+    ----------
+    start, busy_end, gap : arrays
+        The job's DP flows sorted by start, with :func:`busy_gaps`' output.
+    cut : int array
+        Flow indices that end a burst (``gap[cut] >= tau``).
+    size, pair : int arrays
+        Bytes and pair key of each DP flow.
+    other_start, other_end, other_size : int arrays
+        The job's other (pipeline) flows.
+    min_gap_ns : int
+        Pauses shorter than this are not considered (jitter, back-to-back
+        messages); of the rest, the ``max_candidates`` longest of a burst
+        are checked (the gradient buckets of every stage pause too).
+
+    Returns
+    -------
+    split : int array, one per burst (``len(cut) + 1``)
+        Index of the DP flow after which the step ends, -1 where the burst
+        has no such gap.
+    ends : int array
+        Where the step ends there: the last flow before the quiet part,
+        control traffic in the gap included.
+
+    Notes
+    -----
+    A Python loop over bursts and their few large inner gaps; each check is
+    a binary search or a set operation over one burst's flows.
+
+    Examples
+    --------
+    Two steps: a reduce-scatter (flows 0-1) and, after a quiet gap, an
+    all-gather on the same pair (flows 2-3), then the compute gap:
+
+    >>> st = np.array([0, 10, 100, 110, 1000, 1010, 1100, 1110])
+    >>> gap, be = busy_gaps(st, st + 5)
+    >>> split, ends = optimizer_gaps(st, be, gap, np.array([3]), np.ones(8), np.zeros(8, int), np.array([500]), np.array([600]), np.array([1]), min_gap_ns=20)
+    >>> split.tolist(), ends.tolist()
+    ([1, 5], [15, 1015])
+    """
+    o = np.argsort(other_start, kind="stable")
+    os_, oe = np.asarray(other_start)[o], np.asarray(other_end)[o]
+    osz_cum = np.concatenate([[0], np.cumsum(np.asarray(other_size, np.float64)[o])])
+    oe_run = np.maximum.accumulate(oe) if len(oe) else oe
+    first = np.concatenate([[0], np.asarray(cut) + 1])
+    last = np.concatenate([np.asarray(cut), [len(start) - 1]])
+    out = np.full(len(first), -1, dtype=np.int64)
+    ends = np.zeros(len(first), dtype=np.int64)
+    for k, (f0, f1) in enumerate(zip(first, last)):
+        if f1 <= f0:
+            continue
+        inner = np.arange(f0, f1)  # gap[i] separates flow i and i+1
+        big = inner[gap[inner] > min_gap_ns]
+        big = big[np.argsort(gap[big])[::-1][:max_candidates]]  # the largest pauses first
+        for i in big:
+            lo, hi = busy_end[i], start[i + 1]
+            j0 = np.searchsorted(os_, lo, side="right")  # other flows starting in the gap: j0..j1-1
+            j1 = np.searchsorted(os_, hi, side="left")
+            b0, b1 = size[f0 : i + 1].sum(), size[i + 1 : f1 + 1].sum()
+            if osz_cum[j1] - osz_cum[j0] > 0.25 * (b0 + b1):  # pipeline transfers, not the step's closing collectives
+                continue
+            codes, pcodes = np.unique(pair[f0 : f1 + 1], return_inverse=True)
+            side = np.arange(f0, f1 + 1) > i
+            pb0 = np.bincount(pcodes[~side], weights=size[f0 : f1 + 1][~side], minlength=len(codes))
+            pb1 = np.bincount(pcodes[side], weights=size[f0 : f1 + 1][side], minlength=len(codes))
+            if (pb1 > 0).any() and (pb0[pb1 > 0] == 0).any():  # a pair that only runs after the gap: another ring
+                continue
+            # every ring edge moves back what it moved (within 5%, loss and jitter)
+            if np.abs(pb1 - pb0)[pb0 > 0].sum() > 0.05 * pb0.sum():
+                continue
+            n0, n1 = i + 1 - f0, f1 - i
+            if abs(b1 - b0) > 0.02 * b0 or abs(n1 - n0) > 0.02 * n0:  # the same buffer, the same messages
+                continue
+            out[k] = i
+            # the step ends with its last flow: control messages in the gap,
+            # or a collective on pipeline pairs (the embedding all-reduce)
+            # still running into it
+            ends[k] = max(busy_end[i], oe[j0:j1].max() if j1 > j0 else 0, oe_run[j0 - 1] if j0 > 0 else 0)
+            break
+    return out, ends
+
+
+def control_tails(ends, light_start, light_end, heavy_start, dp_start, tau) -> np.ndarray:
+    """Move each step end past the control traffic that closes the step.
+
+    After the gradient collective, the grad-norm all-reduce (a few bytes
+    over each replica's stages) is the step's last traffic; a step ends with
+    its last flow, so a boundary at the collective's end moves to the end of
+    the light flows that follow it, up to the next real transfer (a pipeline
+    or DP flow) and within ``tau``.
+
+    Examples
+    --------
+    >>> control_tails(np.array([100, 500]), np.array([101, 130, 300]), np.array([120, 140, 310]),
+    ...               np.array([200]), np.array([450]), tau=80).tolist()
+    [140, 500]
+    """
+    ls_o = np.argsort(light_start, kind="stable")
+    ls, le = np.asarray(light_start)[ls_o], np.asarray(light_end)[ls_o]
+    nxt = np.sort(np.concatenate([np.asarray(heavy_start), np.asarray(dp_start)]))
+    out = np.asarray(ends).copy()
+    for k, b in enumerate(out):
+        stop = min(b + tau, nxt[np.searchsorted(nxt, b, side="right")] if np.searchsorted(nxt, b, side="right") < len(nxt) else np.inf)
+        j0, j1 = np.searchsorted(ls, b, side="left"), np.searchsorted(ls, stop, side="left")
+        if j1 > j0:
+            out[k] = max(b, le[j0:j1].max())
+    return out
 
 
 def parallel_groups(a: np.ndarray, b: np.ndarray, n_nodes: int) -> np.ndarray:
@@ -182,7 +330,7 @@ class StepTimeline:
         self.min_jump = float(min_jump)
         self.min_steps = int(min_steps)
 
-    def fit(self, job, start, end, is_dp, size=None, capture_end=None, job_names=None) -> "StepTimeline":
+    def fit(self, job, start, end, is_dp, size=None, capture_end=None, job_names=None, pair=None, collective=None) -> "StepTimeline":
         """Find the steps.
 
         Parameters
@@ -201,12 +349,25 @@ class StepTimeline:
             break past it. Default: the last flow start given.
         job_names : sequence, optional
             ``job_names[label]`` is the job id written out (default: label).
+        pair : int array, optional
+            A key of each flow's GPU pair; lets a step end inside a burst
+            where the same DP rings run a second collective of the same size
+            (a distributed optimizer's reduce-scatter, then the next step's
+            all-gather: see :func:`optimizer_gaps`).
+        collective : bool array, optional
+            The flow is on a pair with collective timing (bursts once or
+            twice a step). A job whose DP rings the network does not see
+            (they run over NVLink) is cut at the end of these bursts (the
+            embedding all-reduce closes the step) rather than at a pipeline
+            flush.
         """
         job = np.asarray(job)
         start = np.asarray(start, dtype=np.int64)
         end = np.asarray(end, dtype=np.int64)
         is_dp = np.asarray(is_dp, dtype=bool)
         size = np.zeros(len(start), dtype=np.int64) if size is None else np.asarray(size, dtype=np.int64)
+        pair = np.zeros(len(start), dtype=np.int64) if pair is None else np.asarray(pair, dtype=np.int64)
+        collective = is_dp if collective is None else np.asarray(collective, dtype=bool)
         if capture_end is None:
             capture_end = int(start.max()) if len(start) else 0
         order = np.lexsort((start, job))
@@ -215,14 +376,15 @@ class StepTimeline:
         firsts = np.concatenate([[0], bounds])
         lasts = np.concatenate([bounds, [len(js)]])
         flow_step = np.full(len(start), -1, dtype=np.int64)
-        frames, self.breaks_ = [], {}
+        frames, self.breaks_, self.optimizer_split_ = [], {}, {}
         n_steps = 0
         for f0, f1 in zip(firsts, lasts):
             label = int(js[f0]) if f1 > f0 else -1
             if label < 0:
                 continue
             idx = order[f0:f1]
-            ends = self._boundaries(label, start[idx], end[idx], is_dp[idx], capture_end)
+            mark = is_dp[idx] if is_dp[idx].any() else collective[idx]  # DP bursts, else other collectives, else the flush
+            ends = self._boundaries(label, start[idx], end[idx], mark, capture_end, size[idx], pair[idx])
             if len(ends) < 2:
                 continue
             # flow -> step: e[k] <= start < e[k+1] is step k (the flows after
@@ -238,10 +400,11 @@ class StepTimeline:
         self.flow_step_ = flow_step
         return self
 
-    def _boundaries(self, label, start, end, dp, capture_end) -> np.ndarray:
+    def _boundaries(self, label, start, end, dp, capture_end, size=None, pair=None) -> np.ndarray:
         """Step boundaries (ends of whole collective bursts), sorted."""
         marker = dp if dp.any() else np.ones(len(dp), dtype=bool)  # PP-only: the flush
         s, e = start[marker], end[marker]
+        self.optimizer_split_[label] = False
         if len(s) < 3:
             self.breaks_[label] = np.inf
             return np.zeros(0, dtype=np.int64)
@@ -252,13 +415,27 @@ class StepTimeline:
             return np.zeros(0, dtype=np.int64)
         cut = np.flatnonzero(gap >= tau)  # a burst ends at flow `cut`
         ends = busy_end[cut]
+        o_start, o_end, o_size = start[~marker], end[~marker], (size[~marker] if size is not None else np.ones((~marker).sum()))
+        # control traffic: flows far smaller than a DP message (the grad-norm all-reduce)
+        light = o_size < 0.01 * np.median(size[marker]) if size is not None and dp.any() else np.zeros(len(o_start), dtype=bool)
+        if dp.any() and size is not None and len(cut) >= self.min_steps:
+            split, split_end = optimizer_gaps(s, busy_end, gap, cut, size[marker], pair[marker], o_start, o_end, o_size)
+            if np.mean(split >= 0) >= 0.8:  # a recurring structure, not a coincidence
+                self.optimizer_split_[label] = True
+                # a burst without the pause is no boundary: the capture opened
+                # between the two collectives, or the burst is a fragment
+                ends = split_end[:-1][split[:-1] >= 0]
         # The last burst is whole if the capture ran a full break past it,
         # or if the job's next step began (its PP traffic waits for the
         # optimizer, which waits for the collective). Otherwise the capture
         # may have cut the burst short.
         last = busy_end[-1]
-        if capture_end - last >= tau or (start[~marker] > last).any():
+        if capture_end - last >= tau or (o_start[~light] > last).any():
+            if self.optimizer_split_[label] and split[-1] >= 0:
+                last = split_end[-1]
             ends = np.append(ends, last)
+        if light.any():
+            ends = control_tails(ends, o_start[light], o_end[light], o_start[~light], s, tau)
         return ends.astype(np.int64)
 
     @staticmethod

@@ -247,20 +247,24 @@ class ClusterGenerator:
         raise ValueError("degraded switch 'auto' needs a job with dp >= 2 whose ring crosses a switch")
 
     def _storage_noise(self, cols: "_Columns", rng) -> None:
-        fab = self.fabric
-        n = rng.poisson(self.storage_flows_per_s * self.duration_ns / 1e9)
-        if n == 0 or fab.storage_hosts == 0:
-            return
-        start = np.sort(rng.uniform(0, self.duration_ns, n))
-        gpu = rng.integers(0, fab.n_gpus, n)
-        host = rng.integers(0, fab.storage_hosts, n)
-        to_storage = rng.random(n) < 0.3  # mostly reads (GPU <- storage)
-        size = np.minimum(rng.lognormal(np.log(1 << 20), 1.0, n), 256 << 20).astype(np.int64) + 4096
-        dur = fab.latency_ns + size / fab.bytes_per_ns * rng.uniform(1.0, 1.5, n)
-        # storage hosts get NIC indices after the GPUs
-        s_node = np.where(to_storage, gpu, fab.n_gpus + host)
-        d_node = np.where(to_storage, fab.n_gpus + host, gpu)
-        cols.add(start, dur, s_node, d_node, size, fab.storage_paths(gpu, to_storage, host))
+        storage_noise(cols, self.fabric, rng, self.duration_ns, self.storage_flows_per_s)
+
+
+def storage_noise(cols: "_Columns", fab: Fabric, rng, duration_ns: float, flows_per_s: float) -> None:
+    """Storage traffic between GPUs and storage hosts (not training): Poisson arrivals, log-normal sizes."""
+    n = rng.poisson(flows_per_s * duration_ns / 1e9)
+    if n == 0 or fab.storage_hosts == 0:
+        return
+    start = np.sort(rng.uniform(0, duration_ns, n))
+    gpu = rng.integers(0, fab.n_gpus, n)
+    host = rng.integers(0, fab.storage_hosts, n)
+    to_storage = rng.random(n) < 0.3  # mostly reads (GPU <- storage)
+    size = np.minimum(rng.lognormal(np.log(1 << 20), 1.0, n), 256 << 20).astype(np.int64) + 4096
+    dur = fab.latency_ns + size / fab.bytes_per_ns * rng.uniform(1.0, 1.5, n)
+    # storage hosts get NIC indices after the GPUs
+    s_node = np.where(to_storage, gpu, fab.n_gpus + host)
+    d_node = np.where(to_storage, fab.n_gpus + host, gpu)
+    cols.add(start, dur, s_node, d_node, size, fab.storage_paths(gpu, to_storage, host))
 
 
 class _Columns:
@@ -396,13 +400,38 @@ class _JobSimulation:
             xb_rail = self._xfer(spec.activation_bytes, pp_net, f_ppb)
             xf = xf_rail.max(axis=0) if P > 1 else np.zeros((D, 0))
             xb = xb_rail.max(axis=0) if P > 1 else np.zeros((D, 0))
-            sF, eF, sB, eB = one_f_one_b(F, B, xf, xb, t)
+            # draws of the optional confounders come after the classic ones,
+            # so presets without them keep their exact flows
+            size_f = rng.uniform(1.0 - spec.pp_size_spread, 1.0, size=(M, D)) if spec.pp_size_spread > 0 else None
+            t_fwd, ag_end = t, -np.inf
+            if spec.distributed_optimizer and D > 1:
+                # parameters all-gathered at the step start; the forward waits for them
+                ag_end = self._emit_dp(cols, None, dp_paths, dp_net, flow_noise, t, ready=np.full(P, t), phases=1)
+                t_fwd = max(t, ag_end)
+            sF, eF, sB, eB = one_f_one_b(F, B, xf, xb, t_fwd)
 
-            last_flow_end = self._emit_pp(cols, eF, eB, xf_rail, xb_rail, pp_paths, pp_back_paths, pp_net, split_draw, split_frac)
-            dp_end = self._emit_dp(cols, eB, dp_paths, dp_net, flow_noise, t)
-            step_end = max(last_flow_end, dp_end)
+            last_flow_end = self._emit_pp(cols, eF, eB, xf_rail, xb_rail, pp_paths, pp_back_paths, pp_net, split_draw, split_frac, size_f)
+            ready = eB[-1].max(axis=0)  # (P,) every replica's last backward of the stage
+            emb_end = -np.inf
+            if spec.embedding_bytes and P > 1:
+                emb_end_d = self._emit_embedding(cols, eB)
+                emb_end = float(emb_end_d.max())
+                ready = ready.copy()
+                ready[0] = max(ready[0], emb_end)
+                ready[P - 1] = max(ready[P - 1], emb_end)
+            bucket_ready = None
+            if spec.dp_overlap:
+                # bucket i is ready i+1 nb-ths into the last micro-batch's backward
+                frac = (np.arange(len(self.buckets)) + 1) / len(self.buckets)
+                bucket_ready = (sB[-1][:, :, None] + B[-1][:, :, None] * frac[None, None, :]).max(axis=0)  # (P, nb)
+                ready = bucket_ready[:, 0]
+            dp_end = self._emit_dp(cols, eB, dp_paths, dp_net, flow_noise, t, ready=ready,
+                                   phases=1 if spec.distributed_optimizer else 2, bucket_ready=bucket_ready)
+            step_end = max(last_flow_end, dp_end, emb_end, ag_end)
             if P == 1 and D == 1:
                 step_end = float(eB.max())
+            if spec.clip_allreduce and P > 1:
+                step_end = self._emit_clip(cols, max(step_end, float(eB.max())))
             if sim_step > 0 and prev_end >= 0 and step_end <= window:
                 whole += 1
                 truth_steps.append((spec.name, whole, prev_end, step_end))
@@ -426,18 +455,69 @@ class _JobSimulation:
         if spec.pp > 1:
             a, b = self.pp_a[pp_net], self.pp_b[pp_net]
             frames.append(pd.DataFrame({"job_id": spec.name, "a": np.minimum(a, b), "b": np.maximum(a, b), "type": "PP"}))
+            if (spec.embedding_bytes or spec.clip_allreduce) and spec.pp > 2:
+                # the embedding group and the clip ring close each pipeline: first and last stage
+                a, b = self.gpu[:, :, 0].ravel(), self.gpu[:, :, -1].ravel()
+                net = self.fab.paths(a, b)[:, 0] >= 0
+                frames.append(pd.DataFrame({"job_id": spec.name, "a": np.minimum(a, b)[net], "b": np.maximum(a, b)[net], "type": "PP"}))
         if spec.dp > 1:
             a, b = self.dp_a[dp_net], self.dp_b[dp_net]
             frames.append(pd.DataFrame({"job_id": spec.name, "a": np.minimum(a, b), "b": np.maximum(a, b), "type": "DP"}))
         truth_pairs.extend(frames)
 
-    def _emit_pp(self, cols, eF, eB, xf_rail, xb_rail, pp_paths, pp_back_paths, pp_net, split_draw, split_frac) -> float:
+    def _ring_pairs(self, members: np.ndarray):
+        """Directed ring edges (a, b) over ``members`` (..., k), and their paths and network mask."""
+        a, b = members, np.roll(members, -1, axis=-1)
+        paths, net = self._pair_info(a, b)
+        return a, b, paths, net
+
+    def _emit_ring_messages(self, cols, t0, a, b, paths, net, sizes, ring_steps: int, step_ns: float) -> float:
+        """``ring_steps`` rounds of ``sizes`` messages on every networked edge ``a -> b`` from ``t0`` (per edge)."""
+        fab = self.fab
+        if not net.any():
+            return -np.inf
+        t0 = np.broadcast_to(np.asarray(t0, np.float64), a.shape)[net]
+        offs = np.concatenate([[0.0], np.cumsum(sizes / fab.bytes_per_ns)[:-1]])
+        r = np.arange(ring_steps)
+        st = t0[:, None, None] + r[None, :, None] * step_ns + offs[None, None, :]
+        du = np.broadcast_to(fab.latency_ns + sizes[None, None, :] / fab.bytes_per_ns, st.shape)
+        shape = st.shape
+        cols.add(st.ravel(), du.ravel(), np.broadcast_to(a[net][:, None, None], shape).ravel(), np.broadcast_to(b[net][:, None, None], shape).ravel(),
+                 np.broadcast_to(sizes[None, None, :], shape).ravel(), np.broadcast_to(paths[net][:, None, None, :], shape + (3,)).reshape(-1, 3))
+        return float((st + du).max())
+
+    def _emit_embedding(self, cols, eB) -> np.ndarray:
+        """The embedding all-reduce of every replica: a two-member ring between its first and last stage, per rail."""
+        spec, fab = self.spec, self.fab
+        P = spec.pp
+        members = np.stack([self.gpu[:, :, 0], self.gpu[:, :, P - 1]], axis=-1)  # (T, D, 2)
+        a, b, paths, net = self._ring_pairs(members)
+        chunk = spec.embedding_bytes // 2
+        full, rem = divmod(chunk, spec.message_bytes)
+        sizes = np.array([spec.message_bytes] * full + ([rem] if rem else []), dtype=np.int64)
+        t0 = np.maximum(eB[-1, :, 0], eB[-1, :, P - 1])  # (D,)
+        step_ns = fab.latency_ns + chunk / fab.bytes_per_ns
+        self._emit_ring_messages(cols, np.broadcast_to(t0[None, :, None], a.shape), a, b, paths, net, sizes, 2, step_ns)
+        return t0 + 2 * step_ns
+
+    def _emit_clip(self, cols, t0: float) -> float:
+        """The grad-norm clip: a ring over every replica's stages carrying a few bytes, after the DP collective."""
+        fab = self.fab
+        a, b, paths, net = self._ring_pairs(self.gpu)  # (T, D, P): stage p -> p+1, last -> first
+        step_ns = 2.0 * fab.latency_ns
+        rounds = 2 * (self.spec.pp - 1)
+        end = self._emit_ring_messages(cols, t0, a, b, paths, net, np.array([16], dtype=np.int64), rounds, step_ns)
+        return end if np.isfinite(end) else t0  # the step ends with its last flow
+
+    def _emit_pp(self, cols, eF, eB, xf_rail, xb_rail, pp_paths, pp_back_paths, pp_net, split_draw, split_frac, size_f=None) -> float:
         spec = self.spec
         T, D, P, M = spec.tp, spec.dp, spec.pp, spec.microbatches
         if P == 1:
             return -np.inf
         last = -np.inf
         size = spec.activation_bytes
+        if size_f is not None:  # per micro-batch and replica, 4 KiB granules
+            size = np.broadcast_to(((size * size_f).astype(np.int64) // 4096 * 4096)[:, None, :, None], (M, T, D, P - 1))
         for direction in (0, 1):
             if direction == 0:  # forward: stage p -> p+1 after F(p, m)
                 t_send = eF[:, :, :-1]  # (M, D, P-1)
@@ -455,19 +535,27 @@ class _JobSimulation:
             aa = np.broadcast_to(a[None], start.shape)
             bb = np.broadcast_to(b[None], start.shape)
             pth = np.broadcast_to(paths[None], start.shape + (3,))
-            cols.add(start[whole], d[whole], aa[whole], bb[whole], size, pth[whole])
+            size_w = size[whole] if np.ndim(size) else size
+            cols.add(start[whole], d[whole], aa[whole], bb[whole], size_w, pth[whole])
             if split.any():
-                s1 = (size * split_frac[direction][..., : P - 1][split]).astype(np.int64) // 4096 * 4096
-                s2 = size - s1
-                frac1 = s1 / size
+                size_s = size[split] if np.ndim(size) else size
+                s1 = (size_s * split_frac[direction][..., : P - 1][split]).astype(np.int64) // 4096 * 4096
+                s2 = size_s - s1
+                frac1 = s1 / size_s
                 cols.add(start[split], d[split] * frac1, aa[split], bb[split], s1, pth[split])
                 cols.add(start[split] + d[split] * frac1, d[split] * (1 - frac1), aa[split], bb[split], s2, pth[split])
             if net.any():
                 last = max(last, float((start + d)[net].max()))
         return last
 
-    def _emit_dp(self, cols, eB, dp_paths, dp_net, flow_noise, t_step) -> float:
-        """Ring all-reduce per stage once every replica finished its backwards."""
+    def _emit_dp(self, cols, eB, dp_paths, dp_net, flow_noise, t_step, ready=None, phases: int = 2, bucket_ready=None) -> float:
+        """Ring collective per stage once every replica is ready.
+
+        ``ready`` (P,): when the stage's collective may start (default: every
+        replica's last backward); ``phases``: 2 for an all-reduce, 1 for a
+        reduce-scatter or an all-gather; ``bucket_ready`` (P, buckets): a
+        bucket waits for its own readiness (overlap with the backward).
+        """
         spec, fab = self.spec, self.fab
         T, D, P = spec.tp, spec.dp, spec.pp
         if D == 1:
@@ -476,12 +564,14 @@ class _JobSimulation:
         msg = spec.message_bytes
         end = -np.inf
         for p in range(P):
-            t0 = float(eB[-1, :, p].max())  # the collective starts when all members are ready
+            t0 = float(eB[-1, :, p].max()) if ready is None else float(ready[p])  # the collective starts when all members are ready
             net = dp_net[:, :, p]  # (T, D)
             bw_p = bw[:, :, p]
             uni = self.uniform_edge[:, :, p]
             offset = np.zeros(T)  # per rail: rings on different rails run independently
-            for bucket in self.buckets:
+            for i, bucket in enumerate(self.buckets):
+                if bucket_ready is not None:
+                    offset = np.maximum(offset, bucket_ready[p, i] - t0)
                 chunk = -(-int(bucket) // D)
                 n_full, rem = divmod(chunk, msg)
                 sizes = np.array([msg] * n_full + ([rem] if rem else []), dtype=np.int64)
@@ -490,7 +580,7 @@ class _JobSimulation:
                 # ring step time per rail = slowest edge of that rail's ring
                 edge_t = np.where(net, fab.latency_ns + chunk / bw_p, chunk / fab.nvlink_bytes_per_ns)
                 step_t = edge_t.max(axis=1)  # (T,)
-                R = 2 * (D - 1)
+                R = phases * (D - 1)
                 r = np.arange(R)
                 for sz, mask in ((sizes, net & ~uni), (sizes_u, net & uni)):
                     if not mask.any():

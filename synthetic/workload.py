@@ -41,6 +41,25 @@ class JobSpec:
         Largest RDMA message NCCL sends; a ring chunk is split into these.
     jitter : float
         Log-normal sigma of compute time noise.
+    rank_order : {"tp-dp-pp", "tp-pp-dp"}
+        Megatron's rank order (innermost first).
+    embedding_bytes : int
+        Embedding gradients all-reduced between the first and last stage of
+        each replica every step (0: none; needs ``pp > 1``).
+    clip_allreduce : bool
+        The grad-norm clip: a tiny all-reduce over the stages of each
+        replica after the DP collective (rides the pipeline pairs).
+    pp_size_spread : float
+        Pipeline messages vary per micro-batch (variable sequence lengths):
+        each is ``activation_bytes`` times a factor drawn from
+        ``[1 - pp_size_spread, 1]``.
+    dp_overlap : bool
+        Gradient buckets are reduced during the last micro-batch's backward
+        as they become ready, not after it.
+    distributed_optimizer : bool
+        The DP collective is a reduce-scatter at the end of the step and an
+        all-gather of the parameters at the start of the next (forward waits
+        for it), instead of one all-reduce.
     """
 
     name: str
@@ -56,6 +75,12 @@ class JobSpec:
     bucket_bytes: int = 100 << 20
     message_bytes: int = 4 << 20
     jitter: float = 0.01
+    rank_order: str = "tp-dp-pp"
+    embedding_bytes: int = 0
+    clip_allreduce: bool = False
+    pp_size_spread: float = 0.0
+    dp_overlap: bool = False
+    distributed_optimizer: bool = False
 
     @property
     def world(self) -> int:
@@ -71,10 +96,14 @@ class JobSpec:
             raise ValueError(f"{self.name}: tp={self.tp} must divide {gpus_per_server} GPUs per server")
         if self.world % gpus_per_server:
             raise ValueError(f"{self.name}: tp*pp*dp={self.world} must fill whole servers of {gpus_per_server} GPUs")
+        if self.rank_order not in ("tp-dp-pp", "tp-pp-dp"):
+            raise ValueError(f"{self.name}: rank_order must be tp-dp-pp or tp-pp-dp, not {self.rank_order!r}")
         if self.world == gpus_per_server:
             raise ValueError(f"{self.name}: a one-server job has no network traffic")
 
     def rank(self, t, d, p):
+        if self.rank_order == "tp-pp-dp":
+            return t + self.tp * (p + self.pp * d)
         return t + self.tp * (d + self.dp * p)
 
     def bucket_sizes(self) -> np.ndarray:

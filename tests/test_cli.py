@@ -104,3 +104,17 @@ def test_live_demo_through_the_local_broker(capsys):
     assert "ingested (all)" in out and "jobs MATCH the ground truth" in out
     assert out.count("FOUND") == 3 and "MISSED" not in out
     assert "0 unexplained" in out and "0 spurious" in out
+
+
+@pytest.mark.parametrize("stage", ["pairs", "steps"])
+def test_stop_after_prints_a_summary(stage, tiny_dir, tmp_path, capsys):
+    """--stop-after pairs/steps used to crash in the summary (no anomalies to count)."""
+    from prism.cli import main
+
+    rc = main(["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--out", str(tmp_path), "--stop-after", stage])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "DP" in out and "anomalies" not in out.split("jobs:")[1]
+    assert ("steps, median" in out) == (stage == "steps")
+    pairs = pd.read_csv(tmp_path / "pairs.csv")
+    assert {"confidence", "evidence"} <= set(pairs.columns) and pairs["confidence"].between(0, 1).all()

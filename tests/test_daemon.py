@@ -54,13 +54,25 @@ def topic(broker):
     return name
 
 
-def wait_for(cond, timeout=60.0, what="condition"):
+def wait_for(cond, timeout=60.0, what="condition", progress=None):
+    """Wait until ``cond()``; with ``progress``, the timeout counts from the last change of ``progress()``.
+
+    A loaded machine slows everything down, so a fixed deadline fails runs
+    that are only slow. With a progress measure (records ingested, say) the
+    test fails only when nothing moves for ``timeout`` seconds: a stall, not
+    a slow machine.
+    """
     deadline = time.monotonic() + timeout
+    last = progress() if progress else None
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        if progress:
+            now = progress()
+            if now != last:
+                last, deadline = now, time.monotonic() + timeout
+    raise AssertionError(f"timed out waiting for {what}: no progress for {timeout} s" if progress else f"timed out after {timeout} s waiting for {what}")
 
 
 class RunningDaemon:
@@ -95,6 +107,10 @@ class RunningDaemon:
         with urllib.request.urlopen(f"http://{self.server.address}{path}", timeout=5) as r:
             return r.status, r.read().decode()
 
+    def progress(self):
+        """What moves while the daemon works: records ingested, analysis done."""
+        return (self.total("prism_flows_ingested_total"), self.monitor.analysed_to)
+
     def settled(self, n):
         m = self.monitor
         return self.total("prism_flows_ingested_total") + self.total("prism_flows_duplicate_total") >= n and m.analysed_to is not None and m.analysed_to >= (m.max_start or 0)
@@ -123,7 +139,7 @@ def test_stream_gives_jobs_steps_and_anomalies(broker, topic, cluster):
     n = produce(broker, topic, cluster.flows, fmt="jsonl")
     d = RunningDaemon(broker, topic, cluster)
     try:
-        wait_for(lambda: d.settled(n), 120, "every record ingested and analysed")
+        wait_for(lambda: d.settled(n), 120, "every record ingested and analysed", progress=d.progress)
         status, text = d.scrape()
         assert status == 200
         fams = {f.name: f for f in text_string_to_metric_families(text)}
@@ -210,13 +226,13 @@ def test_broker_restart_loses_nothing(broker, cluster):
     n1 = produce(b, topic, flows.iloc[:half])
     d = RunningDaemon(b, topic, cluster)
     try:
-        wait_for(lambda: d.total("prism_flows_ingested_total") == n1, 60, "the first half")
+        wait_for(lambda: d.total("prism_flows_ingested_total") == n1, 60, "the first half", progress=d.progress)
         b.stop(kill=True)  # memory storage: the restarted broker is empty
         time.sleep(1.0)
         b.start()
         ensure_topic(b.bootstrap, topic, 4)
         n2 = produce(b, topic, flows.iloc[half:])
-        wait_for(lambda: d.total("prism_flows_ingested_total") >= n1 + n2, 120, "the second half after the broker restart")
+        wait_for(lambda: d.total("prism_flows_ingested_total") >= n1 + n2, 120, "the second half after the broker restart", progress=d.progress)
         time.sleep(1.0)
         assert d.total("prism_flows_ingested_total") == n1 + n2 == len(flows)
         # records fetched at the old offsets before the reset was noticed are
@@ -265,7 +281,8 @@ def test_daemon_killed_and_restarted_resumes_exactly(broker, topic, cluster, tmp
     port_b = free_port()
     b = _daemon_proc(broker, topic, topo_csv, port_b)
     try:
-        wait_for(lambda: (_scrape_total(port_b, "prism_flows_ingested_total") or 0) >= n1 + n2, 120, "daemon B to catch up")
+        wait_for(lambda: (_scrape_total(port_b, "prism_flows_ingested_total") or 0) >= n1 + n2, 120, "daemon B to catch up",
+                 progress=lambda: _scrape_total(port_b, "prism_flows_ingested_total"))
         time.sleep(2.0)
         assert _scrape_total(port_b, "prism_flows_ingested_total") == n1 + n2 == len(flows)
         assert b.poll() is None
@@ -286,7 +303,7 @@ def test_flood_is_shed_and_counted_memory_bounded(broker, topic, cluster):
     cap = 30_000
     d = RunningDaemon(broker, topic, cluster, max_window_flows=cap)
     try:
-        wait_for(lambda: d.settled(n), 180, "the flood")
+        wait_for(lambda: d.settled(n), 180, "the flood", progress=lambda: d.total("prism_flows_ingested_total"))
         assert d.total("prism_flows_ingested_total") == n
         assert d.value("prism_flows_shed_total") > 0
         assert len(d.monitor.window) <= cap
@@ -303,10 +320,11 @@ def test_two_replicas_equal_one(broker, topic, cluster):
     r2 = RunningDaemon(broker, topic, cluster, group=group, summary=summary, replica="r2")
     try:
         # replicas run before the traffic, as in a deployment: the group is settled
-        wait_for(lambda: len(r1.source.consumer.assignment()) == 2 and len(r2.source.consumer.assignment()) == 2, 60, "the group to settle")
+        wait_for(lambda: len(r1.source.consumer.assignment()) == 2 and len(r2.source.consumer.assignment()) == 2, 180, "the group to settle")
         n = produce(broker, topic, cluster.flows, fmt="arrow")
-        wait_for(lambda: one.settled(n), 120, "the single daemon")
-        wait_for(lambda: r1.total("prism_flows_ingested_total") + r2.total("prism_flows_ingested_total") >= n, 120, "the replicas")
+        wait_for(lambda: one.settled(n), 120, "the single daemon", progress=lambda: one.total("prism_flows_ingested_total"))
+        wait_for(lambda: r1.total("prism_flows_ingested_total") + r2.total("prism_flows_ingested_total") >= n, 120, "the replicas",
+                 progress=lambda: r1.total("prism_flows_ingested_total") + r2.total("prism_flows_ingested_total"))
         # both replicas hold partitions, and their counts add up exactly
         assert r1.total("prism_flows_ingested_total") > 0 and r2.total("prism_flows_ingested_total") > 0
         assert r1.total("prism_flows_ingested_total") + r2.total("prism_flows_ingested_total") == one.total("prism_flows_ingested_total") == n
@@ -315,11 +333,12 @@ def test_two_replicas_equal_one(broker, topic, cluster):
         def jobs(d):
             return {s.labels["job_id"]: s.labels["gpus"] for f in d.registry.collect() for s in f.samples if s.name == "prism_job_info"}
 
-        wait_for(lambda: jobs(r1) == jobs(one) and jobs(r2) == jobs(one), 30, "replicas to agree on the jobs")
+        wait_for(lambda: jobs(r1) == jobs(one) and jobs(r2) == jobs(one), 60, "replicas to agree on the jobs", progress=lambda: (r1.progress(), r2.progress()))
         assert len(jobs(one)) == cluster.jobs["job_id"].nunique()
         # each replica sees part of each job's traffic; its steps still line up with the single daemon's
         wait_for(lambda: r1.monitor.analysed_to is not None and r1.monitor.analysed_to >= r1.monitor.max_start
-                 and r2.monitor.analysed_to is not None and r2.monitor.analysed_to >= r2.monitor.max_start, 60, "replicas' tails")
+                 and r2.monitor.analysed_to is not None and r2.monitor.analysed_to >= r2.monitor.max_start, 60, "replicas' tails",
+                 progress=lambda: (r1.progress(), r2.progress()))
         for job_id in jobs(one):
             single = one.value("prism_steps_total", job_id=job_id)
             best = max(r1.value("prism_steps_total", job_id=job_id), r2.value("prism_steps_total", job_id=job_id))
@@ -345,7 +364,7 @@ def test_directory_source_without_kafka(cluster, tmp_path):
     try:
         write_flows(flows.iloc[half:], tmp_path / "b.parquet")  # a dump that appears later
         wait_for(lambda: sum(c.get("ingested", 0) for c in monitor.counters_snapshot().values()) == len(flows), 60, "both dumps")
-        wait_for(lambda: monitor.analysed_to is not None and monitor.analysed_to >= monitor.max_start, 30, "the tail")
+        wait_for(lambda: monitor.analysed_to is not None and monitor.analysed_to >= monitor.max_start, 30, "the tail", progress=lambda: monitor.analysed_to)
         assert monitor.jobs_["job_id"].nunique() == cluster.jobs["job_id"].nunique()
     finally:
         d.stop()

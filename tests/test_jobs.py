@@ -102,3 +102,25 @@ def test_adjusted_rand_index_detects_a_wrong_partition():
     assert adjusted_rand_index([0, 0, 1, 1], ["x", "x", "y", "y"]) == 1.0
     assert adjusted_rand_index([0, 0, 1, 1], [0, 1, 0, 1]) < 0
     assert 0 < adjusted_rand_index([0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]) < 1
+
+
+def test_tp4_job_whose_rails_cover_overlapping_servers_is_one_job():
+    """TP=4: two DP replicas per server, ring edges on NVLink there; the paper's identical-set rule splits it."""
+    from prism.evaluation import adjusted_rand_index
+    from synthetic import ClusterGenerator, Fabric, JobSpec
+
+    c = ClusterGenerator(Fabric(servers=8, servers_per_group=4, spines=2), [JobSpec("tp2-pp2-dp8", tp=2, pp=2, dp=8, microbatches=4, fwd_ms=3)],
+                         duration_s=0.5, seed=1, storage_flows_per_s=0).generate()
+    topo = Topology.from_frame(c.topology)
+    a, b = topo.nic_index(c.flows["src"]), topo.nic_index(c.flows["dst"])
+    ips = topo.nics["ip"].to_numpy()
+    for merge, jobs in (("shared", 1), ("identical", None)):
+        labels = JobRecognizer(topo, merge=merge).partial_fit_pairs(a, b).labels()
+        active = labels >= 0
+        n = len(np.unique(labels[active]))
+        if jobs is not None:
+            assert n == jobs
+            truth = c.jobs.set_index("ip")["job_id"].reindex(ips[active]).to_numpy()
+            assert adjusted_rand_index(truth, labels[active]) == 1.0
+        else:
+            assert n > 1, "the identical-set rule alone splits this job (why 'shared' is the default)"

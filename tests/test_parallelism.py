@@ -4,9 +4,9 @@ import pandas as pd
 import pytest
 
 from prism.changepoint import BOCD
-from prism.evaluation import gpu_flow_arrays, pair_type_truth
+from prism.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth
 from prism.jobs import JobRecognizer
-from prism.parallelism import ParallelismClassifier, pair_steps, refine_by_dp_components
+from prism.parallelism import ParallelismClassifier, SizeRuleClassifier, pair_steps, refine_by_dp_components
 from prism.topology import Topology
 from synthetic import preset
 
@@ -14,8 +14,9 @@ from synthetic import preset
 def classify(cluster, clf):
     topo = Topology.from_frame(cluster.topology)
     a, b, start, size = gpu_flow_arrays(cluster.flows, topo)
+    end = gpu_flow_ends(cluster.flows, topo)
     labels = JobRecognizer(topo).partial_fit_pairs(a, b).labels()
-    p = clf.fit(a, b, start, size, labels).pairs_
+    p = clf.fit(a, b, start, size, labels, end=end).pairs_
     truth = pair_type_truth(p["a"], p["b"], topo, cluster.pairs)
     assert not pd.isna(truth).any(), "every classified pair is a true GPU pair"
     assert len(p) == len(cluster.pairs), "every true pair is classified"
@@ -41,7 +42,7 @@ def test_ours_is_exact_on_one_minute_with_realistic_noise(accuracy_minute):
 
 def test_the_noise_really_defeats_the_paper_rule(accuracy_minute):
     """The synthetic noise is not a toy: the published rule misses pairs here."""
-    truth, pred = classify(accuracy_minute, ParallelismClassifier.paper(refine=False))
+    truth, pred = classify(accuracy_minute, SizeRuleClassifier.paper(refine=False))
     assert 0.5 < (truth == pred).mean() < 0.99
 
 
@@ -84,3 +85,37 @@ def test_stop_after_jobs_writes_no_pairs(tiny_dir, tmp_path):
     assert main(["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--out", str(tmp_path), "--quiet", "--stop-after", "jobs"]) == 0
     assert pd.read_csv(tmp_path / "pairs.csv").empty
     assert not pd.read_csv(tmp_path / "jobs.csv").empty
+
+
+@pytest.mark.parametrize("scenario", ["clip", "embedding", "pp-sizes", "dist-opt", "all"])
+def test_confounders_break_the_size_rule_not_ours(scenario):
+    """Collectives on pipeline pairs and varied sizes: the size rule's errors, ours exact (short SYNTHETIC windows)."""
+    from synthetic.scenarios import scenario_cluster
+
+    c = scenario_cluster(scenario, seed=3, duration_s=8)
+    truth, pred = classify(c, ParallelismClassifier())
+    assert (truth == pred).all(), f"{(truth != pred).sum()} wrong of {len(truth)}"
+    if scenario in ("clip", "embedding", "all"):
+        truth, pred = classify(c, SizeRuleClassifier())
+        assert (truth != pred).sum() > 0, "the confounder is not a toy: the size rule errs on it"
+
+
+def test_two_member_ring_and_pipeline_told_apart_by_symmetry():
+    """A DP=2 x PP=2 job (a square of pairs) and a two-replica pure DP job: timing and symmetry decide."""
+    from synthetic.scenarios import scenario_cluster
+
+    c = scenario_cluster("baseline", seed=4, duration_s=8)
+    topo = Topology.from_frame(c.topology)
+    a, b, start, size = gpu_flow_arrays(c.flows, topo)
+    end = gpu_flow_ends(c.flows, topo)
+    labels = JobRecognizer(topo).partial_fit_pairs(a, b).labels()
+    p = ParallelismClassifier().fit(a, b, start, size, labels, end=end).pairs_
+    p["truth"] = pair_type_truth(p["a"], p["b"], topo, c.pairs)
+    lo, hi = topo.pair_addresses(p["a"], p["b"])
+    p["job_t"] = c.pairs.set_index(["src", "dst"])["job_id"].reindex(list(zip(lo, hi))).to_numpy()
+    sq = p[p["job_t"] == "tp8-pp2-dp2"]
+    assert set(sq["truth"]) == {"DP", "PP"}
+    assert (np.where(sq["dp"], "DP", "PP") == sq["truth"]).all()
+    assert (sq.loc[sq["truth"] == "DP", "both_ways"] >= 0.97).all() and (sq.loc[sq["truth"] == "PP", "both_ways"] <= 0.9).all()
+    two = p[p["job_t"] == "tp8-dp2"]
+    assert len(two) and two["dp"].all()

@@ -14,8 +14,15 @@ The same stage of every pipeline of a job does the same work, so those
 times are compared across pipelines, step by step. A degraded link cannot
 make a stage look slow here (transfer time is not in the measure); a slow
 GPU, server or thermal throttling does. Servers whose stages are slower
-than their peers for ``min_steps`` steps in a row are reported once, with
-the step where it began.
+than their peers for long enough, and by enough, are reported once, with
+the step where it began. "Enough" is measured against the job's own normal
+spread: real jobs have passing imbalance (sequence lengths differ between
+micro-batches), so a server lagging three steps in a row in a job where one
+cell in twenty lags by chance is not news, and a 1.2x lag in a job whose
+servers routinely vary by 1.1x is not either. Where the chance rate is
+high, a server that lags through a whole run still counts if its median
+lag over the run stands out among all servers' medians over those steps
+(the passing imbalance averages out; a straggler's does not).
 
 Baseline: the lower quartile of the peers, not the median: a slow server
 often holds half a job's replicas of a stage (tensor parallel ranks share
@@ -105,9 +112,37 @@ class StageLagDiagnoser:
         Lagging steps in a row before a server is reported.
     min_peers : int, default 4
         Pipelines a stage needs to be compared.
+    alpha : float, default 1e-3
+        Persistence: a run of lagging steps is reported only if a run that
+        long would occur by chance anywhere in the job with at most this
+        probability, given how often the job's servers lag by chance
+        (``base_rate ** steps * cells <= alpha``).
+    min_base_rate : float, default 0.005
+        Floor of that chance rate (a perfectly regular job still has one).
+    spread_factor : float, default 4.0
+        Effect size: the run's median ratio must exceed 1 + this many robust
+        spreads of the job's per-server ratios (and ``min_excess``).
+    min_tail_steps, min_tail_share : int, float, default 6, 0.75
+        Where chance lags are common, a server still counts if, from its
+        run's start to the window's end (at least ``min_tail_steps`` steps,
+        lagging in ``min_tail_share`` of them), its median lag stands out
+        among all servers' (robust z >= ``z``).
+
+    Attributes
+    ----------
+    needed_ : DataFrame
+        Per job: ``base_rate``, the ``steps`` in a row and the ``min_ratio``
+        a lagging server needs.
     """
 
-    def __init__(self, min_excess: float = 0.10, z: float = 6.0, min_rel_spread: float = 0.01, min_steps: int = 3, min_peers: int = 4):
+    def __init__(self, min_excess: float = 0.10, z: float = 6.0, min_rel_spread: float = 0.01, min_steps: int = 3, min_peers: int = 4,
+                 alpha: float = 1e-3, min_base_rate: float = 0.005, spread_factor: float = 4.0, min_tail_steps: int = 6,
+                 min_tail_share: float = 0.75):
+        self.min_tail_steps = int(min_tail_steps)
+        self.min_tail_share = float(min_tail_share)
+        self.alpha = float(alpha)
+        self.min_base_rate = float(min_base_rate)
+        self.spread_factor = float(spread_factor)
         self.min_excess = float(min_excess)
         self.z = float(z)
         self.min_rel_spread = float(min_rel_spread)
@@ -160,6 +195,19 @@ class StageLagDiagnoser:
         return self
 
     def _runs(self, per_server: pd.DataFrame, step_start: pd.Series) -> pd.DataFrame:
+        # The job's own spread: how often any server lags by chance (real
+        # jobs have passing imbalance, e.g. sequence lengths), and how far.
+        job = per_server.groupby("job_id")
+        base_rate = job["lag"].mean().clip(lower=self.min_base_rate)
+        cells = job.size()
+        ratio = per_server["ratio"]
+        mad = (ratio - job["ratio"].transform("median")).abs().groupby(per_server["job_id"]).median()
+        #: per job: steps in a row a server must lag before it is news, and by how much
+        self.needed_ = pd.DataFrame({
+            "base_rate": base_rate,
+            "steps": np.maximum(self.min_steps, np.ceil(np.log(self.alpha / cells) / np.log(base_rate))).astype(int),
+            "min_ratio": 1 + np.maximum(self.min_excess, self.spread_factor * 1.4826 * mad),
+        })
         lag = per_server[per_server["lag"]].sort_values(["job_id", "server", "step"])
         if lag.empty:
             return empty_anomalies()
@@ -167,13 +215,44 @@ class StageLagDiagnoser:
         new_run = (lag["job_id"] != lag["job_id"].shift()) | (lag["server"] != lag["server"].shift()) | (lag["step"] != lag["step"].shift() + 1)
         lag = lag.assign(run=new_run.cumsum())
         runs = lag.groupby("run").agg(job_id=("job_id", "first"), server=("server", "first"), step=("step", "first"), last=("step", "last"), n=("step", "size"), ratio=("ratio", "median"), stage=("stage", "first"))
-        runs = runs[runs["n"] >= self.min_steps]
+        need = self.needed_.reindex(runs["job_id"])
+        rare = (runs["n"].to_numpy() >= need["steps"].to_numpy()) & (runs["ratio"].to_numpy() >= need["min_ratio"].to_numpy())
+        runs = runs[rare | self._persistent_outliers(runs, per_server)]
         rows = []
         for r in runs.itertuples(index=False):
             start = int(step_start.get((r.job_id, r.step), 0))
             rows.append(("slow_group", r.job_id, int(r.step), start, r.server, round(float(r.ratio), 4),
                          f"{r.server}: pipeline stage {int(r.stage)} computes {r.ratio:.2f}x its peers' time, steps {int(r.step)}-{int(r.last)} ({int(r.n)} steps)"))
         return pd.DataFrame(rows, columns=ANOMALY_COLUMNS)
+
+    def _persistent_outliers(self, runs: pd.DataFrame, per_server: pd.DataFrame) -> np.ndarray:
+        """Runs whose server's typical lag over the run stands out among all servers' over the same steps.
+
+        Where passing imbalance makes many servers lag now and then (a high
+        base rate), a straggler still differs: it lags *every* step, so its
+        median ratio over the run is far above the other servers' medians
+        over the same steps, whose spread the passing imbalance averages
+        out. Measured from the run's start to the window's end (at least
+        ``min_tail_steps``, lagging in ``min_tail_share`` of them): robust z
+        (MAD) of the per-server medians, at least ``z``.
+        """
+        ok = np.zeros(len(runs), dtype=bool)
+        for i, r in enumerate(runs.itertuples(index=False)):
+            if r.n < self.min_steps:
+                continue
+            # from the run's start to the window's end, not the run alone: a
+            # run picked because it lagged is biased; what follows it is not
+            sub = per_server[(per_server["job_id"] == r.job_id) & (per_server["step"] >= r.step)]
+            own = sub[sub["server"] == r.server]
+            if len(own) < self.min_tail_steps or own["lag"].mean() < self.min_tail_share:
+                continue
+            med = sub.groupby("server")["ratio"].median()
+            if len(med) < self.min_peers:
+                continue
+            center = float(med.median())
+            spread = max(1.4826 * float((med - center).abs().median()), self.min_rel_spread * center)
+            ok[i] = med[r.server] >= 1 + self.min_excess and (med[r.server] - center) / spread >= self.z
+        return ok
 
     def predict(self) -> pd.DataFrame:
         """Anomaly rows (:data:`prism.diagnosis.ANOMALY_COLUMNS`)."""

@@ -41,12 +41,19 @@ class SwitchBandwidth:
     window_s : float
         Window length; windows are aligned to the epoch, so they line up
         across files and runs.
+    min_bytes : int, default 262144
+        Flows smaller than this are left out: a message of a few bytes (the
+        grad-norm all-reduce) or kilobytes lasts its latency, not its bytes
+        over the bandwidth, and would make a link that carries mostly such
+        messages look slow. The count left out is kept in ``skipped_``.
     """
 
-    def __init__(self, window_s: float = DEFAULT_WINDOW_S):
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S, min_bytes: int = 256 << 10):
         if window_s <= 0:
             raise ValueError("window_s must be > 0")
         self.window_ns = int(window_s * 1e9)
+        self.min_bytes = int(min_bytes)
+        self.skipped_ = 0
         self.path_ids: dict[str, int] = {}
         self.paths: list[tuple[int, ...]] = []  # switch ids per path
         self.switch_ids: dict[str, int] = {}
@@ -77,7 +84,9 @@ class SwitchBandwidth:
         # the path strings of this chunk (few) -> global path ids
         lut = np.array([self._path_id(c) for c in cat.categories], dtype=np.int64)
         codes = cat.codes
-        ok = codes >= 0
+        big = np.asarray(size) >= self.min_bytes
+        self.skipped_ += int((~big).sum())
+        ok = (codes >= 0) & big
         pid = lut[codes[ok]] if len(lut) else np.zeros(0, dtype=np.int64)
         win = np.asarray(start)[ok] // self.window_ns
         df = pd.DataFrame({"window": win, "path": pid, "bytes": np.asarray(size)[ok], "busy_ns": np.asarray(duration)[ok]})
@@ -128,11 +137,18 @@ class SwitchDiagnoser:
         Floor of the spread, as a share of the median.
     min_peers : int, default 3
         Switches (links) a tier needs in a window to be compared.
-    min_flows : int, default 50
-        Flows a switch (link) needs in a window to be judged.
+    min_flows : int, default 200
+        Flows a switch (link) needs in a window to be judged ...
+    min_flow_share : float, default 0.25
+        ... and this share of its tier's median flow count: a switch seen
+        with far fewer flows than its peers (a window the daemon has only
+        partly received, a leaf that carries one job's stragglers) is an
+        under-sampled, biased estimate, not a slow switch.
     """
 
-    def __init__(self, max_ratio: float = 0.7, z: float = 5.0, min_rel_spread: float = 0.02, min_peers: int = 3, min_flows: int = 50):
+    def __init__(self, max_ratio: float = 0.7, z: float = 5.0, min_rel_spread: float = 0.02, min_peers: int = 3, min_flows: int = 200,
+                 min_flow_share: float = 0.25):
+        self.min_flow_share = float(min_flow_share)
         self.max_ratio = float(max_ratio)
         self.z = float(z)
         self.min_rel_spread = float(min_rel_spread)
@@ -180,7 +196,8 @@ class SwitchDiagnoser:
         m = live.merge(inc[["path", "name", "tier"]], on="path")
         s = m.groupby(["name", "tier"], as_index=False).agg(flows=("flows", "sum"), bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"))
         s["gbps"] = s["bytes"] / s["busy_ns"].where(s["busy_ns"] > 0)  # bytes per ns = GB/s
-        judged = s["flows"] >= self.min_flows
+        tier_flows = s.groupby("tier")["flows"].transform("median")
+        judged = (s["flows"] >= self.min_flows) & (s["flows"] >= self.min_flow_share * tier_flows)
         if not judged.any():  # too little traffic to compare anything
             return s.assign(tier_median_gbps=np.nan, ratio=np.nan, slow=False)
         g = s[judged].groupby("tier")["gbps"]
