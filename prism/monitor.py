@@ -207,7 +207,7 @@ class Monitor:
         size = flows["size"].to_numpy()[gpu]
         self.window.add(a, b, start, duration, size)
         self._see_pairs(a, b, start)
-        self.switch_bw.partial_fit(start, duration, size, flows["switches"].to_numpy()[gpu])
+        self.switch_bw.partial_fit(start, duration, size, flows["switches"].to_numpy()[gpu], src=a)
 
     def reject(self, rejects: Counter, partition: str = "0") -> None:
         """Add counts of rejected records by reason."""

@@ -1,4 +1,16 @@
-"""DP/PP identification per GPU pair (LLMPrism Algorithm 2, and beyond).
+"""DP/PP identification per GPU pair.
+
+Two classifiers:
+
+- :class:`ParallelismClassifier` (the default) decides from several
+  independent signals, byte direction, the job's ring size, episode timing,
+  two-way symmetry and pipeline structure, and says how sure it is; see its
+  docstring.
+- :class:`SizeRuleClassifier`, the baseline: LLMPrism's Algorithm 2 and our
+  earlier additions to it, described below. It is exact on the plain
+  synthetic generator and wrong where pipeline pairs carry collectives (the
+  embedding and grad-norm all-reduces of real Megatron jobs) or messages of
+  varied sizes (``docs/robustness.md``).
 
 The paper's rule, per GPU pair:
 
@@ -591,10 +603,14 @@ class ParallelismClassifier:
         p["one_way"] = (np.maximum(p["fwd_share"], 1 - p["fwd_share"]) >= self.one_way_share) & (flows >= self.min_flows) & ~p["light"] & ("direction" not in self.without)
         p["episodes"] = episodes.astype(np.int64)
         p["both_ways"] = np.bincount(ep_pair, weights=ep_both, minlength=n) / np.maximum(episodes, 1)
-        p["job_steps"] = _job_step_counts(p["job"].to_numpy(), np.asarray(job_of), key, st, en, n_nodes)
+        # the job's step count is needed only for jobs whose pairs all keep
+        # one pace; _decide asks for it through this
+        flow_job = np.asarray(job_of)[key // n_nodes]
+        self._job_steps = lambda jobs: _job_step_counts(jobs, flow_job, st, en)
         p["rate"] = episodes / span_s
         p["msgs_per_episode"] = flows / np.maximum(episodes, 1)
         self.pairs_ = self._decide(p)
+        del self._job_steps  # it holds the per-flow arrays
         return self
 
     # ------------------------------------------------------------------
@@ -615,6 +631,8 @@ class ParallelismClassifier:
         # count its episodes per step instead (DP: one or two bursts a step)
         r10 = pd.Series(np.where(two_way, p["rate"], np.nan)).groupby(p["job"].to_numpy()).transform(lambda x: x.quantile(0.1)).to_numpy()
         one_pace = ~ring_job & (r10 >= hi * r90)
+        steps = self._job_steps(np.unique(p["job"].to_numpy()[one_pace]))
+        p["job_steps"] = pd.Series(p["job"].to_numpy()).map(steps).fillna(0).astype(np.int64).to_numpy()
         per_step = p["episodes"].to_numpy() / np.maximum(p["job_steps"].to_numpy(), 1)
         rel = np.where(one_pace & (p["job_steps"].to_numpy() > 0), per_step / 3.0, rel)  # 3 episodes a step: the middle of the band
         p["rel_rate"] = rel
@@ -676,28 +694,31 @@ def _job_has(job: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return pd.Series(mask).groupby(job).transform("any").to_numpy()
 
 
-def _job_step_counts(pair_job: np.ndarray, job_of: np.ndarray, key: np.ndarray, start: np.ndarray, end: np.ndarray, n_nodes: int) -> np.ndarray:
-    """Per pair, the number of steps its job ran in the window (0: unknown).
+def _job_step_counts(jobs: np.ndarray, flow_job: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict:
+    """``{job: steps it ran in the window}`` (0: unknown) for the ``jobs`` asked.
 
     The job's flows (all pairs) are cut where :func:`prism.timeline.natural_break`
-    finds the most regular period; only jobs whose pairs all keep one pace
-    need it, so the cost is one sort per job.
+    finds the most regular period. One sort of the asked jobs' flows.
     """
     from .timeline import busy_gaps, natural_break
 
-    flow_job = job_of[key // n_nodes]
     out = {}
-    for j in np.unique(pair_job):
-        m = flow_job == j
-        o = np.argsort(start[m], kind="stable")
-        s, e = start[m][o], end[m][o]
+    if len(jobs) == 0:
+        return out
+    m = np.isin(flow_job, jobs)
+    fj, s_all, e_all = flow_job[m], start[m], end[m]
+    o = np.lexsort((s_all, fj))
+    fj, s_all, e_all = fj[o], s_all[o], e_all[o]
+    bounds = np.flatnonzero(np.diff(fj)) + 1
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(fj)]):
+        s, e = s_all[lo:hi], e_all[lo:hi]
         if len(s) < 4:
-            out[j] = 0
+            out[fj[lo]] = 0
             continue
         gap, busy_end = busy_gaps(s, e)
         tau = natural_break(gap, busy_end)
-        out[j] = int((gap >= tau).sum()) + 1 if np.isfinite(tau) else 0
-    return np.array([out[j] for j in pair_job], dtype=np.int64)
+        out[fj[lo]] = int((gap >= tau).sum()) + 1 if np.isfinite(tau) else 0
+    return out
 
 
 def _inside(a: np.ndarray, b: np.ndarray, edge: np.ndarray) -> np.ndarray:

@@ -298,7 +298,7 @@ def _consume(
     if gpu_flows is not None:
         gpu_flows.add(a, b, start, duration, size)
     if switch_bw is not None:
-        switch_bw.partial_fit(start, duration, size, chunk["switches"][gpu])
+        switch_bw.partial_fit(start, duration, size, chunk["switches"][gpu], src=a)
 
 
 def _job_spans(jobs: pd.DataFrame, topology: Topology, activity: _NicActivity) -> pd.DataFrame:

@@ -116,3 +116,42 @@ def test_switch_bandwidth_merges_chunks():
     t = bw.table()
     assert t["flows"].sum() == 10 * 6 * 5 * 4
     assert len(bw.switch_names) == 10
+
+
+def _senders_bw(slow_sender=None, slow_spine=None, n=30):
+    """Leaf-spine-leaf flows from 8 senders per leaf; a slow sender's flows (or a slow spine's) take 5x longer."""
+    rng = np.random.default_rng(4)
+    leaves, spines = [f"leaf-{i}" for i in range(6)], [f"spine-{i}" for i in range(4)]
+    rows = []
+    for li, a in enumerate(leaves):
+        for snd in range(8):
+            src = li * 8 + snd
+            for b in leaves:
+                if b == a:
+                    continue
+                sp = spines[(src + leaves.index(b)) % 4]
+                rows += [(src, f"{a}|{sp}|{b}")] * n
+    src = np.array([r[0] for r in rows])
+    path = np.array([r[1] for r in rows], dtype=object)
+    size = np.full(len(rows), 4 << 20)
+    dur = (size / 50.0 * rng.lognormal(0, 0.02, len(rows))).astype(np.int64)
+    slow = np.zeros(len(rows), dtype=bool)
+    if slow_sender is not None:
+        slow |= src == slow_sender
+    if slow_spine is not None:
+        slow |= np.array([f"|{slow_spine}|" in p for p in path])
+    dur = np.where(slow, dur * 5, dur)
+    bw = SwitchBandwidth(window_s=60)
+    bw.partial_fit(np.sort(rng.integers(0, 50_000_000_000, len(rows))), dur, size, pd.Categorical(path), src=src)
+    return bw
+
+
+def test_slow_sender_is_not_a_slow_switch():
+    """A host sending slowly makes its own flows slow on every path; its leaf's other senders vote it down."""
+    unvoted = SwitchDiagnoser(min_vote=0.0).fit(_senders_bw(slow_sender=8)).predict()
+    assert unvoted["subject"].tolist() == ["leaf-1>spine-0"], "without the vote a link of the slow sender's leaf is blamed"
+    voted = SwitchDiagnoser().fit(_senders_bw(slow_sender=8))
+    assert voted.predict().empty, voted.predict()["explanation"].tolist()
+    slow = SwitchDiagnoser().fit(_senders_bw(slow_spine="spine-2")).predict()
+    assert slow["subject"].tolist() == ["spine-2"]
+    assert "senders" in slow["explanation"].iloc[0]

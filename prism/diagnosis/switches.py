@@ -26,7 +26,10 @@ from . import ANOMALY_COLUMNS, empty_anomalies
 __all__ = ["SwitchBandwidth", "SwitchDiagnoser", "DEFAULT_WINDOW_S", "SWITCH_COLUMNS"]
 
 #: ``switches.csv``: one row per window and switch or link.
-SWITCH_COLUMNS = ["window_start_ns", "kind", "name", "tier", "flows", "bytes", "busy_ns", "gbps", "tier_median_gbps", "ratio"]
+SWITCH_COLUMNS = ["window_start_ns", "kind", "name", "tier", "flows", "bytes", "busy_ns", "gbps", "tier_median_gbps", "ratio", "senders", "slow_senders"]
+
+#: Accumulation key: per window, path and sending NIC (few: a NIC sends over few paths).
+KEY = ["window", "path", "src"]
 
 #: LLMPrism averaged over an hour; five minutes finds a degraded switch
 #: sooner and still averages thousands of flows per switch.
@@ -76,8 +79,8 @@ class SwitchBandwidth:
             self.paths.append(tuple(ids))
         return pid
 
-    def partial_fit(self, start, duration, size, switches) -> "SwitchBandwidth":
-        """Add a chunk of flows; ``switches`` is a categorical of path strings."""
+    def partial_fit(self, start, duration, size, switches, src=None) -> "SwitchBandwidth":
+        """Add a chunk of flows; ``switches`` is a categorical of path strings, ``src`` the sending NIC (index)."""
         if len(start) == 0:
             return self
         cat = pd.Categorical(switches)
@@ -89,12 +92,13 @@ class SwitchBandwidth:
         ok = (codes >= 0) & big
         pid = lut[codes[ok]] if len(lut) else np.zeros(0, dtype=np.int64)
         win = np.asarray(start)[ok] // self.window_ns
-        df = pd.DataFrame({"window": win, "path": pid, "bytes": np.asarray(size)[ok], "busy_ns": np.asarray(duration)[ok]})
-        part = df.groupby(["window", "path"], sort=False).agg(bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"), flows=("bytes", "size"))
+        sender = np.full(int(ok.sum()), -1, dtype=np.int64) if src is None else np.asarray(src, dtype=np.int64)[ok]
+        df = pd.DataFrame({"window": win, "path": pid, "src": sender, "bytes": np.asarray(size)[ok], "busy_ns": np.asarray(duration)[ok]})
+        part = df.groupby(KEY, sort=False).agg(bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"), flows=("bytes", "size"))
         self._parts.append(part)
         self._table = None
         if len(self._parts) > 64:  # keep the list short on long runs
-            self._parts = [self.table().set_index(["window", "path"])]
+            self._parts = [self.table().set_index(KEY)]
         return self
 
     def forget_before(self, start_ns: int) -> None:
@@ -103,15 +107,15 @@ class SwitchBandwidth:
         keep = (t["window"] + 1) * self.window_ns > start_ns
         if not keep.all():
             self._table = t[keep].reset_index(drop=True)
-            self._parts = [self._table.set_index(["window", "path"])]
+            self._parts = [self._table.set_index(KEY)]
 
     def table(self) -> pd.DataFrame:
-        """``window, path, bytes, busy_ns, flows``."""
+        """``window, path, src, bytes, busy_ns, flows`` (``src`` -1 where senders were not given)."""
         if self._table is None:
             if not self._parts:
-                self._table = pd.DataFrame({c: pd.Series(dtype=np.int64) for c in ("window", "path", "bytes", "busy_ns", "flows")})
+                self._table = pd.DataFrame({c: pd.Series(dtype=np.int64) for c in KEY + ["bytes", "busy_ns", "flows"]})
             else:
-                self._table = pd.concat(self._parts).groupby(level=[0, 1]).sum().reset_index()
+                self._table = pd.concat(self._parts).groupby(level=[0, 1, 2]).sum().reset_index()
         return self._table
 
 
@@ -144,11 +148,23 @@ class SwitchDiagnoser:
         with far fewer flows than its peers (a window the daemon has only
         partly received, a leaf that carries one job's stragglers) is an
         under-sampled, biased estimate, not a slow switch.
+    min_sender_flows : int, default 10
+        Flows a sending NIC needs through a switch to vote.
+    min_vote : float, default 0.5
+        Endpoint vs network (the 007/NetBouncer idea): a switch is slow only
+        if it is slow for at least this share of the senders that vote (each
+        sender's own bytes over busy time through it, against the tier
+        median): a slow sender makes its own flows slow on every path, a
+        slow switch every sender's flows through it. With fewer than two
+        voters the switch is judged on its total, as before. Needs the
+        senders (``SwitchBandwidth.partial_fit(src=...)``).
     """
 
     def __init__(self, max_ratio: float = 0.7, z: float = 5.0, min_rel_spread: float = 0.02, min_peers: int = 3, min_flows: int = 200,
-                 min_flow_share: float = 0.25):
+                 min_flow_share: float = 0.25, min_sender_flows: int = 10, min_vote: float = 0.5):
         self.min_flow_share = float(min_flow_share)
+        self.min_sender_flows = int(min_sender_flows)
+        self.min_vote = float(min_vote)
         self.max_ratio = float(max_ratio)
         self.z = float(z)
         self.min_rel_spread = float(min_rel_spread)
@@ -195,11 +211,15 @@ class SwitchDiagnoser:
     def _stats(self, live: pd.DataFrame, inc: pd.DataFrame) -> pd.DataFrame:
         m = live.merge(inc[["path", "name", "tier"]], on="path")
         s = m.groupby(["name", "tier"], as_index=False).agg(flows=("flows", "sum"), bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"))
+        # each sender's own view of the switch, for the vote
+        per = m[m["src"] >= 0].groupby(["name", "tier", "src"], as_index=False).agg(flows=("flows", "sum"), bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"))
+        per = per[per["flows"] >= self.min_sender_flows]
+        per["gbps"] = per["bytes"] / per["busy_ns"].where(per["busy_ns"] > 0)
         s["gbps"] = s["bytes"] / s["busy_ns"].where(s["busy_ns"] > 0)  # bytes per ns = GB/s
         tier_flows = s.groupby("tier")["flows"].transform("median")
         judged = (s["flows"] >= self.min_flows) & (s["flows"] >= self.min_flow_share * tier_flows)
         if not judged.any():  # too little traffic to compare anything
-            return s.assign(tier_median_gbps=np.nan, ratio=np.nan, slow=False)
+            return s.assign(tier_median_gbps=np.nan, ratio=np.nan, senders=0, slow_senders=0, slow=False)
         g = s[judged].groupby("tier")["gbps"]
         med = g.median()
         mad = (s.loc[judged, "gbps"] - s.loc[judged, "tier"].map(med)).abs().groupby(s.loc[judged, "tier"]).median()
@@ -208,7 +228,12 @@ class SwitchDiagnoser:
         spread = np.maximum(1.4826 * s["tier"].map(mad), self.min_rel_spread * s["tier_median_gbps"])
         s["ratio"] = s["gbps"] / s["tier_median_gbps"]
         z = (s["tier_median_gbps"] - s["gbps"]) / spread
-        s["slow"] = judged & (s["tier"].map(peers).fillna(0) >= self.min_peers) & (s["ratio"] <= self.max_ratio) & (z >= self.z)
+        per["slow"] = per["gbps"].to_numpy(np.float64) <= self.max_ratio * per["tier"].map(med).to_numpy(np.float64) if len(per) else np.zeros(0, bool)
+        votes = per.groupby("name").agg(senders=("slow", "size"), slow_senders=("slow", "sum"))
+        s["senders"] = s["name"].map(votes["senders"]).fillna(0).astype(np.int64)
+        s["slow_senders"] = s["name"].map(votes["slow_senders"]).fillna(0).astype(np.int64)
+        voted = (s["senders"] < 2) | (s["slow_senders"] >= self.min_vote * s["senders"])
+        s["slow"] = judged & (s["tier"].map(peers).fillna(0) >= self.min_peers) & (s["ratio"] <= self.max_ratio) & (z >= self.z) & voted
         return s
 
     @staticmethod
@@ -216,7 +241,8 @@ class SwitchDiagnoser:
         return (
             f"slow_{kind}", "", -1, w0, r["name"], round(float(r["ratio"]), 4),
             f"{kind} {r['name']} ({r['tier']}): {r['gbps']:.1f} GB/s effective, {r['ratio']:.2f}x the {r['tier']} median "
-            f"{r['tier_median_gbps']:.1f} GB/s, over {int(r['flows']):,} flows in the {wlen / 1e9:g} s window",
+            f"{r['tier_median_gbps']:.1f} GB/s, over {int(r['flows']):,} flows in the {wlen / 1e9:g} s window"
+            + (f", slow for {int(r['slow_senders'])} of {int(r['senders'])} senders" if r["senders"] >= 2 else ""),
         )
 
     def predict(self) -> pd.DataFrame:
