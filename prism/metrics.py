@@ -117,8 +117,12 @@ class PrismCollector:
         steps = CounterMetricFamily("prism_steps_total", "Complete steps reconstructed for the job.", labels=["job_id"])
         anomalies = CounterMetricFamily("prism_anomalies_total", "Anomalies found, by kind and job (job_id empty for switches and links).", labels=["kind", "job_id"])
         lag = GaugeMetricFamily("prism_group_lag_ratio", "Pipeline-stage compute time of the group (server) over its peers' (1 = normal).", labels=["job_id", "group"])
+        pairs = GaugeMetricFamily("prism_job_pairs", "GPU pairs of the job in the last window, by type (DP, PP) and certainty (confidence below 0.6: uncertain).",
+                                  labels=["job_id", "type", "certainty"])
         for job_id, v in sorted(jobs.items()):
             info.add_metric([job_id, str(v.gpus), str(v.servers), str(v.dp), str(v.pp)], 1)
+            for (kind, certainty), n in sorted(v.pairs.items()):
+                pairs.add_metric([job_id, kind, certainty], n)
             steps.add_metric([job_id], v.steps)
             if v.last_step_s is not None:
                 last.add_metric([job_id], v.last_step_s)
@@ -131,7 +135,7 @@ class PrismCollector:
                 lag.add_metric([job_id, server], r)
         for kind, n in sorted(m.fabric_anomalies.items()):
             anomalies.add_metric([kind, ""], n)
-        yield from (info, last, hist, slowdown, slow, steps, anomalies, lag)
+        yield from (info, pairs, last, hist, slowdown, slow, steps, anomalies, lag)
 
         bw = GaugeMetricFamily("prism_switch_bandwidth_bytes_per_second", "Effective bandwidth (bytes over busy time) of GPU traffic through the switch, last window.", labels=["switch"])
         ratio = GaugeMetricFamily("prism_switch_bandwidth_ratio", "Switch bandwidth over its tier's median (1 = like its peers).", labels=["switch"])

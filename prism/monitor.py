@@ -94,6 +94,7 @@ class JobView:
     step_sum_s: float = 0.0
     anomalies: Counter = field(default_factory=Counter)
     group_lag: dict = field(default_factory=dict)  # server -> ratio (pipeline-stage compute vs peers)
+    pairs: dict = field(default_factory=dict)  # (type, "certain"|"uncertain") -> GPU pairs in the last window
 
 
 @dataclass
@@ -356,6 +357,10 @@ class Monitor:
         # the job map is the live pairs' (pairs expire after pair_ttl_s): a job
         # whose id is gone has ended, or grown into a bigger one
         shapes = an.shapes.set_index("job_id") if an.shapes is not None and len(an.shapes) else None
+        pair_counts = {}
+        if an.pairs is not None and len(an.pairs) and "confidence" in an.pairs:
+            certainty = np.where(an.pairs["confidence"].to_numpy(np.float64) < 0.6, "uncertain", "certain")
+            pair_counts = an.pairs.assign(certainty=certainty).groupby(["job_id", "type", "certainty"]).size()
         current = {job_id: set(g["server"]) for job_id, g in jobs.groupby("job_id", sort=True)}
         gone = {j: st for j, st in self._jobs.items() if j not in current}
         for job_id, g in jobs.groupby("job_id", sort=True):
@@ -373,6 +378,8 @@ class Monitor:
             st.view.gpus, st.view.servers = int(len(g)), len(st.servers)
             if shapes is not None and job_id in shapes.index:
                 st.view.dp, st.view.pp = int(shapes.at[job_id, "dp"]), int(shapes.at[job_id, "pp"])
+            if len(pair_counts):
+                st.view.pairs = {k[1:]: int(v) for k, v in pair_counts.items() if k[0] == job_id}
         for job_id in [j for j, st in self._jobs.items() if j not in current and st.view.job_id == j]:
             del self._jobs[job_id]
             self.events.append(("job_gone", {"job_id": job_id}))

@@ -159,6 +159,13 @@ def test_stream_gives_jobs_steps_and_anomalies(broker, topic, cluster):
         assert sorted(names[s.labels["job_id"]] for s in info) == sorted(truth_gpus.index)
         for s in info:
             assert int(s.labels["gpus"]) == truth_gpus[names[s.labels["job_id"]]]
+        # pair types per job: as many DP and PP pairs as the truth has, all certain on this cluster
+        truth_types = cluster.pairs.groupby(["job_id", "type"]).size()
+        pairs = {(s.labels["job_id"], s.labels["type"], s.labels["certainty"]): s.value for s in fams["prism_job_pairs"].samples}
+        assert pairs and all(c == "certain" for _, _, c in pairs)
+        assert sum(pairs.values()) == len(cluster.pairs)
+        for (job_id, kind, _), n in pairs.items():
+            assert n == truth_types[(names[job_id], kind)]
         # steps: every job's reconstructed steps are (nearly all) the true ones
         true_steps = cluster.steps.groupby("job_id").size()
         for job_id, name in names.items():
