@@ -128,7 +128,9 @@ def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps
         med_step = (steps["end_ns"] - steps["start_ns"]).groupby(steps["job_id"].map(names)).median().to_dict()
     for i, r in f.iterrows():
         if r["kind"] == "slow_step":
-            hit = (pred["kind"] == "slow_step") & (pred["job"] == r["job_id"]) & (pred["start_ns"] >= r["start_ns"] - 1_000) & (pred["start_ns"] < r["end_ns"])
+            # the step's start as reported may differ by the collector's timestamp error: 1% of the step
+            slack = max(1_000, 0.01 * (r["end_ns"] - r["start_ns"]))
+            hit = (pred["kind"] == "slow_step") & (pred["job"] == r["job_id"]) & (pred["start_ns"] >= r["start_ns"] - slack) & (pred["start_ns"] < r["end_ns"] - slack)
         elif r["kind"] == "slow_group":
             servers = set(str(r["subject"]).split("|"))
             hit = (pred["kind"] == "slow_group") & (pred["job"] == r["job_id"]) & pred["subject"].map(lambda s: bool(set(str(s).split("|")) & servers))

@@ -173,11 +173,11 @@ def optimizer_gaps(start, busy_end, gap, cut, size, pair, other_start, other_end
        gather what they scattered, edge by edge; a pipeline's stages
        reducing one after another use different rings, and a pause inside
        one collective leaves its edges unbalanced);
-    3. the bytes and the messages after it are those before it, within 2%
-       (an all-gather moves the buffer the reduce-scatter moved, in the same
-       messages; the gradient buckets that a backward releases one by one
-       differ in size). A pure DP job whose overlapped buckets split into
-       two exactly equal halves is indistinguishable from this.
+    3. the bytes after it are the bytes before it, within 5% (an
+       all-gather moves the buffer the reduce-scatter moved; the gradient
+       buckets that a backward releases one by one differ in size). A pure
+       DP job whose overlapped buckets split into two exactly equal halves
+       is indistinguishable from this.
 
     The longest such gap of a burst wins (the optimizer's pause).
 
@@ -251,8 +251,7 @@ def optimizer_gaps(start, busy_end, gap, cut, size, pair, other_start, other_end
             # every ring edge moves back what it moved (within 5%, loss and jitter)
             if np.abs(pb1 - pb0)[pb0 > 0].sum() > 0.05 * pb0.sum():
                 continue
-            n0, n1 = i + 1 - f0, f1 - i
-            if abs(b1 - b0) > 0.02 * b0 or abs(n1 - n0) > 0.02 * n0:  # the same buffer, the same messages
+            if abs(b1 - b0) > 0.05 * b0:  # the same buffer (a lost record or two aside)
                 continue
             out[k] = i
             # the step ends with its last flow: control messages in the gap,
@@ -261,6 +260,17 @@ def optimizer_gaps(start, busy_end, gap, cut, size, pair, other_start, other_end
             ends[k] = max(busy_end[i], oe[j0:j1].max() if j1 > j0 else 0, oe_run[j0 - 1] if j0 > 0 else 0)
             break
     return out, ends
+
+
+def _longest_pause(busy_end, gap, cut) -> np.ndarray:
+    """Per burst (between the cuts), the busy end before its longest inner pause (the burst's end if it has none)."""
+    first = np.concatenate([[0], np.asarray(cut) + 1])
+    last = np.concatenate([np.asarray(cut), [len(busy_end) - 1]])
+    out = busy_end[last].copy()
+    for k, (f0, f1) in enumerate(zip(first, last)):
+        if f1 > f0:
+            out[k] = busy_end[f0 + int(np.argmax(gap[f0:f1]))]
+    return out
 
 
 def control_tails(ends, light_start, light_end, heavy_start, dp_start, tau) -> np.ndarray:
@@ -422,9 +432,15 @@ class StepTimeline:
             split, split_end = optimizer_gaps(s, busy_end, gap, cut, size[marker], pair[marker], o_start, o_end, o_size)
             if np.mean(split >= 0) >= 0.8:  # a recurring structure, not a coincidence
                 self.optimizer_split_[label] = True
-                # a burst without the pause is no boundary: the capture opened
-                # between the two collectives, or the burst is a fragment
-                ends = split_end[:-1][split[:-1] >= 0]
+                # a burst without a clear pause (records lost in it) still
+                # ends a step: at its longest pause, the best guess, rather
+                # than two steps merged into one that looks twice as slow;
+                # but the first burst without one is the capture opening
+                # between the two collectives
+                guess = _longest_pause(busy_end, gap, cut)
+                ends = np.where(split[:-1] >= 0, split_end[:-1], guess[:-1])
+                if split[0] < 0:
+                    ends = ends[1:]
         # The last burst is whole if the capture ran a full break past it,
         # or if the job's next step began (its PP traffic waits for the
         # optimizer, which waits for the collective). Otherwise the capture
