@@ -43,6 +43,25 @@ def fmt(name, seed, window, faulty, row) -> str:
             f"| {steps} ({recall:.1%}) | {row.get('steps_spurious', 0)} | {row.get('step_err_mean', float('nan')):.2e} | {faults} | {false} |")
 
 
+def summary(results: list[tuple]) -> str:
+    """One line per scenario and window over its seeds: the worst case, and totals."""
+    lines = ["| scenario | window | seeds | jobs ARI (min) | pair types (min) | steps found | spurious | mean step error (max) | faults found | unexplained, faulty runs | anomalies, fault-free twins |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    groups: dict = {}
+    for name, seed, window, faulty, row in results:
+        groups.setdefault((name, window), []).append((seed, faulty, row))
+    for (name, window), rs in groups.items():
+        rows = [r for _, _, r in rs]
+        found, true = sum(r.get("steps_found", 0) for r in rows), sum(r.get("true_steps", 0) for r in rows)
+        ff = sum(r.get("faults_found", 0) for _, f, r in rs if f)
+        ft = sum(r.get("faults", 0) for _, f, r in rs if f)
+        unexp = [sum(r.get("anomalies_unexplained", 0) for _, f, r in rs if f == want) for want in (True, False)]
+        lines.append(f"| {name} | {window} | {len({s for s, _, _ in rs})} | {min(r['jobs_ari'] for r in rows):.3f} | {100 * min(r['pair_acc'] for r in rows):.2f}% "
+                     f"| {found:,}/{true:,} ({100 * found / max(true, 1):.2f}%) | {sum(r.get('steps_spurious', 0) for r in rows)} "
+                     f"| {max(r.get('step_err_mean', 0) for r in rows):.1e} | {f'{ff}/{ft}' if ft else '-'} | {unexp[0]} | {unexp[1]} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     from synthetic.scenarios import SCENARIOS, scenario_cluster
 
@@ -56,6 +75,12 @@ def main() -> int:
     print("| scenario | seed | window | run | jobs ARI | pair types | steps found | spurious | mean step error | faults found | unexplained anomalies |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     t0 = time.perf_counter()
+    results = []
+
+    def report(label, seed, window, faulty, row):
+        results.append((label, seed, window, faulty, row))
+        print(fmt(label, seed, window, faulty, row), flush=True)
+
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_traces and SA.is_dir():
             from synthetic.fromtrace import CollectorNoise, read_trace_job, trace_cluster
@@ -66,17 +91,19 @@ def main() -> int:
                 for noise in (None, CollectorNoise()):
                     c = trace_cluster([read_trace_job(SA, "ST", tp=tp), read_trace_job(SA, "SE", tp=tp)], noise=noise)
                     label = f"real traces ST+SE, tp={tp}" + (", collector noise" if noise else "")
-                    print(fmt(label, 0, "all", False, run_one(c, tmp, f"trace-{tp}-{noise is not None}")), flush=True)
+                    report(label, 0, "all", False, run_one(c, tmp, f"trace-{tp}-{noise is not None}"))
             # the faulty twin: one worker per job computes 2x from the 5th step, re-timed by the simulator
             c = trace_cluster([read_trace_job(SA, "ST", tp=8, straggler=Straggler(dp=1, stage=2)),
                                read_trace_job(SA, "SE", tp=8, straggler=Straggler(dp=3, stage=0))], noise=CollectorNoise())
-            print(fmt("real traces ST+SE, tp=8, collector noise, 2x straggler", 0, "all", True, run_one(c, tmp, "trace-straggler")), flush=True)
+            report("real traces ST+SE, tp=8, collector noise, 2x straggler", 0, "all", True, run_one(c, tmp, "trace-straggler"))
         for name in names:
             for seed in map(int, args.seeds.split(",")):
                 for window in map(float, args.windows.split(",")):
                     for faulty in (True, False):
                         c = scenario_cluster(name, seed=seed, duration_s=window, with_faults=faulty)
-                        print(fmt(name, seed, f"{window:g} s", faulty, run_one(c, tmp, f"{name}-{seed}-{window}-{faulty}")), flush=True)
+                        report(name, seed, f"{window:g} s", faulty, run_one(c, tmp, f"{name}-{seed}-{window}-{faulty}"))
+    print("\nSummary (worst case over seeds, totals):\n")
+    print(summary(results))
     print(f"\n{time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
 
