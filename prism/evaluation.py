@@ -5,6 +5,8 @@ import numpy as np
 import pandas as pd
 from scipy.special import comb
 
+from .parallelism import UNCERTAIN_BELOW
+
 __all__ = ["adjusted_rand_index", "gpu_flow_arrays", "gpu_flow_ends", "score_cluster", "pair_type_truth", "job_name_map", "score_steps", "score_anomalies"]
 
 
@@ -171,7 +173,7 @@ def score_cluster(result, cluster) -> dict:
     both = t.index.intersection(got.index)
     row["pairs"] = len(t)
     row["pair_acc"] = float((t.loc[both] == got.loc[both]).sum() / max(len(t), 1))
-    row["pairs_uncertain"] = int((pairs.get("confidence", pd.Series(1.0, index=pairs.index)) < 0.5).sum()) if "confidence" in pairs else 0
+    row["pairs_uncertain"] = int((pairs["confidence"] < UNCERTAIN_BELOW).sum()) if "confidence" in pairs else 0
     names = job_name_map(result.jobs, truth_jobs)
     if an is not None and an.steps is not None:
         sc = score_steps(an.steps, cluster.steps, names, capture_end=cluster.meta.get("window_end_ns"))

@@ -34,6 +34,7 @@ import pandas as pd
 from .analyze import Settings, analyse, label_names
 from .diagnosis import SwitchBandwidth
 from .jobs import JobRecognizer, gpu_clusters
+from .parallelism import UNCERTAIN_BELOW
 from .topology import Topology
 from .window import FlowWindow, RecordDeduper, record_hashes
 
@@ -359,7 +360,7 @@ class Monitor:
         shapes = an.shapes.set_index("job_id") if an.shapes is not None and len(an.shapes) else None
         pair_counts = {}
         if an.pairs is not None and len(an.pairs) and "confidence" in an.pairs:
-            certainty = np.where(an.pairs["confidence"].to_numpy(np.float64) < 0.6, "uncertain", "certain")
+            certainty = np.where(an.pairs["confidence"].to_numpy(np.float64) < UNCERTAIN_BELOW, "uncertain", "certain")
             pair_counts = an.pairs.assign(certainty=certainty).groupby(["job_id", "type", "certainty"]).size()
         current = {job_id: set(g["server"]) for job_id, g in jobs.groupby("job_id", sort=True)}
         gone = {j: st for j, st in self._jobs.items() if j not in current}

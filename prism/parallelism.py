@@ -60,7 +60,7 @@ from scipy.sparse.csgraph import connected_components
 
 from .changepoint import BOCD
 
-__all__ = ["ParallelismClassifier", "SizeRuleClassifier", "SIGNALS", "pair_steps", "refine_by_dp_components", "pair_episodes"]
+__all__ = ["ParallelismClassifier", "SizeRuleClassifier", "SIGNALS", "UNCERTAIN_BELOW", "pair_steps", "refine_by_dp_components", "pair_episodes"]
 
 #: Flows of one pair starting closer than this are one event (e.g. both
 #: directions of a two-member ring start together).
@@ -388,6 +388,9 @@ class SizeRuleClassifier:
         return pd.DataFrame({"a": p["a"], "b": p["b"], "job": p["job"], "type": np.where(p["dp"], "DP", "PP")})
 
 
+#: Pairs typed with less confidence than this are reported as uncertain.
+UNCERTAIN_BELOW = 0.6
+
 #: The signals :class:`ParallelismClassifier` can do without (ablations).
 SIGNALS = ("direction", "ring_job", "timing", "symmetry", "structure", "light")
 
@@ -520,7 +523,7 @@ class ParallelismClassifier:
 
     def __init__(self, one_way_share: float = 0.95, min_flows: int = 8, min_ring_pairs: int = 2, rate_ratio: float = 2.5,
                  merge_ns: int = 20_000, symmetric_share: float = 0.97, asymmetric_share: float = 0.9, light_share: float = 0.01,
-                 uncertain_below: float = 0.6, without: tuple = ()):
+                 uncertain_below: float = UNCERTAIN_BELOW, without: tuple = ()):
         unknown = set(without) - set(SIGNALS)
         if unknown:
             raise ValueError(f"unknown signal(s) {sorted(unknown)}; choose from {', '.join(SIGNALS)}")

@@ -35,6 +35,7 @@ from .analyze import Analysis, Settings, analyse
 from .diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
 from .diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
 from .jobs import JobRecognizer
+from .parallelism import UNCERTAIN_BELOW
 from .readers import DEFAULT_CHUNK_ROWS, FlowReader
 from .records import RejectCounter
 from .timeline import PHASE_COLUMNS, STEP_COLUMNS
@@ -92,7 +93,7 @@ class ReplayResult:
                     types = self.pairs.loc[self.pairs["job_id"] == job_id, "type"].value_counts()
                     row.update(dp_pairs=int(types.get("DP", 0)), pp_pairs=int(types.get("PP", 0)))
                     if "confidence" in self.pairs:
-                        row.update(uncertain_pairs=int(((self.pairs["job_id"] == job_id) & (self.pairs["confidence"] < 0.6)).sum()))
+                        row.update(uncertain_pairs=int(((self.pairs["job_id"] == job_id) & (self.pairs["confidence"] < UNCERTAIN_BELOW)).sum()))
                 an = self.analysis
                 if an is not None and an.shapes is not None and job_id in set(an.shapes["job_id"]):
                     sh = an.shapes.set_index("job_id").loc[job_id]
