@@ -61,7 +61,9 @@ def main() -> int:
         end = gpu_flow_ends(c.flows, topo)
         labels = JobRecognizer(topo).partial_fit_pairs(a, b).labels()
         for cfg, make in CONFIGS.items():
-            p = make().fit(a, b, start, size, labels, end=end).pairs_
+            clf = make()
+            kw = {"server_of": topo.server_codes} if isinstance(clf, ParallelismClassifier) else {}
+            p = clf.fit(a, b, start, size, labels, end=end, **kw).pairs_
             t = pair_type_truth(p["a"], p["b"], topo, c.pairs)
             pred = np.where(p["dp"], "DP", "PP")
             unc = int(p["uncertain"].sum()) if "uncertain" in p else 0

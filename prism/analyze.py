@@ -84,7 +84,7 @@ def analyse(
         return Analysis(pairs=pd.DataFrame(columns=["job_id", "src", "dst", "type", "confidence", "evidence"]), steps=pd.DataFrame(columns=STEP_COLUMNS),
                         phases=pd.DataFrame(columns=PHASE_COLUMNS), anomalies=empty_anomalies())
     n = len(topology)
-    clf = s.classifier.fit(a, b, start, size, labels, end=start + duration)
+    clf = s.classifier.fit(a, b, start, size, labels, end=start + duration, **({"server_of": topology.server_codes} if isinstance(s.classifier, ParallelismClassifier) else {}))
     p = clf.pairs_
     src_ip, dst_ip = topology.pair_addresses(p["a"], p["b"])
     ip_job = jobs.set_index("ip")["job_id"]

@@ -538,7 +538,7 @@ class ParallelismClassifier:
         self.asymmetric_share = float(asymmetric_share)
         self.uncertain_below = float(uncertain_below)
 
-    def fit(self, src, dst, start, size, job_of, end=None) -> "ParallelismClassifier":
+    def fit(self, src, dst, start, size, job_of, end=None, server_of=None) -> "ParallelismClassifier":
         """Type the pairs.
 
         Parameters
@@ -551,6 +551,11 @@ class ParallelismClassifier:
             Job label per NIC (:class:`prism.jobs.JobRecognizer`).
         end : int array, optional
             Flow end (ns); default ``start`` (episodes then merge on starts).
+        server_of : int array, optional
+            Server per NIC. Lets a collective-like pair between two servers
+            that a pipeline pair of its job already links be typed as that
+            pipeline's (the embedding pair when the stages next to the ends
+            share their servers).
 
         Notes
         -----
@@ -612,8 +617,9 @@ class ParallelismClassifier:
         self._job_steps = lambda jobs: _job_step_counts(jobs, flow_job, st, en)
         p["rate"] = episodes / span_s
         p["msgs_per_episode"] = flows / np.maximum(episodes, 1)
+        self._server_of = None if server_of is None else np.asarray(server_of)
         self.pairs_ = self._decide(p)
-        del self._job_steps  # it holds the per-flow arrays
+        del self._job_steps, self._server_of  # they hold the per-flow arrays
         return self
 
     # ------------------------------------------------------------------
@@ -664,6 +670,19 @@ class ParallelismClassifier:
         dp = dp & ~pp_closed
         evidence = np.where(pp_closed, "closes a pipeline", evidence)
         conf = np.where(pp_closed, 0.85, conf)
+        # the same across servers: with TP < 8 the stages next to a
+        # pipeline's ends may share their servers, so the embedding pair
+        # links two servers that a pipeline pair of the job already links
+        if self._server_of is not None:
+            sa, sb = self._server_of[a], self._server_of[b]
+            n_srv = int(self._server_of.max(initial=0)) + 1
+            job = p["job"].to_numpy().astype(np.int64)
+            skey = (np.minimum(sa, sb).astype(np.int64) * n_srv + np.maximum(sa, sb)) * (int(job.max(initial=0)) + 2) + job + 1  # (server pair, job)
+            pp_links = np.unique(skey[~dp])
+            srv_closed = dp & two_way & ~ring_job & (sa != sb) & np.isin(skey, pp_links) & use_structure
+            dp = dp & ~srv_closed
+            evidence = np.where(srv_closed, "closes a pipeline across its servers", evidence)
+            conf = np.where(srv_closed, 0.75, conf)
         # a timing-only DP call between GPUs that have no pipeline partner
         # on the network could as well be an embedding pair whose pipeline
         # runs over NVLink: say so

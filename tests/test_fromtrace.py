@@ -36,14 +36,15 @@ def test_real_timing_fault_free(tp, noise, tmp_path):
 
 
 @needs_sa
-def test_pipeline_over_nvlink_is_uncertain_not_confidently_wrong(tmp_path):
-    """tp=2 puts ST's pipeline neighbours on one server: its embedding pair is left without network context."""
+def test_pipeline_closed_across_its_servers(tmp_path):
+    """tp=2 puts ST's stages 0-1 and 2-3 on two servers: the embedding pair (0-3) has no pipeline partner on the
+    network and times like a two-member DP ring; the pipeline pairs (1-2) link the same two servers."""
     c = trace_cluster([read_trace_job(SA, "ST", tp=2, steps=10)])
     r, row = _replay(c, tmp_path)
     got = r.pairs.merge(c.pairs, on=["src", "dst"], suffixes=("", "_truth"))
-    wrong = got[got["type"] != got["type_truth"]]
-    assert (wrong["confidence"] < 0.6).all(), "every wrong type is flagged uncertain"
-    assert row["steps_found"] == row["true_steps"] > 0
+    assert (got["type"] == got["type_truth"]).all()
+    assert (got["evidence"] == "closes a pipeline across its servers").sum() == 4
+    assert row["steps_found"] == row["true_steps"] > 0 and row["steps_spurious"] == 0
 
 
 @needs_sa
