@@ -20,8 +20,8 @@ spread: real jobs have passing imbalance (sequence lengths differ between
 micro-batches), so a server lagging three steps in a row in a job where one
 cell in twenty lags by chance is not news, and a 1.2x lag in a job whose
 servers routinely vary by 1.1x is not either. Where the chance rate is
-high, a server that lags through a whole run still counts if its median
-lag over the run stands out among all servers' medians over those steps
+high, a server still counts if, from its run's start on, it keeps lagging
+and its median lag stands out among all servers' medians over those steps
 (the passing imbalance averages out; a straggler's does not).
 
 Baseline: the lower quartile of the peers, not the median: a slow server
@@ -217,7 +217,9 @@ class StageLagDiagnoser:
         runs = lag.groupby("run").agg(job_id=("job_id", "first"), server=("server", "first"), step=("step", "first"), last=("step", "last"), n=("step", "size"), ratio=("ratio", "median"), stage=("stage", "first"))
         need = self.needed_.reindex(runs["job_id"])
         rare = (runs["n"].to_numpy() >= need["steps"].to_numpy()) & (runs["ratio"].to_numpy() >= need["min_ratio"].to_numpy())
-        runs = runs[rare | self._persistent_outliers(runs, per_server)]
+        persistent = np.zeros(len(runs), dtype=bool)
+        persistent[~rare] = self._persistent_outliers(runs[~rare], per_server)
+        runs = runs[rare | persistent]
         rows = []
         for r in runs.itertuples(index=False):
             start = int(step_start.get((r.job_id, r.step), 0))
