@@ -305,9 +305,7 @@ def _emit_job(em: _Emitter, job: TraceJob) -> None:
         members = np.stack([em.node(sp["dp_rank"], 0), em.node(sp["dp_rank"], P - 1)], axis=1)
         em.ring(sp["t0"].to_numpy(), sp["t1"].to_numpy(), members, 2, job.embedding_bytes // tp // 2, sp["step"].to_numpy())
         # the grad-norm all-reduce: a ring over the stages of every replica
-        c = o[o["optype"] == "optimizer-clip-main-grad"]
-        g = c.groupby(["step", "dp_rank"])
-        sp = pd.DataFrame({"t0": g["t0"].max(), "t1": g["t1"].min()}).reset_index()
+        sp = spans("optimizer-clip-main-grad", ["dp_rank"])
         members = em.node(sp["dp_rank"].to_numpy()[:, None], np.arange(P)[None, :])
         em.ring(sp["t0"].to_numpy(), sp["t1"].to_numpy(), members, 2 * (P - 1), job.clip_bytes, sp["step"].to_numpy())
 
