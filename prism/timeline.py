@@ -271,14 +271,24 @@ def optimizer_gaps(start, busy_end, gap, cut, size, pair, other_start, other_end
     return out, ends
 
 
-def _longest_pause(busy_end, gap, cut) -> np.ndarray:
-    """Per burst (between the cuts), the busy end before its longest inner pause (the burst's end if it has none)."""
+def _pause_like_the_others(busy_end, gap, cut, split, split_end) -> np.ndarray:
+    """Per burst, where its step most likely ends when its own pause was not clear.
+
+    The optimizer's pause recurs at the same distance before the burst's
+    end (the all-gather that follows it takes the same time every step):
+    the inner pause whose start lies nearest that distance, from the bursts
+    where the pause was clear. The burst's end if it has no inner pause.
+    """
     first = np.concatenate([[0], np.asarray(cut) + 1])
     last = np.concatenate([np.asarray(cut), [len(busy_end) - 1]])
     out = busy_end[last].copy()
+    ok = split >= 0
+    back = float(np.median(busy_end[last][ok] - split_end[ok])) if ok.any() else 0.0
     for k, (f0, f1) in enumerate(zip(first, last)):
-        if f1 > f0:
-            out[k] = busy_end[f0 + int(np.argmax(gap[f0:f1]))]
+        if f1 > f0 and not ok[k]:
+            inner = np.arange(f0, f1)[gap[f0:f1] > 0]
+            if len(inner):
+                out[k] = busy_end[inner[np.argmin(np.abs(busy_end[last[k]] - busy_end[inner] - back))]]
     return out
 
 
@@ -443,11 +453,11 @@ class StepTimeline:
             if np.mean(split >= 0) >= 0.8:  # a recurring structure, not a coincidence
                 self.optimizer_split_[label] = True
                 # a burst without a clear pause (records lost in it) still
-                # ends a step: at its longest pause, the best guess, rather
-                # than two steps merged into one that looks twice as slow;
-                # but the first burst without one is the capture opening
-                # between the two collectives
-                guess = _longest_pause(busy_end, gap, cut)
+                # ends a step: at the pause where the others' is, the best
+                # guess, rather than two steps merged into one that looks
+                # twice as slow; but the first burst without one is the
+                # capture opening between the two collectives
+                guess = _pause_like_the_others(busy_end, gap, cut, split, split_end)
                 ends = np.where(split[:-1] >= 0, split_end[:-1], guess[:-1])
                 if split[0] < 0:
                     ends = ends[1:]
