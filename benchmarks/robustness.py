@@ -8,7 +8,7 @@ StragglerAnalysis op traces (real timing). Prints one Markdown table:
 jobs ARI, pair-type accuracy, steps recall / spurious / mean duration
 error, injected faults found and anomalies no fault explains.
 
-    python benchmarks/robustness.py [--scenarios all] [--seeds 0,1,2] [--windows 60,180,600] [--ablation]
+    python benchmarks/robustness.py [--scenarios clip,all] [--seeds 0,1,2] [--windows 60,180,600] [--no-traces]
 """
 from __future__ import annotations
 
@@ -66,12 +66,15 @@ def main() -> int:
     from synthetic.scenarios import SCENARIOS, scenario_cluster
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default="all", help="comma-separated names, or 'all' (default), or 'none' for the real-trace rows only")
+    ap.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: every one; 'all' is the scenario with every confounder), or 'none' for the real-trace rows only")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--windows", default="60,180,600", help="capture windows in seconds")
     ap.add_argument("--no-traces", action="store_true", help="skip the rows derived from the real op traces")
     args = ap.parse_args()
-    names = list(SCENARIOS) if args.scenarios == "all" else ([] if args.scenarios == "none" else args.scenarios.split(","))
+    names = list(SCENARIOS) if args.scenarios is None else ([] if args.scenarios == "none" else args.scenarios.split(","))
+    unknown = set(names) - set(SCENARIOS)
+    if unknown:
+        ap.error(f"unknown scenario(s) {', '.join(sorted(unknown))}; choose from {', '.join(SCENARIOS)}")
     print("| scenario | seed | window | run | jobs ARI | pair types | steps found | spurious | mean step error | faults found | unexplained anomalies |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     t0 = time.perf_counter()
