@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from .fabric import Fabric
-from .generator import EPOCH_NS, GeneratedCluster, _Columns, storage_noise
+from .generator import EPOCH_NS, GeneratedCluster, _Columns, storage_noise, truth_frames
 
 __all__ = ["TraceJob", "Straggler", "with_straggler", "trace_cluster", "read_trace_job", "collector_view", "CollectorNoise"]
 
@@ -385,11 +385,7 @@ def trace_cluster(jobs: list[TraceJob], servers_per_group: int = 8, spines: int 
     ips = np.array(topo["ip"])
     pairs = pd.concat(truth_pairs, ignore_index=True)
     pairs = pairs[fab.paths(pairs["a"].to_numpy(), pairs["b"].to_numpy())[:, 0] >= 0]  # pairs inside a server are not on the network
-    lo, hi = ips[pairs["a"].to_numpy()], ips[pairs["b"].to_numpy()]
-    pairs_df = pd.DataFrame({"job_id": pairs["job_id"].to_numpy(), "src": np.where(lo < hi, lo, hi), "dst": np.where(lo < hi, hi, lo), "type": pairs["type"].to_numpy()})
-    pairs_df = pairs_df.drop_duplicates(["job_id", "src", "dst"]).sort_values(["job_id", "src", "dst"]).reset_index(drop=True)
-    jobs_df = (pd.concat([pairs_df[["job_id", "src"]].rename(columns={"src": "ip"}), pairs_df[["job_id", "dst"]].rename(columns={"dst": "ip"})])
-               .drop_duplicates().sort_values(["job_id", "ip"]).reset_index(drop=True))
+    pairs_df, jobs_df = truth_frames(pairs, ips)
     steps_df = pd.DataFrame(truth_steps, columns=["job_id", "step", "start_ns", "end_ns"])
     for c in ("start_ns", "end_ns"):
         steps_df[c] = EPOCH_NS + steps_df[c].round().astype(np.int64)

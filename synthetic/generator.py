@@ -174,17 +174,7 @@ class ClusterGenerator:
         gpu = (a < fab.n_gpus) & (b < fab.n_gpus)
         seen = np.unique(np.minimum(a, b)[gpu] * fab.n_gpus + np.maximum(a, b)[gpu])
         pairs = pairs[np.isin(pairs["a"].to_numpy() * fab.n_gpus + pairs["b"].to_numpy(), seen)]
-        s_ip, d_ip = ips[pairs["a"].to_numpy()], ips[pairs["b"].to_numpy()]
-        lo = np.where(s_ip < d_ip, s_ip, d_ip)
-        hi = np.where(s_ip < d_ip, d_ip, s_ip)
-        pairs_df = pd.DataFrame({"job_id": pairs["job_id"].to_numpy(), "src": lo, "dst": hi, "type": pairs["type"].to_numpy()})
-        pairs_df = pairs_df.drop_duplicates(["job_id", "src", "dst"]).sort_values(["job_id", "src", "dst"]).reset_index(drop=True)
-        jobs_df = (
-            pd.concat([pairs_df[["job_id", "src"]].rename(columns={"src": "ip"}), pairs_df[["job_id", "dst"]].rename(columns={"dst": "ip"})])
-            .drop_duplicates()
-            .sort_values(["job_id", "ip"])
-            .reset_index(drop=True)
-        )
+        pairs_df, jobs_df = truth_frames(pairs, ips)
         steps_df = pd.DataFrame(truth_steps, columns=["job_id", "step", "start_ns", "end_ns"])
         faults_df = pd.DataFrame(truth_faults, columns=["kind", "job_id", "step", "start_ns", "end_ns", "subject", "factor"])
         for df in (steps_df, faults_df):
@@ -265,6 +255,26 @@ def storage_noise(cols: "_Columns", fab: Fabric, rng, duration_ns: float, flows_
     s_node = np.where(to_storage, gpu, fab.n_gpus + host)
     d_node = np.where(to_storage, fab.n_gpus + host, gpu)
     cols.add(start, dur, s_node, d_node, size, fab.storage_paths(gpu, to_storage, host))
+
+
+def truth_frames(pairs: pd.DataFrame, ips: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(pairs, jobs)`` truth frames in the replay formats from ``job_id, a, b, type`` rows (NIC indices).
+
+    Pairs become unordered address pairs (``src < dst``), one row each; a
+    job's GPUs are the addresses its pairs touch.
+    """
+    s_ip, d_ip = ips[pairs["a"].to_numpy()], ips[pairs["b"].to_numpy()]
+    lo = np.where(s_ip < d_ip, s_ip, d_ip)
+    hi = np.where(s_ip < d_ip, d_ip, s_ip)
+    pairs_df = pd.DataFrame({"job_id": pairs["job_id"].to_numpy(), "src": lo, "dst": hi, "type": pairs["type"].to_numpy()})
+    pairs_df = pairs_df.drop_duplicates(["job_id", "src", "dst"]).sort_values(["job_id", "src", "dst"]).reset_index(drop=True)
+    jobs_df = (
+        pd.concat([pairs_df[["job_id", "src"]].rename(columns={"src": "ip"}), pairs_df[["job_id", "dst"]].rename(columns={"dst": "ip"})])
+        .drop_duplicates()
+        .sort_values(["job_id", "ip"])
+        .reset_index(drop=True)
+    )
+    return pairs_df, jobs_df
 
 
 class _Columns:
