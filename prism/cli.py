@@ -267,7 +267,7 @@ DAEMON_FLAGS = {
     "--web.listen-address": dict(dest="web_listen_address", metavar="HOST:PORT", help="metrics, /healthz, /readyz (default: 127.0.0.1:9464)"),
     "--window": dict(dest="window", metavar="DURATION", help="flows analysed per window; hold several steps of the slowest job (default: 120s)"),
     "--window.step": dict(dest="window_step", metavar="DURATION", help="event time between analyses (default: 15s)"),
-    "--window.lateness": dict(dest="window_lateness", metavar="DURATION", help="wait this long for out-of-order records (default: 2s)"),
+    "--window.lateness": dict(dest="window_lateness", metavar="DURATION", help="wait at least this long for out-of-order records (default: 2s); the wait grows to the disorder measured in the input, at most half a window"),
     "--window.max-flows": dict(dest="window_max_flows", metavar="N", help="memory bound, 32 bytes a flow; the oldest are shed beyond it (default: 20000000)"),
     "--jobs.ttl": dict(dest="jobs_ttl", metavar="DURATION", help="forget GPU pairs and jobs unseen this long (default: 10m)"),
     "--switch.window": dict(dest="switch_window", metavar="DURATION", help="switch bandwidth comparison window (default: 60s)"),

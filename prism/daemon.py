@@ -3,6 +3,8 @@
 The loop: poll the source (which decodes into the monitor), run a window's
 analysis whenever event time has moved ``--window.step`` past the last one
 (or the input has gone quiet with data unanalysed), publish, commit. The
+analysis runs on a worker thread while the loop keeps the source alive
+(a Kafka consumer that stops polling is dropped from its group). The
 metrics server reads the monitor's last view from its own thread.
 
 Configuration: flags, or a YAML ``--config.file`` with the same keys
@@ -15,6 +17,7 @@ import logging
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
 from .monitor import Monitor
 
@@ -131,8 +134,28 @@ class Daemon:
             self.error = e
             raise
 
+    def _analyse(self, final: bool, force: bool):
+        """The monitor's tick on the worker thread; the source kept alive meanwhile.
+
+        A big window takes longer to analyse than a consumer group waits
+        between polls (``max.poll.interval``): a consumer that stopped
+        polling meanwhile would be dropped from the group, its partitions
+        moved, and the replicas rebalanced at every window. The source's
+        ``keep_alive`` polls with its partitions paused; the monitor is not
+        touched until the analysis is done.
+        """
+        keep_alive = getattr(self.source, "keep_alive", None)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prism-analysis") as pool:
+            done = pool.submit(self.monitor.tick, final=final, force=force)
+            while True:
+                try:
+                    return done.result(timeout=0 if keep_alive else None)
+                except FutureTimeout:
+                    self.health.beat()
+                    keep_alive(timeout_ms=100)
+
     def _tick(self, final: bool, force: bool = False) -> None:
-        view = self.monitor.tick(final=final, force=force)
+        view = self._analyse(final, force)
         if view is None:
             return
         try:

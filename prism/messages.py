@@ -24,6 +24,7 @@ neighbours kept; a message that cannot be decoded at all counts once as
 from __future__ import annotations
 
 import io
+import logging
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,7 @@ __all__ = [
     "JSONL_CONTENT_TYPE",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "decode_message",
+    "decode_messages",
     "read_arrow",
     "validate_arrow",
     "encode_jsonl",
@@ -49,6 +51,8 @@ ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 JSONL_CONTENT_TYPE = "application/x-ndjson"
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
 _ARROW_MARKER = b"\xff\xff\xff\xff"
+
+log = logging.getLogger("prism.messages")
 
 
 def message_format(value: bytes, headers=None) -> str:
@@ -114,6 +118,70 @@ def decode_message(
     if not parts:
         return empty_flows()
     return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+
+
+def decode_messages(messages, rejects: RejectCounter, source: str, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[pd.DataFrame]:
+    """Validated flow records of a poll's messages from one partition.
+
+    Parameters
+    ----------
+    messages : iterable of (value, headers, where)
+        ``where`` names the message (``topic[partition]@offset``).
+    rejects : RejectCounter
+    source : str
+        Names the whole batch in examples.
+    max_bytes : int
+        Larger messages count once as ``oversized_message``.
+
+    Returns
+    -------
+    list of pandas.DataFrame
+        Zero, one or two frames (JSON Lines, Arrow).
+
+    Notes
+    -----
+    The messages of one format are validated in one call (its per-call
+    cost would otherwise dominate small messages). If that raises, which
+    only an input the validation does not foresee can make it do, every
+    message is decoded on its own: the one that raises counts once as
+    ``malformed_message`` and its neighbours are kept. Never raises.
+    """
+    messages = list(messages)
+    jsonl: list[bytes] = []
+    arrow: list = []
+    for value, headers, where in messages:  # per message, not per record
+        if value is None or len(value) == 0 or len(value) > max_bytes:
+            decode_message(value, rejects, where, headers, max_bytes)  # counts it
+        elif message_format(value, headers) == "jsonl":
+            jsonl.append(value if value.endswith(b"\n") else value + b"\n")
+        else:
+            table = read_arrow(value, rejects, where)
+            if table is not None and table.num_rows:
+                arrow.append(table)
+    trial = RejectCounter()  # merged only if the batch validates
+    try:
+        out = []
+        if jsonl:
+            out.append(decode_message(b"".join(jsonl), trial, source, max_bytes=1 << 62))
+        if arrow:
+            out.append(validate_arrow(arrow, trial, source))
+    except Exception as e:  # noqa: BLE001 - an unforeseen input: find the message, keep the others
+        log.warning("%s: a message could not be validated with its neighbours (%s: %s); decoding one by one", source, type(e).__name__, e)
+    else:
+        rejects.merge(trial)
+        return out
+    out = []
+    for value, headers, where in messages:
+        if value is None or len(value) == 0 or len(value) > max_bytes:
+            continue  # counted above
+        one = RejectCounter()
+        try:
+            out.append(decode_message(value, one, where, headers, max_bytes))
+        except Exception as e:  # noqa: BLE001
+            rejects.add("malformed_message", 1, f"{where}: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+        else:
+            rejects.merge(one)
+    return out
 
 
 def _decode_arrow(value: bytes, rejects: RejectCounter, source: str) -> pd.DataFrame:

@@ -160,6 +160,10 @@ class PrismCollector:
             wm = GaugeMetricFamily("prism_analysed_until_timestamp_seconds", "Event time up to which flows have been analysed.")
             wm.add_metric([], view.analysed_to_ns / 1e9)
             yield wm
+            late = GaugeMetricFamily("prism_window_lateness_seconds",
+                                     "Event time a window waits for out-of-order records: --window.lateness, or the disorder measured in the input if larger.")
+            late.add_metric([], view.lateness_ns / 1e9)
+            yield late
         if self.health is not None:
             up = GaugeMetricFamily("prism_ready", "1 when the source is connected and assigned.")
             up.add_metric([], 1.0 if self.health.ready else 0.0)

@@ -61,7 +61,7 @@ class MonitorSettings:
 
     window_s: float = 120.0  # flows analysed per tick; holds several steps of the slowest job
     step_s: float = 15.0  # event time between ticks
-    lateness_s: float = 2.0  # how long to wait for out-of-order records before analysing
+    lateness_s: float = 2.0  # least wait for out-of-order records before analysing (more if the input is more disordered)
     pair_ttl_s: float = 600.0  # forget a GPU pair (and a job) unseen this long
     max_window_flows: int = 20_000_000  # memory bound: 32 B a flow
     switch_window_s: float = 60.0  # switch bandwidth comparison window
@@ -107,6 +107,7 @@ class MonitorView:
     window_flows: int = 0
     pairs: int = 0
     analysed_to_ns: int | None = None
+    lateness_ns: int = 0  # the wait for out-of-order records the last window used
     ticks: int = 0
 
 
@@ -158,6 +159,7 @@ class Monitor:
         self.max_start: int | None = None  # latest record start over all partitions
         self._part_max: dict[str, int] = {}  # latest record start per partition
         self._part_seen: dict[str, float] = {}  # wall time of each partition's last batch
+        self._disorder: deque = deque()  # (event time, ns a record started behind its partition's latest), see _note_disorder
         self.backlogged: set[str] = set()  # partitions the source knows have unread records
         self.analysed_to: int | None = None
         self.events: deque = deque(maxlen=10_000)  # (kind, dict) for printing
@@ -196,6 +198,7 @@ class Monitor:
             c["ignored:non_gpu_address"] += int(non_gpu.sum())
             c["ignored:self_flow"] += int(self_flow.sum())
         if not late.all():
+            self._note_disorder(start[~late], partition)
             m = int(start[~late].max())
             self.max_start = m if self.max_start is None else max(self.max_start, m)
             self._part_max[partition] = max(self._part_max.get(partition, m), m)
@@ -210,6 +213,38 @@ class Monitor:
         self.window.add(a, b, start, duration, size)
         self._see_pairs(a, b, start)
         self.switch_bw.partial_fit(start, duration, size, flows["switches"].to_numpy()[gpu], src=a)
+
+    def _note_disorder(self, start: np.ndarray, partition: str) -> None:
+        # A collector batches records per GPU pair and per export interval, so
+        # a partition delivers a pair's whole interval after another pair's:
+        # records arrive up to an interval behind the partition's latest. How
+        # far behind is measured here, in arrival order, and the lateness
+        # (how long a window waits) follows it: a window cut while part of
+        # an interval is still to come sees half the pairs, and types them
+        # (and cuts the steps) wrong.
+        prior = self._part_max.get(partition, int(start[0]))
+        ahead = np.maximum.accumulate(np.r_[prior, start])[:-1]
+        behind = int((ahead - start).max())
+        if behind > 0:
+            # a monotonic queue: the front holds the largest of the last window
+            at = max(int(ahead[-1]), self.max_start or 0)
+            while self._disorder and self._disorder[-1][1] <= behind:
+                self._disorder.pop()
+            self._disorder.append((at, behind))
+
+    def lateness_ns(self) -> int:
+        """How long a window waits for out-of-order records (event ns).
+
+        The configured ``lateness_s``, or the disorder measured over the
+        last window if larger: out-of-order delivery adapts it, and it
+        shrinks again once the input is ordered. At most half a window.
+        """
+        wm = self.max_start
+        if wm is not None:
+            while self._disorder and self._disorder[0][0] < wm - int(self.s.window_s * 1e9):
+                self._disorder.popleft()
+        seen = self._disorder[0][1] if self._disorder else 0
+        return min(max(int(self.s.lateness_s * 1e9), seen), int(self.s.window_s * 1e9) // 2)
 
     def reject(self, rejects: Counter, partition: str = "0") -> None:
         """Add counts of rejected records by reason."""
@@ -286,7 +321,7 @@ class Monitor:
         wm = self.watermark()
         if wm is None:
             return False
-        end = wm - int(self.s.lateness_s * 1e9)
+        end = wm - self.lateness_ns()
         if self.analysed_to is None:
             return end - (self.min_start if self.min_start is not None else wm) >= int(self.s.step_s * 1e9)
         return end - self.analysed_to >= int(self.s.step_s * 1e9)
@@ -309,7 +344,8 @@ class Monitor:
         wm = self.max_start if final else self.watermark()
         if wm is None:
             return None
-        end = wm - (0 if final else int(self.s.lateness_s * 1e9))
+        lateness = self.lateness_ns()
+        end = wm - (0 if final else lateness)
         if self.analysed_to is not None and end <= self.analysed_to:
             if not force:
                 return None
@@ -321,7 +357,7 @@ class Monitor:
             # before the last analysis, so no step falls between two windows
             begin = min(begin, self.analysed_to - win_ns // 2)
         self.window.evict(begin)
-        self.dedupe.evict(begin - int(self.s.lateness_s * 1e9))
+        self.dedupe.evict(begin - lateness)
         self.switch_bw.forget_before(begin)
         live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
         self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
@@ -347,7 +383,7 @@ class Monitor:
         view = MonitorView(
             jobs={j: copy.deepcopy(st.view) for j, st in self._jobs.items()},
             switches=switches, window_flows=len(self.window), pairs=len(self._pair_keys),
-            analysed_to_ns=end, ticks=self._ticks,
+            analysed_to_ns=end, lateness_ns=lateness, ticks=self._ticks,
         )
         self.view = view
         with self.lock:

@@ -340,6 +340,7 @@ class FlowReader:
                     parse_options=pajson.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="ignore"),
                     read_options=pajson.ReadOptions(block_size=max(len(block), 1 << 20)),
                 )
+                t.validate(full=True)  # JSON is UTF-8: a line that is not goes to the slow path (malformed_row)
                 if t.num_rows == nlines:
                     for sub in _slices(t, self.chunk_rows):
                         yield sub, None, None, sub.num_rows

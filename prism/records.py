@@ -51,6 +51,7 @@ REJECT_REASONS = (
     "negative_size",
     "empty_address",  # src or dst missing or empty
     "bad_address",  # src or dst is not an IPv4/IPv6 address
+    "bad_switches",  # switches is neither text nor a list of names
     # whole Kafka messages (counted once each: their rows cannot be told apart)
     "malformed_message",  # empty, or not decodable in its format (e.g. a corrupt Arrow stream)
     "oversized_message",  # larger than the daemon's --kafka.max-message-bytes
@@ -116,13 +117,51 @@ def empty_flows() -> pd.DataFrame:
     )
 
 
+def _valid_text(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """A string array with its invalid UTF-8 values made null; and which those were.
+
+    JSON and Arrow input can carry bytes that are not UTF-8 in a string
+    column; every later string kernel would raise on them. The check is one
+    C pass; the per-value work happens only when some value is invalid.
+    """
+    try:
+        arr.validate(full=True)
+        return arr, np.zeros(len(arr), dtype=bool)
+    except pa.ArrowInvalid:
+        pass
+    texts = []
+    for v in arr.view(pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary()).to_pylist():
+        try:
+            texts.append(None if v is None else v.decode("utf-8"))
+        except UnicodeDecodeError:
+            texts.append(False)
+    invalid = np.array([t is False for t in texts], dtype=bool)
+    return pa.array([None if t is False else t for t in texts], type=pa.string()), invalid
+
+
+def _as_text(arr: pa.Array) -> tuple[pa.Array | None, np.ndarray]:
+    """A column as strings (None if its type cannot hold text), and its invalid values."""
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr = arr.cast(t.value_type)
+        t = arr.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        arr = arr.view(pa.large_string() if pa.types.is_large_binary(t) else pa.string())
+        t = arr.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return _valid_text(arr)
+    return None, np.ones(len(arr), dtype=bool)
+
+
 def _parse_int(values) -> tuple[np.ndarray, np.ndarray]:
     """Parse a column to int64 exactly; return (values, bad_mask).
 
     Integers stay as they are, integral floats are accepted, strings are
     matched against an integer pattern and cast in one vectorised call. Going
     through float64 (as ``pd.to_numeric`` does when a value is missing) would
-    round nanosecond timestamps, so it is avoided.
+    round nanosecond timestamps, so it is avoided. Values of no numeric or
+    text type (lists, structs, booleans) and unsigned values past int64 are
+    bad, each row on its own.
     """
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         arr = values
@@ -136,6 +175,9 @@ def _parse_int(values) -> tuple[np.ndarray, np.ndarray]:
     t = arr.type
     if pa.types.is_integer(t):
         bad = arr.is_null().to_numpy(zero_copy_only=False)
+        if pa.types.is_unsigned_integer(t) and t.bit_width == 64:
+            bad |= pc.fill_null(pc.greater(arr, pa.scalar(2**63 - 1, pa.uint64())), False).to_numpy(zero_copy_only=False)
+            arr = pc.if_else(pa.array(bad), pa.scalar(0, t), arr)
         out = pc.fill_null(arr, 0).cast(pa.int64()).to_numpy(zero_copy_only=False)
         return out, bad
     if pa.types.is_floating(t):
@@ -144,11 +186,11 @@ def _parse_int(values) -> tuple[np.ndarray, np.ndarray]:
             bad = ~np.isfinite(f) | (np.floor(f) != f) | (np.abs(f) > 9.2e18)
         out = np.where(bad, 0, f).astype(np.int64)
         return out, bad
-    if pa.types.is_dictionary(t):
+    if pa.types.is_decimal(t):
         arr = arr.cast(pa.string())
-        t = arr.type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
-        arr = arr.cast(pa.string())
+    arr, invalid = _as_text(arr)
+    if arr is None:
+        return np.zeros(len(invalid), dtype=np.int64), invalid
     if arr.null_count == 0:
         try:  # clean column: one C cast, no regex
             return arr.cast(pa.int64()).to_numpy(zero_copy_only=False), np.zeros(len(arr), dtype=bool)
@@ -166,7 +208,7 @@ def _parse_int(values) -> tuple[np.ndarray, np.ndarray]:
         ok = pc.and_(ok, pc.invert(pc.fill_null(over, False)))
     safe = pc.if_else(ok, s, "0")
     out = safe.cast(pa.int64()).to_numpy(zero_copy_only=False)
-    bad = pc.invert(ok).to_numpy(zero_copy_only=False)
+    bad = pc.invert(ok).to_numpy(zero_copy_only=False) | invalid
     return out, bad
 
 
@@ -179,10 +221,27 @@ def _object_to_text(v) -> str | None:
     return str(v)
 
 
+_NOT_TEXT = "\x00not text"  # stands for a value no address can be (a number, list, object, bad UTF-8)
+
+
 def _address_column(values) -> pd.Series:
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
-        values = values.to_pandas()
-    return pd.Series(values)
+        arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+        text, invalid = _as_text(arr)
+        if text is None:
+            return pd.Series(np.where(arr.is_null().to_numpy(zero_copy_only=False), None, _NOT_TEXT), dtype=object)
+        values = text.to_pandas()
+        if invalid.any():
+            values = values.astype(object)
+            values[invalid] = _NOT_TEXT
+        return pd.Series(values)
+    values = pd.Series(values)
+    if values.dtype == object:
+        # the JSON fallback's Python values: a nested object or list cannot be hashed
+        odd = ~values.map(lambda v: v is None or isinstance(v, str)).to_numpy(dtype=bool)
+        if odd.any():
+            values = values.where(~odd, _NOT_TEXT)
+    return values
 
 
 _ADDRESS_CACHE: dict[str, str | None] = {}
@@ -233,6 +292,28 @@ def _normalise_addresses(col: pd.Series) -> tuple[pd.Categorical, np.ndarray, np
     new_codes = np.where(codes < 0, -1, remap[safe] if len(remap) else -1)
     cat = pd.Categorical.from_codes(new_codes, categories=pd.Index(cats, dtype=object))
     return cat, empty, bad
+
+
+def _switches_column(values) -> tuple[pd.Series, np.ndarray]:
+    """The path column as text (a list of names is joined with ``|``), and the rows that are neither."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+        if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+            if not (pa.types.is_string(arr.type.value_type) or pa.types.is_large_string(arr.type.value_type)):
+                return pd.Series([""] * len(arr)), ~arr.is_null().to_numpy(zero_copy_only=False)
+            arr = pc.binary_join(arr, "|")
+        text, invalid = _as_text(arr)
+        if text is None:
+            return pd.Series([""] * len(arr)), ~arr.is_null().to_numpy(zero_copy_only=False)
+        return pd.Series(text.to_pandas()), invalid
+    values = pd.Series(values)
+    bad = np.zeros(len(values), dtype=bool)
+    if values.dtype == object:
+        is_list = values.map(lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)).to_numpy(dtype=bool)
+        bad = ~(is_list | values.map(lambda v: v is None or isinstance(v, str)).to_numpy(dtype=bool))
+        if is_list.any() or bad.any():
+            values = values.where(~is_list, values[is_list].map("|".join) if is_list.any() else values).where(~bad, None)
+    return values, bad
 
 
 def validate_flows(
@@ -323,10 +404,8 @@ def validate_flows(
         addr[name] = cat
 
     # paths repeat: keep them categorical (missing -> empty path)
-    sw = col("switches")
-    if isinstance(sw, (pa.Array, pa.ChunkedArray)):
-        sw = sw.to_pandas()
-    sw = pd.Series(sw)
+    sw, bad_sw = _switches_column(col("switches"))
+    mark(bad_sw, "bad_switches", "switches")
     if not isinstance(sw.dtype, pd.CategoricalDtype):
         sw = sw.astype(object).where(pd.notna(sw), "").astype(str).astype("category")
     elif sw.isna().any():
@@ -351,7 +430,10 @@ def validate_flows(
             if fname:
                 raw = col(fname)
                 v = raw[idx]
-                v = v.as_py() if hasattr(v, "as_py") else v
+                try:
+                    v = v.as_py() if hasattr(v, "as_py") else v
+                except UnicodeDecodeError:  # the example shows the bytes
+                    v = v.cast(pa.binary()).as_py()
                 v = v.item() if isinstance(v, np.generic) else v
                 value = f" {fname}={v!r}"
             rejects.add(rname, int(cnt), f"{where}:{value}" if value else where)

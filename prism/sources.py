@@ -36,7 +36,7 @@ import socket
 import time
 from pathlib import Path
 
-from .messages import DEFAULT_MAX_MESSAGE_BYTES, decode_message, message_format, read_arrow, validate_arrow
+from .messages import DEFAULT_MAX_MESSAGE_BYTES, decode_messages
 from .monitor import Monitor
 from .readers import FlowReader, detect_format
 from .records import FlowFormatError, RejectCounter
@@ -260,6 +260,9 @@ class KafkaSource:
     def poll(self, monitor: Monitor, timeout_ms: int = 500) -> int:
         """Read one batch into ``monitor``; return the number of messages."""
         self.monitor = monitor
+        paused = self.consumer.paused()
+        if paused:
+            self.consumer.resume(*paused)  # after keep_alive
         batch = dict(self.consumer.poll(timeout_ms=timeout_ms))
         if self._rebalanced:
             self._settle_assigned(batch)
@@ -272,32 +275,27 @@ class KafkaSource:
                 continue
             part = self.partition_name(tp)
             rejects = RejectCounter()
-            jsonl: list[bytes] = []
-            arrow: list[tuple] = []
-            for r in recs:  # per message, not per record
-                v = r.value
-                where = f"{tp.topic}[{tp.partition}]@{r.offset}"
-                if v is None or len(v) == 0 or len(v) > self.max_message_bytes:
-                    decode_message(v, rejects, where, r.headers, self.max_message_bytes)  # counts it
-                elif message_format(v, r.headers) == "jsonl":
-                    jsonl.append(v if v.endswith(b"\n") else v + b"\n")
-                else:
-                    table = read_arrow(v, rejects, where)
-                    if table is not None and table.num_rows:
-                        arrow.append(table)
-            # one validation per poll and format: its per-call cost would
-            # otherwise dominate small messages
-            where = f"{tp.topic}[{tp.partition}]@{recs[0].offset}-{recs[-1].offset}"
-            if jsonl:
-                monitor.ingest(decode_message(b"".join(jsonl), rejects, where, max_bytes=1 << 62), part)
-            if arrow:
-                monitor.ingest(validate_arrow(arrow, rejects, where), part)
+            msgs = ((r.value, r.headers, f"{tp.topic}[{tp.partition}]@{r.offset}") for r in recs)
+            for flows in decode_messages(msgs, rejects, f"{tp.topic}[{tp.partition}]@{recs[0].offset}-{recs[-1].offset}", self.max_message_bytes):
+                monitor.ingest(flows, part)
             monitor.reject(rejects.counts, part)
             self.positions[tp] = recs[-1].offset + 1
             n += len(recs)
         monitor.backlogged = self._backlog({})
         self.read_summaries()
         return n
+
+    def keep_alive(self, timeout_ms: int = 100) -> None:
+        """Poll with every partition paused: the group keeps this consumer while a window is analysed.
+
+        Nothing is read: records come back only for a partition assigned
+        during this call (not yet paused), and go back (a seek to their
+        first offset) to be read by the next :meth:`poll`.
+        """
+        self.consumer.pause(*self.consumer.assignment())
+        for tp, recs in self.consumer.poll(timeout_ms=timeout_ms).items():
+            if recs:
+                self.consumer.seek(tp, recs[0].offset)
 
     def _backlog(self, batch: dict) -> set:
         """Assigned partitions with records not yet ingested (high watermark unknown: assume so)."""

@@ -224,6 +224,40 @@ def test_malformed_messages_are_counted_and_neighbours_kept(broker, topic, clust
         d.stop()
 
 
+def test_poison_messages_cost_only_themselves(broker, topic, cluster):
+    """Each poison among 30 good messages of 100 records: its neighbours all ingested, it counted exactly."""
+    from test_messages import encode_jsonl as jsonl, good, poisons
+
+    p = FlowProducer(broker.bootstrap, topic, fmt="jsonl")
+    want_valid, want_rejected = 0, {}
+    for k, (name, poison, valid, reasons) in enumerate(poisons()):
+        for i in range(30):
+            g = good(100, offset=(k * 31 + i) * 100)
+            p.send_raw(encode_arrow(g) if i % 2 else jsonl(g), key=b"pair")
+            if i == 13:
+                p.send_raw(poison, key=b"pair")
+        want_valid += 3000 + valid
+        for r, n in reasons.items():
+            want_rejected[r] = want_rejected.get(r, 0) + n
+    p.flush()
+    p.close()
+    d = RunningDaemon(broker, topic, cluster)
+    try:
+        wait_for(lambda: d.total("prism_flows_ingested_total") + d.total("prism_flows_rejected_total") >= want_valid + sum(want_rejected.values()),
+                 60, "every message", progress=d.progress)
+        assert d.total("prism_flows_ingested_total") == want_valid
+        assert d.total("prism_flows_duplicate_total") == 0
+        got = {}
+        for fam in d.registry.collect():
+            for s in fam.samples:
+                if s.name == "prism_flows_rejected_total" and s.value:
+                    got[s.labels["reason"]] = got.get(s.labels["reason"], 0) + s.value
+        assert got == want_rejected
+        assert d.thread.is_alive() and d.daemon.error is None
+    finally:
+        d.stop()
+
+
 def test_broker_restart_loses_nothing(broker, cluster):
     b = LocalBroker().start()
     topic = "flows"
@@ -353,6 +387,33 @@ def test_two_replicas_equal_one(broker, topic, cluster):
     finally:
         for d in (one, r1, r2):
             d.stop()
+
+
+def test_slow_analysis_keeps_the_group(broker, topic, cluster):
+    """A window analysed for longer than max.poll.interval does not cost the consumer its group membership."""
+    n = produce(broker, topic, cluster.flows, fmt="arrow")
+    d = RunningDaemon(broker, topic, cluster)
+    slow = threading.Event()
+    tick = d.monitor.tick
+
+    def slow_tick(*args, **kwargs):
+        if not slow.is_set():
+            slow.set()
+            time.sleep(2 * 3.0)  # twice the consumer's max_poll_interval_ms (3 s)
+        return tick(*args, **kwargs)
+
+    d.monitor.tick = slow_tick
+    try:
+        wait_for(lambda: d.source.consumer.assignment(), 60, "the assignment")
+        member = d.source.consumer._coordinator._generation.member_id
+        wait_for(lambda: d.settled(n), 120, "every record ingested and analysed", progress=d.progress)
+        assert slow.is_set()
+        # still the same member: never dropped from the group, never rebalanced
+        assert d.source.consumer._coordinator._generation.member_id == member
+        assert len(d.source.consumer.assignment()) == 4
+        assert d.total("prism_flows_ingested_total") == n
+    finally:
+        d.stop()
 
 
 def test_directory_source_without_kafka(cluster, tmp_path):
