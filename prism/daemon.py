@@ -113,11 +113,13 @@ class Daemon:
                     got = self.source.poll(m, timeout_ms=200)
                 except Exception as e:  # noqa: BLE001 - a broker outage must not end the daemon
                     self.health.reason = f"source error: {e}"
+                    self.health.ready = bool(getattr(self.source, "ready", True))
                     log.warning("source: %s; retrying", e)
                     time.sleep(1)
                     continue
                 self.health.ready = bool(getattr(self.source, "ready", True))
                 self.health.reason = "ok" if self.health.ready else "waiting for partition assignment"
+                self.health.bad_files = list(getattr(self.source, "bad_files", ()))
                 now = time.monotonic()
                 if got:
                     last_input = now

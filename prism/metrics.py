@@ -42,6 +42,7 @@ class Health:
         self.ready = False
         self.reason = "starting"
         self.consumer_lag = None  # Kafka records behind, when known
+        self.bad_files: list = []  # (file, error): the directory source's last skipped files
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
@@ -168,6 +169,11 @@ class PrismCollector:
             up = GaugeMetricFamily("prism_ready", "1 when the source is connected and assigned.")
             up.add_metric([], 1.0 if self.health.ready else 0.0)
             yield up
+            if self.health.bad_files:
+                bad = GaugeMetricFamily("prism_source_bad_file_info", "A dump file the directory source skipped as unreadable (the last 10; value 1).", labels=["file", "error"])
+                for name, err in self.health.bad_files:
+                    bad.add_metric([name, err[:200]], 1.0)
+                yield bad
             if self.health.consumer_lag is not None:
                 cl = GaugeMetricFamily("prism_consumer_lag_records", "Kafka records (messages) behind the partitions' high watermarks.")
                 cl.add_metric([], self.health.consumer_lag)

@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -155,7 +156,16 @@ class FlowReader:
 
     def __iter__(self) -> Iterator[pd.DataFrame]:
         reader = {"csv": self._csv, "parquet": self._parquet, "jsonl": self._jsonl}[self.format]
-        yield from reader()
+        try:
+            yield from reader()
+        except FlowFormatError:
+            raise
+        except (OSError, EOFError, zlib.error, UnicodeError, pa.ArrowException, KeyError, TypeError, ValueError) as e:
+            # truncated or corrupt compression, a column of a type no flow
+            # field has, a header that names a column twice: the file is
+            # unreadable from here on, which the user must hear with its name
+            # (the rows before it were read and validated)
+            raise FlowFormatError(f"{self.path}: unreadable after {self.rows_read:,} rows ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from e
 
     # -- CSV ---------------------------------------------------------------
     def _csv(self):
@@ -180,7 +190,8 @@ class FlowReader:
                 # single-threaded so that pyarrow numbers the rows it skips
                 # small blocks: the reader buffers several ahead, so the block
                 # size, not the chunk size, sets its memory
-                read_options=pacsv.ReadOptions(block_size=min(4 << 20, max(1 << 16, self.chunk_rows * 80)), use_threads=False),
+                read_options=pacsv.ReadOptions(block_size=min(4 << 20, max(1 << 16, self.chunk_rows * 80)), use_threads=False,
+                                               column_names=header, skip_rows=1),  # the header as cleaned (no BOM, no spaces)
                 parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
                 convert_options=pacsv.ConvertOptions(
                     # addresses and paths repeat: dictionary-encode while parsing
@@ -242,20 +253,23 @@ class FlowReader:
             raise FlowFormatError(f"{self.path}: empty file (expected a CSV header naming {', '.join(REQUIRED_COLUMNS)})")
         import csv
 
-        return [h.strip() for h in next(csv.reader([first]))]
+        names = [h.strip() for h in next(csv.reader([first.lstrip("\ufeff")]))]
+        twice = sorted({h for h in names if names.count(h) > 1})
+        if twice:
+            raise FlowFormatError(f"{self.path}: the CSV header names {', '.join(repr(h) for h in twice)} more than once")
+        return names
 
     # -- Parquet -----------------------------------------------------------
     def _parquet(self):
         tmp = None
         src = self.path
-        if self.gzipped:
-            # Parquet needs random access (the footer is at the end).
-            tmp = tempfile.NamedTemporaryFile(suffix=".parquet", delete=False)
-            with gzip.open(self.path, "rb") as g:
-                shutil.copyfileobj(g, tmp)
-            tmp.close()
-            src = tmp.name
         try:
+            if self.gzipped:
+                # Parquet needs random access (the footer is at the end).
+                tmp = tempfile.NamedTemporaryFile(suffix=".parquet", delete=False)
+                with tmp, gzip.open(self.path, "rb") as g:
+                    shutil.copyfileobj(g, tmp)
+                src = tmp.name
             try:
                 pf = pq.ParquetFile(src)
             except (pa.ArrowInvalid, OSError) as e:

@@ -55,6 +55,7 @@ REJECT_REASONS = (
     # whole Kafka messages (counted once each: their rows cannot be told apart)
     "malformed_message",  # empty, or not decodable in its format (e.g. a corrupt Arrow stream)
     "oversized_message",  # larger than the daemon's --kafka.max-message-bytes
+    "malformed_file",  # a dump file unreadable from some point on (truncated, corrupt, wrong types); its rest is skipped
 )
 
 # An int64 written as text: optional sign, digits, optionally ".0" (pandas

@@ -34,6 +34,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from pathlib import Path
 
 from .messages import DEFAULT_MAX_MESSAGE_BYTES, decode_messages
@@ -396,10 +397,18 @@ class DirectorySource:
         self._sizes: dict[str, int] = {}
         self.ready = True
         self.files_read = 0
+        self.bad_files: deque = deque(maxlen=10)  # (file, error) of the last files skipped as unreadable
 
     def _candidates(self) -> list[Path]:
         out = []
-        for p in self.dir.iterdir():
+        try:
+            listing = list(self.dir.iterdir())
+        except OSError as e:
+            # gone, or no longer readable: not ready until it is back
+            self.ready = False
+            raise OSError(f"--source {self.dir}: cannot list the directory ({e.strerror or e})") from e
+        self.ready = True
+        for p in listing:
             if p.name.startswith(".") or not p.is_file() or str(p) in self.done:
                 continue
             try:
@@ -420,8 +429,11 @@ class DirectorySource:
                 for chunk in FlowReader(str(p), chunk_rows=self.chunk_rows, rejects=rejects):
                     monitor.ingest(chunk, self.PARTITION)
             except (FlowFormatError, OSError) as e:
-                log.error("%s", e)
-                rejects.add("malformed_message", 1, str(e))
+                # skipped for good (the rows before the damage were ingested): one
+                # bad file must not hold back the files after it
+                log.error("skipping %s: %s", p.name, e)
+                rejects.add("malformed_file", 1, str(e))
+                self.bad_files.append((p.name, str(e)))
             monitor.reject(rejects.counts, self.PARTITION)
             self.done.add(str(p))
             self._sizes.pop(str(p), None)

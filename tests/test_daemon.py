@@ -4,6 +4,7 @@ Every test streams the SYNTHETIC tiny cluster (8 s, with faults) or pieces
 of it, and checks the daemon's metrics against the generator's truth or the
 exact counts produced.
 """
+import os
 import signal
 import subprocess
 import sys
@@ -436,4 +437,68 @@ def test_directory_source_without_kafka(cluster, tmp_path):
         assert monitor.jobs_["job_id"].nunique() == cluster.jobs["job_id"].nunique()
     finally:
         d.stop()
+        t.join(timeout=20)
+
+
+def test_directory_source_skips_bad_files_and_goes_on(cluster, tmp_path):
+    """Each unreadable dump is counted once and named; the dumps after it are read in full."""
+    import gzip
+    import tempfile
+
+    from prism.sources import DirectorySource
+    from synthetic.generator import write_flows
+
+    flows = cluster.flows.sort_values("start_ns").reset_index(drop=True)
+    parts = np.array_split(np.arange(len(flows)), 4)
+    good_csv = tmp_path / "src.csv"
+    write_flows(flows.iloc[:50], good_csv)
+    text = good_csv.read_bytes()
+    good_csv.unlink()
+    bad = {
+        "truncated.jsonl.gz": gzip.compress(flows.iloc[:50].astype({"src": str, "dst": str, "switches": str}).to_json(orient="records", lines=True).encode())[:-30],
+        "truncated.parquet.gz": None,
+        "twice.csv": text.replace(b"\n", b",size\n", 1),
+        "garbage.csv.gz": gzip.compress(text) + b"garbage",
+    }
+    write_flows(flows.iloc[:50], tmp_path / "whole.parquet")
+    bad["truncated.parquet.gz"] = gzip.compress((tmp_path / "whole.parquet").read_bytes())[:-30]
+    (tmp_path / "whole.parquet").unlink()
+    t0 = 1_000_000_000
+    for i, (name, content) in enumerate(bad.items()):
+        write_flows(flows.iloc[parts[i]], tmp_path / f"good{i}.parquet")
+        os.utime(tmp_path / f"good{i}.parquet", (t0 + 2 * i, t0 + 2 * i))
+        (tmp_path / name).write_bytes(content)
+        os.utime(tmp_path / name, (t0 + 2 * i + 1, t0 + 2 * i + 1))  # each bad dump before the next good one
+    leftovers = set(os.listdir(tempfile.gettempdir()))
+    monitor = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
+    src = DirectorySource(tmp_path)
+    for _ in range(40):  # two polls a file (the first only notes its size)
+        src.poll(monitor, timeout_ms=0)
+    counts = monitor.counters_snapshot()["dir"]
+    assert counts["ingested"] == len(flows)  # every good dump, in full
+    assert counts["rejected:malformed_file"] == len(bad)
+    assert {name for name, _ in src.bad_files} == set(bad)
+    assert all(name in err or "twice" in name for name, err in src.bad_files)
+    assert src.lag() == 0 and src.ready
+    assert set(os.listdir(tempfile.gettempdir())) <= leftovers  # no decompressed copy left behind
+
+
+def test_directory_source_gone_is_not_ready(cluster, tmp_path):
+    from prism.sources import DirectorySource
+
+    d = tmp_path / "dumps"
+    d.mkdir()
+    monitor = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
+    health = Health()
+    daemon = Daemon(DirectorySource(d), monitor, health)
+    d.rmdir()
+    t = threading.Thread(target=daemon.run, kwargs={"max_seconds": 30}, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: health.reason.startswith("source error"), 20, "the source error")
+        assert not health.ready and "cannot list" in health.reason
+        d.mkdir()
+        wait_for(lambda: health.ready, 20, "readiness back")
+    finally:
+        daemon.stop()
         t.join(timeout=20)
