@@ -222,7 +222,7 @@ def _object_to_text(v) -> str | None:
     return str(v)
 
 
-_NOT_TEXT = "\x00not text"  # stands for a value no address can be (a number, list, object, bad UTF-8)
+_NOT_TEXT = "\x00not text"  # stands for a value no address or path can be (a number, list, object, bad UTF-8)
 
 
 def _address_column(values) -> pd.Series:
@@ -237,11 +237,10 @@ def _address_column(values) -> pd.Series:
             values[invalid] = _NOT_TEXT
         return pd.Series(values)
     values = pd.Series(values)
-    if values.dtype == object:
+    if values.dtype == object and pd.api.types.infer_dtype(values, skipna=True) not in ("string", "empty"):
         # the JSON fallback's Python values: a nested object or list cannot be hashed
         odd = ~values.map(lambda v: v is None or isinstance(v, str)).to_numpy(dtype=bool)
-        if odd.any():
-            values = values.where(~odd, _NOT_TEXT)
+        values = values.where(~odd, _NOT_TEXT)
     return values
 
 
@@ -295,26 +294,33 @@ def _normalise_addresses(col: pd.Series) -> tuple[pd.Categorical, np.ndarray, np
     return cat, empty, bad
 
 
+def _path_text(v):
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        return "|".join(v)
+    return _NOT_TEXT
+
+
 def _switches_column(values) -> tuple[pd.Series, np.ndarray]:
     """The path column as text (a list of names is joined with ``|``), and the rows that are neither."""
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-        if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-            if not (pa.types.is_string(arr.type.value_type) or pa.types.is_large_string(arr.type.value_type)):
-                return pd.Series([""] * len(arr)), ~arr.is_null().to_numpy(zero_copy_only=False)
+        if (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) and (
+            pa.types.is_string(arr.type.value_type) or pa.types.is_large_string(arr.type.value_type)
+        ):
             arr = pc.binary_join(arr, "|")
         text, invalid = _as_text(arr)
-        if text is None:
+        if text is None:  # a type no path can have: every present value is bad
             return pd.Series([""] * len(arr)), ~arr.is_null().to_numpy(zero_copy_only=False)
         return pd.Series(text.to_pandas()), invalid
     values = pd.Series(values)
-    bad = np.zeros(len(values), dtype=bool)
-    if values.dtype == object:
-        is_list = values.map(lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)).to_numpy(dtype=bool)
-        bad = ~(is_list | values.map(lambda v: v is None or isinstance(v, str)).to_numpy(dtype=bool))
-        if is_list.any() or bad.any():
-            values = values.where(~is_list, values[is_list].map("|".join) if is_list.any() else values).where(~bad, None)
-    return values, bad
+    # the per-value look only where the column is not plain text (C-level check)
+    if values.dtype != object or pd.api.types.infer_dtype(values, skipna=True) in ("string", "empty"):
+        return values, np.zeros(len(values), dtype=bool)
+    values = values.map(_path_text)
+    bad = (values == _NOT_TEXT).to_numpy(dtype=bool)
+    return values.where(~bad, None), bad
 
 
 def validate_flows(
