@@ -3,9 +3,9 @@
 Prints Markdown tables:
 
 1. **Real op traces** (``../shared/data/straggler-analysis``): replayed vs
-   observed step time (and the authors' ``step_t_base``), and the
-   ``remove-stragglers`` / ``ideal`` predictions vs the authors'
-   straggler-free step time ``tideal``.
+   observed step time; the baseline (no launch delays) vs the authors'
+   ``tori``, ``ideal`` vs their ``tideal``, ``remove-stragglers``; the
+   attribution (S, per DP rank and stage, M_S, M_W) vs their results.
 2. **SYNTHETIC counterfactuals**: a cluster with faults and its
    ``--no-faults`` twin (same seed), both through ``prism replay``;
    ``remove-stragglers`` + ``heal-switch:<the slow switch>`` on the faulty
@@ -39,29 +39,40 @@ SA = Path(__file__).resolve().parents[2] / "shared" / "data" / "straggler-analys
 
 
 def real_traces() -> None:
+    from prism.whatif.run import attribute_ops
+
     print("### Real op traces (StragglerAnalysis)\n")
-    print("| trace | ops | tasks | steps | replay error mean / max | vs step_t_base | remove-stragglers vs tideal | ideal vs tideal |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| trace | ops | tasks | steps | replay error mean / max | baseline vs tori | ideal vs tideal | remove-stragglers | S vs theirs | per-DP-rank / per-stage attribution, max error | M_S ours / theirs | M_W ours / theirs | attribution time |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for trial in ("SE", "ST"):
         ops = read_op_trace(SA / f"trace-{trial}.parquet")
         meta = yaml.safe_load((SA / f"meta-{trial}.yaml").read_text())
         g = OpGraph(ops)
 
         def steps(sc):
-            d = apply_op_scenarios(g, [parse_scenario(s) for s in sc], meta["dp_size"]) if sc else None
-            r = simulate(g.graph() if d is None else g.graph().with_durations(d))
-            return g.step_seconds(r)
+            d = apply_op_scenarios(g, [parse_scenario(s) for s in sc], meta["dp_size"])
+            return g.step_seconds(simulate(g.graph(d, launch_delay=False)))
 
-        rep = steps([])
+        rep = g.step_seconds(simulate(g.graph()))
         obs = observed_step_times(ops)
-        base = pd.Series(json.loads((SA / f"result-{trial}.json").read_text())["step_t_base"]).rename(int)
         err = (rep / obs - 1).abs()
-        err_base = (rep.reindex(base.index) / base - 1).abs()
-        tideal = json.loads((SA / f"ms-{trial}.json").read_text())["tideal"]
-        rs, ideal = steps(["remove-stragglers"]).mean(), steps(["ideal"]).mean()
+        ms = json.loads((SA / f"ms-{trial}.json").read_text())
+        mw = json.loads((SA / f"mw-{trial}.json").read_text())
+        res = json.loads((SA / f"result-{trial}.json").read_text())
+        base, ideal, rs = steps([]).mean(), steps(["ideal"]).mean(), steps(["remove-stragglers"]).mean()
+        t0 = time.perf_counter()
+        table, a = attribute_ops(g)
+        t_attr = time.perf_counter() - t0
+        worst = []
+        for level in ("dp_rank", "stage"):
+            ours = table[table["level"] == level].set_index("key")["slowdown"]
+            theirs = pd.Series(res[f"blocking_decompose_by_{level}"]).rename(int)
+            worst.append((ours.reindex(theirs.index) / theirs - 1).abs().max())
         print(f"| {trial} (DP {meta['dp_size']} x PP {meta['pp_size']}) | {len(ops):,} | {g.n_nodes:,} | {len(obs)} | "
-              f"{err.mean():.3%} / {err.max():.3%} | {err_base.mean():.3%} | {rs:.3f} s vs {tideal:.3f} s ({rs / tideal - 1:+.1%}) | "
-              f"{ideal:.3f} s vs {tideal:.3f} s ({ideal / tideal - 1:+.1%}) |")
+              f"{err.mean():.3%} / {err.max():.3%} | {base:.3f} s vs {ms['tori']:.3f} s ({base / ms['tori'] - 1:+.2%}) | "
+              f"{ideal:.3f} s vs {ms['tideal']:.3f} s ({ideal / ms['tideal'] - 1:+.2%}) | {rs:.3f} s ({base / rs:.3f}x faster) | "
+              f"{a['slowdown']:.3f} / {res['blocking_slowdown']:.3f} | {worst[0]:.2%} / {worst[1]:.2%} | "
+              f"{a['m_s']:.1%} / {ms['Ms']:.1%} | {a['m_w']:.1%} / {mw['Mw']:.1%} | {t_attr:.1f} s |")
     print()
 
 

@@ -184,8 +184,10 @@ def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -
     if len(fs) == 0:
         return pd.DataFrame(columns=PHASE_COLUMNS)
     comp = np.where(is_dp, dp_comp[a], pp_comp[a])
-    df = pd.DataFrame({"row": fs, "dp": is_dp, "comp": comp, "start": start, "end": end, "size": size})
+    df = pd.DataFrame({"row": fs, "dp": is_dp, "comp": comp, "src": a, "start": start, "end": end, "size": size})
     g = df.groupby(["row", "dp", "comp"], sort=True).agg(start_ns=("start", "min"), end_ns=("end", "max"), flows=("size", "size"), bytes=("size", "sum")).reset_index()
+    first_send = df.groupby(["row", "dp", "comp", "src"], sort=True)["start"].min()
+    g["arrival_ns"] = first_send.groupby(level=[0, 1, 2], sort=True).max().to_numpy()
     # group names and servers: one lookup per group, not per flow
     nics = topology.nics
     names = {}
@@ -200,7 +202,8 @@ def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -
     return pd.DataFrame({
         "job_id": st["job_id"].to_numpy(), "step": st["step"].to_numpy(),
         "group": [x[0] for x in info], "kind": np.where(g["dp"], "dp_collective", "pp_traffic"),
-        "start_ns": g["start_ns"].to_numpy(), "end_ns": g["end_ns"].to_numpy(), "flows": g["flows"].to_numpy(), "bytes": g["bytes"].to_numpy(),
+        "start_ns": g["start_ns"].to_numpy(), "arrival_ns": g["arrival_ns"].to_numpy(), "end_ns": g["end_ns"].to_numpy(),
+        "flows": g["flows"].to_numpy(), "bytes": g["bytes"].to_numpy(),
         "servers": [x[1] for x in info],
     })[PHASE_COLUMNS]
 

@@ -37,7 +37,9 @@ STEP_COLUMNS = [
     "job_id", "step", "start_ns", "end_ns", "duration_ns",
     "pp_start_ns", "pp_end_ns", "dp_start_ns", "dp_end_ns", "flows", "bytes",
 ]
-PHASE_COLUMNS = ["job_id", "step", "group", "kind", "start_ns", "end_ns", "flows", "bytes", "servers"]
+#: ``arrival_ns``: when the group's last member sent its first flow of the phase (a ring cannot run
+#: before every member has arrived: from start_ns to arrival_ns its members wait for the last one)
+PHASE_COLUMNS = ["job_id", "step", "group", "kind", "start_ns", "arrival_ns", "end_ns", "flows", "bytes", "servers"]
 
 
 def busy_gaps(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -3,12 +3,15 @@
 Per job, the processors are its DP rings (``phases.csv``, kind
 ``dp_collective``). In step s, ring g runs
 
-* a *work* task: from the step's start to the ring's collective start
-  (compute and pipeline traffic of its stage, as the network sees them), then
-* its *collective*: the ring's DP burst;
+* a *work* task: from the step's start to the arrival of the ring's last
+  member (its first flow of the collective; compute and pipeline traffic of
+  its stage as the network sees them, up to the slowest member), then
+* its *collective*: the ring's DP burst from that arrival (the earlier
+  members' wait for the last one is not the collective's time);
 
 and the step ends when every ring's collective has (a synchronisation node
-of zero length that all rings join; the next step's work follows it). With
+all rings join, lasting what the step does after its last collective; the
+next step's work follows it). With
 observed durations the replay gives back the observed step times.
 
 Scenarios:
@@ -62,6 +65,10 @@ class ReplayGraph:
         st = steps[steps["job_id"] == job_id].sort_values("step").reset_index(drop=True)
         ph = phases[(phases["job_id"] == job_id) & (phases["kind"] == "dp_collective")]
         ph = ph[ph["step"].isin(st["step"])]
+        self.steps_seen = len(st)
+        if ph.empty:
+            raise ValueError(f"no DP collective seen in its {len(st)} steps (a pipeline-only job, or its DP rings on "
+                             "NVLink): the network gives its step times but not what paces them")
         # steps every ring took part in: the graph needs each ring once per step
         rings = sorted(ph["group"].unique())
         full = ph.groupby("step")["group"].nunique()
@@ -71,13 +78,23 @@ class ReplayGraph:
         self.steps, self.phases, self.rings = st, ph, rings
         n_s, n_r = len(st), len(rings)
         if n_s == 0 or n_r == 0:
-            raise ValueError(f"job {job_id}: no step with all of its DP rings' collectives")
+            raise ValueError(f"none of its {self.steps_seen} steps has all of its {n_r} DP rings' collectives")
         s0 = st["start_ns"].to_numpy(np.int64)
         ring_of = ph["group"].map({g: i for i, g in enumerate(rings)}).to_numpy()
         step_i = np.repeat(np.arange(n_s), n_r)
         base = s0[step_i]
-        self.work = (ph["start_ns"].to_numpy(np.int64) - base) / 1e9
-        self.coll = (ph["end_ns"].to_numpy(np.int64) - ph["start_ns"].to_numpy(np.int64)) / 1e9
+        # the collective runs from its last member's arrival; before that its members wait for the straggler,
+        # which is that member's work, not the collective's (replays without arrival_ns: the phase's start)
+        arrival = (ph["arrival_ns"] if "arrival_ns" in ph.columns else ph["start_ns"]).to_numpy(np.int64)
+        self.work = (arrival - base) / 1e9
+        self.coll = (ph["end_ns"].to_numpy(np.int64) - arrival) / 1e9
+        # what the step does after its last collective (grad-norm all-reduce, optimizer): the step-end
+        # synchronisation's own time, as observed
+        last_coll = ph["end_ns"].to_numpy(np.int64).reshape(n_s, n_r).max(axis=1)
+        self.tail = np.maximum((st["end_ns"].to_numpy(np.int64) - last_coll) / 1e9, 0.0)
+        # how much of the step the DP traffic spans: most of it when the parameters are all-gathered at its
+        # start (distributed optimizer) or buckets overlap the backward; then "work" and "collective" blur
+        self.dp_span = float(np.median(self.coll.reshape(n_s, n_r).max(axis=1) / np.maximum(self.observed(st), 1e-12)))
         # step end: when the last ring's collective ended; the next step starts there (observed: its start)
         self.end_gap = np.maximum((np.r_[s0[1:], st["end_ns"].iloc[-1]] - st["end_ns"].to_numpy(np.int64)) / 1e9, 0)
         # nodes: work (n_s*n_r), collectives (n_s*n_r), barriers (n_s)
@@ -99,7 +116,7 @@ class ReplayGraph:
     def graph(self, work=None, coll=None) -> ExecutionGraph:
         work = self.work if work is None else work
         coll = self.coll if coll is None else coll
-        dur = np.concatenate([work, coll, np.zeros(self.n_s)])
+        dur = np.concatenate([work, coll, self.tail])
         step = np.concatenate([self.steps["step"].to_numpy()[self.step_i]] * 2 + [self.steps["step"].to_numpy()])
         labels = np.array(["work"] * len(work) + ["DP collective"] * len(coll) + ["step end"] * self.n_s, object)
         proc = np.concatenate([self.ring_of, self.ring_of, np.full(self.n_s, -1)])
@@ -109,8 +126,9 @@ class ReplayGraph:
         """Simulated end of each step (seconds from the first step's start)."""
         return result.finish[2 * self.n_s * self.n_r:]
 
-    def observed(self) -> np.ndarray:
-        return (self.steps["end_ns"].to_numpy(np.int64) - self.steps["start_ns"].to_numpy(np.int64)) / 1e9
+    def observed(self, steps: pd.DataFrame | None = None) -> np.ndarray:
+        st = self.steps if steps is None else steps
+        return (st["end_ns"].to_numpy(np.int64) - st["start_ns"].to_numpy(np.int64)) / 1e9
 
     def simulated_steps(self, result) -> np.ndarray:
         ends = self.step_ends(result)

@@ -31,7 +31,7 @@ from scipy.sparse.csgraph import connected_components
 
 from .graph import ExecutionGraph
 
-__all__ = ["COLLECTIVE_GROUPS", "OpGraph", "read_op_trace", "observed_step_times"]
+__all__ = ["COLLECTIVE_GROUPS", "COMMUNICATION", "OpGraph", "read_op_trace", "observed_step_times"]
 
 REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id")
 
@@ -44,6 +44,9 @@ COLLECTIVE_GROUPS = {
 }
 COMPUTE = ("forward-compute", "backward-compute")
 P2P = ("forward-send", "forward-recv", "backward-send", "backward-recv")
+#: communication op types (the rest is local work: compute, optimizer, gc); a communication op's
+#: duration includes waiting for its peers, its *transfer* time starts when the last member arrives
+COMMUNICATION = P2P + tuple(COLLECTIVE_GROUPS) + ("layernorm-grads-all-reduce", "separate-grads-all-reduce")
 
 
 def read_op_trace(path) -> pd.DataFrame:
@@ -133,6 +136,13 @@ class OpGraph:
         single = self.members[self.node] == 1
         self.proc[self.node[single]] = rank[single]
         self.is_sync = self.members > 1
+        self.is_comm = o["optype"].isin(COMMUNICATION).to_numpy()
+        # a member's transfer: from the last member's arrival to its own end (its wait for the others removed)
+        last_arrival = np.full(self.n_nodes, -np.inf)
+        np.maximum.at(last_arrival, self.node, start)
+        self.transfer = np.where(self.is_sync[self.node], np.maximum(end - last_arrival[self.node], 0.0), dur)
+        self.first_task = np.zeros(self.n_nodes, bool)
+        self.first_task[self.node[first_ops]] = True
 
     def durations(self, op_duration: np.ndarray | None = None) -> np.ndarray:
         """Node durations from op durations: a task's own, a synchronisation's shortest member."""
@@ -141,9 +151,24 @@ class OpGraph:
         np.minimum.at(out, self.node, d)
         return out
 
-    def graph(self, op_duration: np.ndarray | None = None) -> ExecutionGraph:
-        return ExecutionGraph(self.durations(op_duration), self.step, self.src, self.dst, self.gap, self.release,
-                              self.label, self.proc)
+    def graph(self, op_duration: np.ndarray | None = None, launch_delay: bool = True) -> ExecutionGraph:
+        """The graph with node durations from ``op_duration`` (default: observed).
+
+        ``launch_delay=False`` drops the gaps between a rank's operations and starts every rank at its
+        step's first observed start, as StragglerAnalysis' what-if does: a gap can hide a wait on a
+        dependency the trace does not show (a collective with ranks outside it), and kept as local
+        overhead it would replay that wait in every scenario.
+        """
+        if launch_delay:
+            return ExecutionGraph(self.durations(op_duration), self.step, self.src, self.dst, self.gap, self.release,
+                                  self.label, self.proc)
+        release = np.where(self.first_task, self.step_start.reindex(self.step).to_numpy(), 0.0)
+        return ExecutionGraph(self.durations(op_duration), self.step, self.src, self.dst, np.zeros_like(self.gap),
+                              release, self.label, self.proc)
+
+    def work(self) -> np.ndarray:
+        """Per op, what it costs without waiting: a compute op's duration, a communication op's transfer."""
+        return np.where(self.is_comm, self.transfer, self.ops["duration"].to_numpy(np.float64))
 
     def step_seconds(self, result) -> pd.Series:
         """Simulated step times, by step: last finish - the step's observed first start."""

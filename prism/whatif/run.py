@@ -3,15 +3,22 @@
 Outputs in ``--out``:
 
 * ``summary.json``: ``{"jobs": {job_id: {"observed_step_s", "replayed_step_s",
-  "predicted_step_s", ...}}}``, medians over complete steps (observed in the
-  input, simulated unchanged, simulated under the scenarios);
-* ``steps.csv``: per job and step, the three step times;
+  "baseline_step_s", "predicted_step_s", "predicted_speedup", "attribution",
+  ...}}, "skipped": {job_id: reason}, "warnings": [...]}``; step times are
+  medians over complete steps (observed in the input, simulated unchanged,
+  simulated without launch delays (op traces), simulated under the
+  scenarios); ``predicted_speedup`` and the attribution use means, as
+  StragglerAnalysis does;
+* ``steps.csv``: per job and step, those step times;
+* ``attribution.csv`` (``--attribute``): per job, level and group, the step
+  time and slowdown with only that group as observed (:mod:`.attribution`);
 * ``timeline.json``: the predicted timeline (Chrome trace; ui.perfetto.dev).
 """
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +27,20 @@ import pandas as pd
 from .graph import simulate
 from .scenarios import Scenario
 
-__all__ = ["whatif_ops", "whatif_replay", "write_outputs"]
+__all__ = ["WhatIfResult", "whatif_ops", "whatif_replay", "write_outputs"]
+
+
+@dataclass
+class WhatIfResult:
+    """What ``prism whatif`` writes: per job a summary, per step the step times, the predicted timeline's
+    events, and (with ``--attribute``) the slowdown attribution per group."""
+
+    jobs: dict
+    steps: pd.DataFrame
+    events: list[dict]
+    attribution: pd.DataFrame | None = None
+    skipped: dict = field(default_factory=dict)  # job -> why it could not be modelled
+    warnings: list = field(default_factory=list)  # about the whole run
 
 
 def _trace_events(job: str, rows: pd.DataFrame) -> list[dict]:
@@ -32,8 +52,40 @@ def _trace_events(job: str, rows: pd.DataFrame) -> list[dict]:
     return ev
 
 
-def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario]) -> tuple[dict, pd.DataFrame, list[dict]]:
-    """Op-level trace -> (summary of the job, per-step table, trace events)."""
+#: op types reported together in the attribution (a pipeline transfer is one thing, seen from both ends)
+_PP_COMM = {"forward-send": "forward-pp-comm", "forward-recv": "forward-pp-comm",
+            "backward-send": "backward-pp-comm", "backward-recv": "backward-pp-comm"}
+
+
+def attribute_ops(g) -> tuple[pd.DataFrame, dict]:
+    """An :class:`~.optrace.OpGraph`'s slowdown by worker (rank), DP rank, stage and op type, and M_W, M_S."""
+    from .attribution import attribute, worker_and_stage_metrics
+    from .scenarios import ideal_op_work
+
+    observed, ideal = g.work(), ideal_op_work(g)
+
+    def mean_step(values):
+        return float(g.step_seconds(simulate(g.graph(values, launch_delay=False))).mean())
+
+    o = g.ops
+    groups = pd.DataFrame({"worker": o["rank"].to_numpy(), "dp_rank": o["dp_rank"].to_numpy(), "stage": o["stage"].to_numpy(),
+                           "optype": o["optype"].map(lambda t: _PP_COMM.get(t, t)).to_numpy()})
+    table = attribute(mean_step, observed, ideal, groups)
+    t_base, t_ideal = mean_step(observed), mean_step(ideal)
+    summary = {"baseline_step_mean_s": t_base, "ideal_step_mean_s": t_ideal, "slowdown": t_base / t_ideal}
+    summary.update(worker_and_stage_metrics(mean_step, observed, ideal, groups["worker"].to_numpy(),
+                                            groups["dp_rank"].to_numpy(), groups["stage"].to_numpy(), table))
+    return table, summary
+
+
+def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario], attribution: bool = False) -> WhatIfResult:
+    """Op-level trace -> its :class:`WhatIfResult`.
+
+    ``replayed``: the graph with observed durations and launch delays (fidelity); ``baseline``: observed
+    work without launch delays; ``predicted``: the scenarios' work without launch delays. Compare
+    predicted with baseline. With ``attribution``, the summary holds the slowdown attribution (S, M_W,
+    M_S) and the result its per-group table.
+    """
     from .optrace import OpGraph, observed_step_times, read_op_trace
     from .scenarios import apply_op_scenarios
 
@@ -42,21 +94,23 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario]) -> tupl
     job = str(meta.get("trial_name") or Path(trace_path).stem)
     t0 = time.perf_counter()
     g = OpGraph(ops)
-    base = simulate(g.graph())
+    replay = simulate(g.graph())
+    baseline = simulate(g.graph(g.work(), launch_delay=False))
     gp = g
     for sc in scenarios:
         if sc.kind == "microbatches":
             from .schedule import rebuild_microbatches
 
             gp = OpGraph(rebuild_microbatches(gp.ops, int(sc.arg), meta.get("pp_size")))
-    pred = simulate(gp.graph().with_durations(apply_op_scenarios(gp, scenarios, meta.get("dp_size")))) if scenarios else base
+    pred = simulate(gp.graph(apply_op_scenarios(gp, scenarios, meta.get("dp_size")), launch_delay=False)) if scenarios else replay
     sim_s = time.perf_counter() - t0
     observed = observed_step_times(ops)
     steps = pd.DataFrame({
         "job_id": job,
         "step": observed.index,
         "observed_s": observed.to_numpy(),
-        "replayed_s": g.step_seconds(base).reindex(observed.index).to_numpy(),
+        "replayed_s": g.step_seconds(replay).reindex(observed.index).to_numpy(),
+        "baseline_s": g.step_seconds(baseline).reindex(observed.index).to_numpy(),
         "predicted_s": gp.step_seconds(pred).reindex(observed.index).to_numpy(),
     })
     err = (steps["replayed_s"] / steps["observed_s"] - 1).abs()
@@ -64,12 +118,18 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario]) -> tupl
         "source": "ops", "steps": len(steps), "ops": len(ops), "tasks": int(g.n_nodes),
         "observed_step_s": float(steps["observed_s"].median()),
         "replayed_step_s": float(steps["replayed_s"].median()),
+        "baseline_step_s": float(steps["baseline_s"].median()),
         "predicted_step_s": float(steps["predicted_s"].median()),
+        "predicted_speedup": float(steps["baseline_s"].mean() / steps["predicted_s"].mean()) if scenarios else 1.0,
         "replay_error_mean_pct": round(float(err.mean() * 100), 4),
         "replay_error_max_pct": round(float(err.max() * 100), 4),
         "scenarios": [str(s) for s in scenarios],
         "simulation_seconds": round(sim_s, 3),
     }
+    table = None
+    if attribution:
+        table, summary["attribution"] = attribute_ops(g)
+        table.insert(0, "job_id", job)
     # predicted timeline: each op at its node's simulated time, on its rank
     node = gp.node
     # steps were traced separately (each from 0): lay them out one after another
@@ -78,24 +138,67 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario]) -> tupl
     start = pred.start[node] + offset
     rows = pd.DataFrame({"name": gp.ops["optype"].to_numpy(), "track": "rank " + gp.ops["rank"].astype(str),
                          "start": start, "dur": pred.graph.duration[node], "step": gp.ops["step"].to_numpy()})
-    return {job: summary}, steps, _trace_events(job, rows)
+    return WhatIfResult({job: summary}, steps, _trace_events(job, rows), table)
 
 
-def whatif_replay(replay_dir, scenarios: list[Scenario], topology=None) -> tuple[dict, pd.DataFrame, list[dict]]:
-    """``prism replay`` output -> (summary per job, per-step table, trace events)."""
+def attribute_replay(g) -> tuple[pd.DataFrame, dict]:
+    """A :class:`~.netreplay.ReplayGraph`'s slowdown by DP ring, stage (the servers a ring spans), server and
+    task kind. The network sees when each ring's collective starts (its last member's arrival), so a ring
+    is the finest unit: a server's share is that of the rings it is in."""
+    from .attribution import attribute
+
+    nw = len(g.work)
+    observed = np.concatenate([g.work, g.coll])
+    ideal = np.concatenate([np.full(nw, g.work.mean()), np.full(nw, np.median(g.coll))])
+
+    def mean_step(values):
+        return float(g.simulated_steps(simulate(g.graph(values[:nw], values[nw:]))).mean())
+
+    ring = np.tile(np.asarray(g.rings, object)[g.ring_of], 2)
+    servers = g.phases.drop_duplicates("group").set_index("group")["servers"].astype(str)
+    units = pd.DataFrame({"unit": np.arange(2 * nw), "ring": ring})
+    long = [units.assign(level="ring", key=ring)[["level", "key", "unit"]],
+            units.assign(level="stage", key=units["ring"].map(servers))[["level", "key", "unit"]]]
+    per_server = units.assign(key=units["ring"].map(servers).str.split("|")).explode("key")
+    long.append(per_server.assign(level="server")[["level", "key", "unit"]])
+    kind = np.r_[np.full(nw, "work"), np.full(nw, "DP collective")]
+    long.append(pd.DataFrame({"level": "kind", "key": kind, "unit": np.arange(2 * nw)}))
+    table = attribute(mean_step, observed, ideal, pd.concat(long, ignore_index=True))
+    t_base, t_ideal = mean_step(observed), mean_step(ideal)
+    return table, {"baseline_step_mean_s": t_base, "ideal_step_mean_s": t_ideal, "slowdown": t_base / t_ideal}
+
+
+def whatif_replay(replay_dir, scenarios: list[Scenario], topology=None, attribution: bool = False) -> WhatIfResult:
+    """``prism replay`` output -> its :class:`WhatIfResult`.
+
+    A job the network cannot model (no DP collective seen, or never every ring in one step) is not
+    dropped: ``WhatIfResult.skipped`` names it with the reason. A job modelled from fewer than half of
+    its steps, or a ``heal-switch`` without a topology, carries a warning.
+    """
     from .netreplay import ReplayGraph, read_replay
 
     rep = read_replay(replay_dir, topology)
-    jobs, tables, events = {}, [], []
+    jobs, tables, events, skipped, attributions, run_warnings = {}, [], [], {}, [], []
     for sc in scenarios:
         if sc.kind not in ("remove-stragglers", "heal-switch", "scale-comm"):
             raise ValueError(f"--scenario {sc}: not available for network replays (use remove-stragglers, heal-switch:NAME, scale-comm:X)")
+        if sc.kind == "heal-switch" and rep["topology"] is None:
+            run_warnings.append(f"heal-switch:{sc.arg} without --topology assumes every DP ring crosses the switch")
     for job in sorted(rep["steps"]["job_id"].unique()):
         t0 = time.perf_counter()
         try:
             g = ReplayGraph(job, rep["steps"], rep["phases"])
-        except ValueError:
-            continue  # a job whose rings were never all seen in one step has no graph
+        except ValueError as e:
+            skipped[job] = str(e)
+            continue
+        warnings = []
+        if g.steps_seen and len(g.steps) < 0.5 * g.steps_seen:
+            warnings.append(f"only {len(g.steps)} of {g.steps_seen} steps have every DP ring's collective: the step "
+                            "cut may be wrong (e.g. per micro-batch), so the prediction is uncertain")
+        if g.dp_span > 0.5:
+            warnings.append(f"its DP traffic spans {g.dp_span:.0%} of the step (parameters all-gathered at the start, or "
+                            "buckets overlapping the backward): the network cannot tell its work from its collectives, "
+                            "so remove-stragglers and the attribution are uncertain")
         base = simulate(g.graph())
         work, coll = g.work, g.coll
         for sc in scenarios:
@@ -111,24 +214,37 @@ def whatif_replay(replay_dir, scenarios: list[Scenario], topology=None) -> tuple
         tables.append(t)
         err = (t["replayed_s"] / t["observed_s"] - 1).abs()
         jobs[job] = {
-            "source": "network", "steps": len(t), "dp_rings": g.n_r,
+            "source": "network", "steps": len(t), "steps_seen": g.steps_seen, "dp_rings": g.n_r,
             "observed_step_s": float(t["observed_s"].median()), "replayed_step_s": float(t["replayed_s"].median()),
             "predicted_step_s": float(t["predicted_s"].median()),
+            "predicted_speedup": float(t["replayed_s"].mean() / t["predicted_s"].mean()) if scenarios else 1.0,
             "replay_error_mean_pct": round(float(err.mean() * 100), 4), "replay_error_max_pct": round(float(err.max() * 100), 4),
-            "scenarios": [str(s) for s in scenarios], "simulation_seconds": round(time.perf_counter() - t0, 3),
+            "scenarios": [str(s) for s in scenarios], "warnings": warnings,
         }
+        if attribution:
+            table, jobs[job]["attribution"] = attribute_replay(g)
+            table.insert(0, "job_id", job)
+            attributions.append(table)
+        jobs[job]["simulation_seconds"] = round(time.perf_counter() - t0, 3)
         gr = pred.graph
         rows = pd.DataFrame({"name": gr.label, "track": np.where(gr.proc >= 0, pd.Series(gr.proc).map(dict(enumerate(g.rings))).fillna("").to_numpy(), "steps"),
                              "start": pred.start, "dur": gr.duration, "step": gr.step})
         events += _trace_events(job, rows[rows["dur"] > 0])
     if not jobs:
-        raise ValueError(f"{replay_dir}: no job with a complete step timeline (steps.csv and DP phases)")
-    return jobs, pd.concat(tables, ignore_index=True), events
+        reasons = "; ".join(f"{j}: {r}" for j, r in skipped.items()) or "steps.csv has no job"
+        raise ValueError(f"{replay_dir}: no job can be modelled ({reasons})")
+    return WhatIfResult(jobs, pd.concat(tables, ignore_index=True), events,
+                        pd.concat(attributions, ignore_index=True) if attributions else None, skipped, run_warnings)
 
 
-def write_outputs(out, jobs: dict, steps: pd.DataFrame, events: list[dict]) -> None:
+def write_outputs(out, result: WhatIfResult) -> None:
+    """``summary.json`` (jobs, and the jobs not modelled with why), ``steps.csv``, ``timeline.json`` and, with
+    an attribution, ``attribution.csv``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"jobs": jobs}, indent=2) + "\n")
-    steps.to_csv(out / "steps.csv", index=False)
-    (out / "timeline.json").write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    summary = {"jobs": result.jobs, "skipped": result.skipped, "warnings": result.warnings}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    result.steps.to_csv(out / "steps.csv", index=False)
+    if result.attribution is not None:
+        result.attribution.to_csv(out / "attribution.csv", index=False)
+    (out / "timeline.json").write_text(json.dumps({"traceEvents": result.events, "displayTimeUnit": "ms"}))

@@ -1,13 +1,16 @@
-"""Scenarios: parsed from ``--scenario`` text, applied to op durations of an op-trace graph.
+"""Scenarios: parsed from ``--scenario`` text, applied to the work of an op-trace graph's ops.
 
 =========================  ===================================================
-``remove-stragglers``      every compute op at the median of its DP peers (same
-                           step, stage, op type and micro-batch)
-``ideal``                  every compute op at the mean of its op type over all
-                           ranks, micro-batches and steps (no stragglers and no
-                           imbalance: StragglerAnalysis' T_ideal analogue)
-``scale-comm:X``           every synchronisation (collective, send/receive) X
-                           times as long
+``remove-stragglers``      no compute op (anything but communication) slower
+                           than the lower median of its DP peers (same step,
+                           stage, op type and micro-batch; of two peers, the
+                           faster): what a worker adds over its peers
+``ideal``                  StragglerAnalysis' T_ideal: every compute op at the
+                           mean of its op type over all ranks, micro-batches
+                           and steps, every communication op at the median
+                           transfer of its type (no straggler, no stage or
+                           sequence-length imbalance)
+``scale-comm:X``           every communication op's transfer X times as long
 ``scale-dp:N``             DP group size N: reduce-scatter and all-gather scale
                            by the ring's (N-1)/N; per-rank work unchanged
 ``heal-switch:NAME``       flows through the switch at its peers' bandwidth
@@ -17,15 +20,18 @@
 =========================  ===================================================
 
 Several scenarios combine, applied in the order given; ``microbatches``
-changes the graph itself, so it is applied first.
+changes the graph itself, so it is applied first. On op traces every
+scenario is simulated without launch delays and compared with the baseline
+simulated the same way (see :meth:`~prism.whatif.optrace.OpGraph.graph`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
-__all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "SCENARIO_HELP"]
+__all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "ideal_op_work", "SCENARIO_HELP"]
 
 SCENARIO_HELP = "remove-stragglers, ideal, scale-comm:X, scale-dp:N, microbatches:M, heal-switch:NAME (repeatable; applied in order)"
 _KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-dp", "heal-switch", "microbatches")
@@ -65,23 +71,36 @@ def parse_scenario(text: str) -> Scenario:
     return Scenario(kind, arg or None)
 
 
-def apply_op_scenarios(graph_builder, scenarios: list[Scenario], dp_size: int | None = None) -> np.ndarray:
-    """Node durations of an :class:`~prism.whatif.optrace.OpGraph` under the scenarios."""
-    from .optrace import COMPUTE
-
+def ideal_op_work(graph_builder) -> np.ndarray:
+    """Per op, StragglerAnalysis' ideal value: its op type's mean work (compute) or median transfer (communication)
+    over every rank, micro-batch and step of the job."""
     ops = graph_builder.ops
-    d = ops["duration"].to_numpy(np.float64).copy()
-    compute = ops["optype"].isin(COMPUTE).to_numpy()
+    w = pd.Series(graph_builder.work())
+    by = ops["optype"].to_numpy()
+    return np.where(graph_builder.is_comm, w.groupby(by).transform("median").to_numpy(),
+                    w.groupby(by).transform("mean").to_numpy())
+
+
+def apply_op_scenarios(graph_builder, scenarios: list[Scenario], dp_size: int | None = None) -> np.ndarray:
+    """Node durations of an :class:`~prism.whatif.optrace.OpGraph` under the scenarios.
+
+    Starts from each op's work (:meth:`~prism.whatif.optrace.OpGraph.work`: a communication op's
+    transfer, without its wait for peers), so the waiting is what the simulation recreates.
+    """
+    ops = graph_builder.ops
+    d = graph_builder.work()
+    comm = graph_builder.is_comm
     comm_scale = np.ones(len(ops))
     for sc in scenarios:
         if sc.kind == "remove-stragglers":
-            med = ops.assign(d=d).groupby(["step", "stage", "optype", "seq_id"])["d"].transform("median").to_numpy()
-            d = np.where(compute, med, d)
+            # no op slower than its DP peers' lower median (of two peers: the faster one); faster ops keep theirs
+            peers = ops.assign(d=d).groupby(["step", "stage", "optype", "seq_id"])["d"]
+            low_median = peers.transform(lambda x: np.quantile(x.to_numpy(), 0.5, method="lower")).to_numpy()
+            d = np.where(comm, d, np.minimum(d, low_median))
         elif sc.kind == "ideal":
-            mean = ops.assign(d=d).groupby("optype")["d"].transform("mean").to_numpy()
-            d = np.where(compute, mean, d)
+            d = ideal_op_work(graph_builder)
         elif sc.kind == "scale-comm":
-            comm_scale *= np.where(compute, 1.0, float(sc.arg))
+            comm_scale *= np.where(comm, float(sc.arg), 1.0)
         elif sc.kind == "scale-dp":
             if not dp_size:
                 raise ValueError("scale-dp needs the trace's DP size (--meta with dp_size)")
@@ -94,8 +113,4 @@ def apply_op_scenarios(graph_builder, scenarios: list[Scenario], dp_size: int | 
             continue  # applied to the trace before the graph was built (schedule.rebuild_microbatches)
         else:
             raise ValueError(f"--scenario {sc}: not available for op traces (heal-switch needs a network replay)")
-    nodes = graph_builder.durations(d)
-    # members of one synchronisation are communication ops of one kind, so they share a factor
-    scale = np.ones(graph_builder.n_nodes)
-    scale[graph_builder.node] = comm_scale
-    return nodes * scale
+    return d * comm_scale
