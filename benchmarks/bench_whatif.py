@@ -76,6 +76,37 @@ def real_traces() -> None:
     print()
 
 
+def trace_counterfactuals() -> None:
+    """Flows derived from the real traces, one worker per job 2x slow from its fifth step: the network-level
+    remove-stragglers against the op-level one on the same trace and against the job without the straggler."""
+    from synthetic.fromtrace import CollectorNoise, Straggler, read_trace_job, trace_cluster, with_straggler
+
+    print("### Network vs op level, flows derived from the real traces\n")
+    print("| job | straggler | observed (network) | no straggler (truth) | network remove-stragglers | error | op-level: observed, remove-stragglers | network warnings |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    stragglers = {"ST": Straggler(dp=1, stage=2), "SE": Straggler(dp=3, stage=0)}
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        out = {}
+        for tag, st in (("slow", stragglers), ("clean", {})):
+            c = trace_cluster([read_trace_job(SA, t, tp=8, straggler=st.get(t)) for t in ("ST", "SE")], noise=CollectorNoise())
+            c.write(d / tag)
+            prism(["replay", str(d / tag / "flows.parquet"), "--topology", str(d / tag / "topology.csv"), "--out", str(d / f"r-{tag}"), "--quiet"])
+            prism(["whatif", str(d / f"r-{tag}"), "--scenario", "remove-stragglers", "--out", str(d / f"w-{tag}"), "--quiet"])
+            names = pd.read_csv(d / tag / "truth" / "jobs.csv").merge(pd.read_csv(d / f"r-{tag}" / "jobs.csv"), on="ip")
+            jobs = json.loads((d / f"w-{tag}" / "summary.json").read_text())["jobs"]
+            out[tag] = {t: jobs[j] for t, j in names.groupby("job_id_x")["job_id_y"].agg(lambda x: x.mode()[0]).items()}
+        for t, s in stragglers.items():
+            slow, clean = out["slow"][t], out["clean"][t]
+            g = OpGraph(with_straggler(read_op_trace(SA / f"trace-{t}.parquet"), s))
+            op = [float(g.step_seconds(simulate(g.graph(apply_op_scenarios(g, [parse_scenario(x) for x in sc]), launch_delay=False))).median())
+                  for sc in ([], ["remove-stragglers"])]
+            pred, truth = slow["predicted_step_s"], clean["observed_step_s"]
+            print(f"| {t} | dp {s.dp}, stage {s.stage}, {s.factor:g}x | {slow['observed_step_s']:.3f} s | {truth:.3f} s | {pred:.3f} s | "
+                  f"{pred / truth - 1:+.1%} | {op[0]:.3f} s, {op[1]:.3f} s | {len(slow['warnings'])} |")
+    print()
+
+
 def counterfactuals(presets: list[str]) -> None:
     from synthetic import preset
 
@@ -150,5 +181,7 @@ if __name__ == "__main__":
     ap.add_argument("--presets", default="tiny,demo")
     args = ap.parse_args()
     real_traces()
+    if SA.is_dir():
+        trace_counterfactuals()
     speed()
     counterfactuals(args.presets.split(","))

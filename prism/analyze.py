@@ -186,8 +186,7 @@ def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -
     comp = np.where(is_dp, dp_comp[a], pp_comp[a])
     df = pd.DataFrame({"row": fs, "dp": is_dp, "comp": comp, "src": a, "start": start, "end": end, "size": size})
     g = df.groupby(["row", "dp", "comp"], sort=True).agg(start_ns=("start", "min"), end_ns=("end", "max"), flows=("size", "size"), bytes=("size", "sum")).reset_index()
-    first_send = df.groupby(["row", "dp", "comp", "src"], sort=True)["start"].min()
-    g["arrival_ns"] = first_send.groupby(level=[0, 1, 2], sort=True).max().to_numpy()
+    g["arrival_ns"] = _last_burst_arrival(df)
     # group names and servers: one lookup per group, not per flow
     nics = topology.nics
     names = {}
@@ -206,6 +205,32 @@ def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -
         "flows": g["flows"].to_numpy(), "bytes": g["bytes"].to_numpy(),
         "servers": [x[1] for x in info],
     })[PHASE_COLUMNS]
+
+
+def _last_burst_arrival(df: pd.DataFrame) -> np.ndarray:
+    """Per (row, dp, comp) group, sorted: when its last member sent its first flow of the group's last burst.
+
+    A group's traffic in a step can come in bursts (a DP ring's parameter all-gather at the step's start,
+    gradient buckets during the backward, the reduce-scatter that ends the step): the last burst starts
+    after the longest pause in the group's traffic (the time between one flow's start and the end of
+    every earlier one). Its members arrive one by one; the burst runs once the last has.
+    """
+    key = ["row", "dp", "comp"]
+    d = df.sort_values(key + ["start"], kind="stable")
+    grp = d.groupby(key, sort=True)
+    busy_until = grp["end"].cummax()
+    pause = d["start"] - busy_until.groupby([d[k] for k in key]).shift(1)
+    pause = pause.fillna(-1)
+    # position (within the sorted frame) of the flow that opens the last burst: the longest pause's
+    # (its last one when equal: the bursts after it are the step's end); the group's first flow without one
+    pos = pd.Series(np.arange(len(d)), index=d.index)
+    best = pause.groupby([d[k] for k in key]).transform("max")
+    opener = pos.where((pause == best) & (best > 0)).groupby([d[k] for k in key]).transform("max")
+    first = pos.groupby([d[k] for k in key]).transform("min")
+    opener = opener.fillna(first)
+    last_burst = d[pos >= opener]
+    first_send = last_burst.groupby(key + ["src"], sort=True)["start"].min()
+    return first_send.groupby(level=[0, 1, 2], sort=True).max().to_numpy()
 
 
 def _first_flows(fs, a, b, start, end, steps) -> pd.DataFrame:
