@@ -17,7 +17,11 @@ all-reduces, optimizer). The graph:
 * a synchronisation's own duration is the shortest of its members'
   observed durations: the last member to arrive waited for nobody, so its
   time is the transfer itself; the others' longer times were waiting, which
-  the simulation recreates.
+  the simulation recreates;
+* for scenarios, :meth:`OpGraph.work` gives each op what it costs without
+  waiting (a communication op's *transfer*: from its synchronisation's last
+  arrival to its end), and :meth:`OpGraph.graph` with ``launch_delay=False``
+  drops the gaps, as StragglerAnalysis' what-if does.
 
 Steps are independent: each rank's first operation is released at its
 observed start in the step.
