@@ -217,17 +217,15 @@ def _last_burst_arrival(df: pd.DataFrame) -> np.ndarray:
     """
     key = ["row", "dp", "comp"]
     d = df.sort_values(key + ["start"], kind="stable")
-    grp = d.groupby(key, sort=True)
-    busy_until = grp["end"].cummax()
-    pause = d["start"] - busy_until.groupby([d[k] for k in key]).shift(1)
-    pause = pause.fillna(-1)
+    by = [d[k] for k in key]
+    busy_until = d.groupby(by, sort=False)["end"].cummax()
+    pause = (d["start"] - busy_until.groupby(by, sort=False).shift(1)).fillna(-1)
     # position (within the sorted frame) of the flow that opens the last burst: the longest pause's
     # (its last one when equal: the bursts after it are the step's end); the group's first flow without one
     pos = pd.Series(np.arange(len(d)), index=d.index)
-    best = pause.groupby([d[k] for k in key]).transform("max")
-    opener = pos.where((pause == best) & (best > 0)).groupby([d[k] for k in key]).transform("max")
-    first = pos.groupby([d[k] for k in key]).transform("min")
-    opener = opener.fillna(first)
+    best = pause.groupby(by, sort=False).transform("max")
+    opener = pos.where((pause == best) & (best > 0)).groupby(by, sort=False).transform("max")
+    opener = opener.fillna(pos.groupby(by, sort=False).transform("min"))
     last_burst = d[pos >= opener]
     first_send = last_burst.groupby(key + ["src"], sort=True)["start"].min()
     return first_send.groupby(level=[0, 1, 2], sort=True).max().to_numpy()

@@ -44,7 +44,7 @@ WORKER_SHARE = 0.03
 
 
 def attribute(mean_step: Callable[[np.ndarray], float], observed: np.ndarray, ideal: np.ndarray,
-              groups: pd.DataFrame) -> pd.DataFrame:
+              groups: pd.DataFrame, t_base: float | None = None, t_ideal: float | None = None) -> pd.DataFrame:
     """Per level and key: the ideal job with that group's units observed.
 
     Parameters
@@ -57,6 +57,8 @@ def attribute(mean_step: Callable[[np.ndarray], float], observed: np.ndarray, id
         Either one column per level (e.g. ``worker``, ``dp_rank``, ``stage``, ``optype``) and one row
         per unit, or the long form ``level, key, unit`` where a unit may be in several groups of a
         level (a server in several DP rings) or in none.
+    t_base, t_ideal : float, optional
+        ``mean_step(observed)`` and ``mean_step(ideal)``, when the caller has them (else simulated here).
 
     Returns
     -------
@@ -72,8 +74,8 @@ def attribute(mean_step: Callable[[np.ndarray], float], observed: np.ndarray, id
     if list(groups.columns) != ["level", "key", "unit"]:
         groups = groups.rename_axis("unit").reset_index().melt(id_vars="unit", var_name="level", value_name="key")
     groups = groups.dropna(subset=["key"])
-    t_ideal = mean_step(ideal)
-    s_all = mean_step(observed) / t_ideal
+    t_base, t_ideal = _reference(mean_step, observed, ideal, t_base, t_ideal)
+    s_all = t_base / t_ideal
     rows = []
     for (level, key), units in groups.groupby(["level", "key"], sort=False)["unit"]:
         v = ideal.copy()
@@ -89,13 +91,13 @@ def attribute(mean_step: Callable[[np.ndarray], float], observed: np.ndarray, id
 
 
 def remove_share(mean_step: Callable[[np.ndarray], float], observed: np.ndarray, ideal: np.ndarray,
-                 selected: np.ndarray) -> dict:
+                 selected: np.ndarray, t_base: float | None = None, t_ideal: float | None = None) -> dict:
     """How much of ``T_base - T_ideal`` goes away when the selected units take their ideal values.
 
     Returns ``{"t_base", "t_ideal", "t_removed", "share"}``; ``share`` is
     ``(t_base - t_removed) / (t_base - t_ideal)`` (NaN when the job has no slowdown).
     """
-    t_base, t_ideal = mean_step(observed), mean_step(ideal)
+    t_base, t_ideal = _reference(mean_step, observed, ideal, t_base, t_ideal)
     v = np.where(selected, ideal, observed)
     t_rem = mean_step(v)
     share = (t_base - t_rem) / (t_base - t_ideal) if t_base > t_ideal else float("nan")
@@ -104,7 +106,7 @@ def remove_share(mean_step: Callable[[np.ndarray], float], observed: np.ndarray,
 
 def worker_and_stage_metrics(mean_step: Callable[[np.ndarray], float], observed: np.ndarray, ideal: np.ndarray,
                              worker: np.ndarray, dp_rank: np.ndarray, stage: np.ndarray,
-                             table: pd.DataFrame) -> dict:
+                             table: pd.DataFrame, t_base: float | None = None, t_ideal: float | None = None) -> dict:
     """``M_S`` (fix the last stage) and ``M_W`` (fix the top 3% of workers), from an :func:`attribute` table.
 
     A worker's score is ``min(S_dp, S_stage)`` of its DP rank and stage: high only where both its
@@ -115,10 +117,16 @@ def worker_and_stage_metrics(mean_step: Callable[[np.ndarray], float], observed:
     workers["score"] = np.minimum(workers["dp_rank"].map(s["dp_rank"]), workers["stage"].map(s["stage"]))
     n = math.ceil(len(workers) * WORKER_SHARE)
     top = workers.sort_values(["score", "worker"], ascending=[False, True]).head(n)["worker"]
-    m_w = remove_share(mean_step, observed, ideal, np.isin(worker, top.to_numpy()))
-    m_s = remove_share(mean_step, observed, ideal, np.asarray(stage) == np.max(stage))
+    t_base, t_ideal = _reference(mean_step, observed, ideal, t_base, t_ideal)
+    m_w = remove_share(mean_step, observed, ideal, np.isin(worker, top.to_numpy()), t_base, t_ideal)
+    m_s = remove_share(mean_step, observed, ideal, np.asarray(stage) == np.max(stage), t_base, t_ideal)
     return {"m_w": m_w["share"], "m_w_workers": [_plain(w) for w in top], "m_s": m_s["share"],
             "t_without_top_workers": m_w["t_removed"], "t_without_last_stage_slowdown": m_s["t_removed"]}
+
+
+def _reference(mean_step, observed, ideal, t_base, t_ideal) -> tuple[float, float]:
+    """The job's mean step with every unit observed and with every unit ideal: given, or simulated."""
+    return (mean_step(observed) if t_base is None else t_base), (mean_step(ideal) if t_ideal is None else t_ideal)
 
 
 def _plain(x):

@@ -94,7 +94,7 @@ class ReplayGraph:
         self.tail = np.maximum((st["end_ns"].to_numpy(np.int64) - last_coll) / 1e9, 0.0)
         # how much of the step the DP traffic spans: most of it when the parameters are all-gathered at its
         # start (distributed optimizer) or buckets overlap the backward; then "work" and "collective" blur
-        self.dp_span = float(np.median(self.coll.reshape(n_s, n_r).max(axis=1) / np.maximum(self.observed(st), 1e-12)))
+        self.dp_span = float(np.median(self.coll.reshape(n_s, n_r).max(axis=1) / np.maximum(self.observed(), 1e-12)))
         # step end: when the last ring's collective ended; the next step starts there (observed: its start)
         self.end_gap = np.maximum((np.r_[s0[1:], st["end_ns"].iloc[-1]] - st["end_ns"].to_numpy(np.int64)) / 1e9, 0)
         # nodes: work (n_s*n_r), collectives (n_s*n_r), barriers (n_s)
@@ -126,9 +126,8 @@ class ReplayGraph:
         """Simulated end of each step (seconds from the first step's start)."""
         return result.finish[2 * self.n_s * self.n_r:]
 
-    def observed(self, steps: pd.DataFrame | None = None) -> np.ndarray:
-        st = self.steps if steps is None else steps
-        return (st["end_ns"].to_numpy(np.int64) - st["start_ns"].to_numpy(np.int64)) / 1e9
+    def observed(self) -> np.ndarray:
+        return (self.steps["end_ns"].to_numpy(np.int64) - self.steps["start_ns"].to_numpy(np.int64)) / 1e9
 
     def simulated_steps(self, result) -> np.ndarray:
         ends = self.step_ends(result)

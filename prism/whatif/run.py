@@ -70,11 +70,12 @@ def attribute_ops(g) -> tuple[pd.DataFrame, dict]:
     o = g.ops
     groups = pd.DataFrame({"worker": o["rank"].to_numpy(), "dp_rank": o["dp_rank"].to_numpy(), "stage": o["stage"].to_numpy(),
                            "optype": o["optype"].map(lambda t: _PP_COMM.get(t, t)).to_numpy()})
-    table = attribute(mean_step, observed, ideal, groups)
     t_base, t_ideal = mean_step(observed), mean_step(ideal)
+    table = attribute(mean_step, observed, ideal, groups, t_base, t_ideal)
     summary = {"baseline_step_mean_s": t_base, "ideal_step_mean_s": t_ideal, "slowdown": t_base / t_ideal}
     summary.update(worker_and_stage_metrics(mean_step, observed, ideal, groups["worker"].to_numpy(),
-                                            groups["dp_rank"].to_numpy(), groups["stage"].to_numpy(), table))
+                                            groups["dp_rank"].to_numpy(), groups["stage"].to_numpy(), table,
+                                            t_base, t_ideal))
     return table, summary
 
 
@@ -163,8 +164,8 @@ def attribute_replay(g) -> tuple[pd.DataFrame, dict]:
     long.append(per_server.assign(level="server")[["level", "key", "unit"]])
     kind = np.r_[np.full(nw, "work"), np.full(nw, "DP collective")]
     long.append(pd.DataFrame({"level": "kind", "key": kind, "unit": np.arange(2 * nw)}))
-    table = attribute(mean_step, observed, ideal, pd.concat(long, ignore_index=True))
     t_base, t_ideal = mean_step(observed), mean_step(ideal)
+    table = attribute(mean_step, observed, ideal, pd.concat(long, ignore_index=True), t_base, t_ideal)
     return table, {"baseline_step_mean_s": t_base, "ideal_step_mean_s": t_ideal, "slowdown": t_base / t_ideal}
 
 
