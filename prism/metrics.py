@@ -43,6 +43,7 @@ class Health:
         self.reason = "starting"
         self.consumer_lag = None  # Kafka records behind, when known
         self.bad_files: list = []  # (file, error): the directory source's last skipped files
+        self.source_resets = 0  # times the Kafka topic was found re-created (its log lost)
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
@@ -174,6 +175,9 @@ class PrismCollector:
                 for name, err in self.health.bad_files:
                     bad.add_metric([name, err[:200]], 1.0)
                 yield bad
+            resets = CounterMetricFamily("prism_source_resets", "Times the Kafka topic was found re-created (new topic ID: the broker lost its log); every partition was read again from its start.")
+            resets.add_metric([], self.health.source_resets)
+            yield resets
             if self.health.consumer_lag is not None:
                 cl = GaugeMetricFamily("prism_consumer_lag_records", "Kafka records (messages) behind the partitions' high watermarks.")
                 cl.add_metric([], self.health.consumer_lag)

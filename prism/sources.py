@@ -109,6 +109,7 @@ class KafkaSource:
         self.positions: dict = {}  # TopicPartition -> next offset to read (after the last ingested)
         self.summaries: dict[str, dict] = {}  # latest value per key of the summaries topic
         self.ready = False
+        self.resets = 0  # times the topic was found re-created (prism_source_resets_total)
         ensure_topic(bootstrap_servers, summary_topic, 1, compact=True)
         common = dict(bootstrap_servers=bootstrap_servers, reconnect_backoff_max_ms=2000, request_timeout_ms=max(session_timeout_ms + 5000, 15000))
         self.consumer = KafkaConsumer(
@@ -126,6 +127,7 @@ class KafkaSource:
         self._revoked: set = set()  # revoked, not yet known to be elsewhere
         self._rebalanced = False
         self._stash: dict = {}  # revoked partitions' last offset and counts, in case they come back
+        self._topic_id = None  # the topic's UUID when first seen; a new one means the topic was re-created
         self.consumer.subscribe([topic], listener=_Rebalance(self))
 
     # -- summaries topic -------------------------------------------------------
@@ -209,7 +211,7 @@ class KafkaSource:
             # where this partition's counts and offset stand, newest wins: the
             # published state (another replica's, or our previous life's), what
             # we held when it was revoked, or what we still hold
-            known = [c for c in (self.summaries.get(self._state_key(tp)), self._stash.pop(tp, None)) if c is not None]
+            known = [c for c in (self.summaries.get(self._state_key(tp)), self._stash.pop(tp, None)) if c is not None and self._same_topic(c)]
             if tp in self.positions and self.monitor is not None:
                 known.append({"offset": self.positions[tp], "counters": self.monitor.counters_snapshot().get(name, {}), "local": True})
             best = max(known, key=lambda c: int(c["offset"]), default=None)
@@ -229,6 +231,50 @@ class KafkaSource:
                 # which lags the counts: go back to where the counts stand
                 self._seek(tp, int(best["offset"]), batch)
                 log.info("partition %s: resuming at offset %s", name, best["offset"])
+
+    def _current_topic_id(self) -> str | None:
+        # the topic's UUID from the consumer's metadata (Metadata v10+; kafka-python
+        # keeps it in the cluster view it refreshes after every reconnect). No
+        # public accessor exists; None (an older client or broker) disables the check.
+        try:
+            tid = self.consumer._client.cluster.topic_id(self.topic)
+        except AttributeError:
+            return None
+        return None if tid is None else str(tid)
+
+    def _same_topic(self, state: dict) -> bool:
+        """Whether a published partition state belongs to the topic as it is now (not to a deleted namesake)."""
+        return state.get("topic_id") is None or self._topic_id is None or state["topic_id"] == self._topic_id
+
+    def _topic_recreated(self) -> bool:
+        """Whether the topic has a new ID since we last looked; if so, read every partition from the start.
+
+        A broker that lost its log (memory storage, a restored cluster) comes
+        back with the topic re-created: its offsets start again at 0 and ours
+        point into records we have never seen. Offsets and timing cannot tell
+        (the new log may already be longer than our position); the topic ID can.
+        """
+        tid = self._current_topic_id()
+        if tid is None or tid == self._topic_id:
+            return False
+        if self._topic_id is None:
+            self._topic_id = tid
+            return False
+        log.warning("topic %s was re-created (topic ID %s -> %s): the broker lost its log; reading every partition from the beginning",
+                    self.topic, self._topic_id, tid)
+        self._topic_id = tid
+        # the group may have dropped us already (its state went with the log):
+        # forget every position, not only the assigned partitions', so that no
+        # rebalance resumes at an old offset
+        self.positions.clear()
+        for tp in self.consumer.assignment():
+            self.consumer.seek_to_beginning(tp)
+        self._committed.clear()
+        self._stash.clear()
+        self._summary_tps = None  # lost with it: re-read from its start
+        self.summaries.clear()
+        self.resets += 1
+        return True
 
     def _committed_offset(self, tp):
         try:
@@ -265,6 +311,8 @@ class KafkaSource:
         if paused:
             self.consumer.resume(*paused)  # after keep_alive
         batch = dict(self.consumer.poll(timeout_ms=timeout_ms))
+        if self._topic_recreated():
+            batch = {}  # fetched from the new log at the old offsets: read again from the start
         if self._rebalanced:
             self._settle_assigned(batch)
         # partitions with unread records (this batch's included) hold the
@@ -333,7 +381,8 @@ class KafkaSource:
         for tp, off in list(self.positions.items()):
             if only is not None and tp not in only:
                 continue
-            value = {"offset": off, "counters": counts.get(self.partition_name(tp), {}), "replica": self.replica_id, "time": now}
+            value = {"offset": off, "counters": counts.get(self.partition_name(tp), {}), "replica": self.replica_id, "time": now,
+                     "topic_id": self._topic_id}
             self.producer.send(self.summary_topic, key=self._state_key(tp).encode(), value=json.dumps(value).encode())
         if only is None:
             comps = self.monitor.local_components()

@@ -261,7 +261,13 @@ def test_poison_messages_cost_only_themselves(broker, topic, cluster):
         d.stop()
 
 
-def test_broker_restart_loses_nothing(broker, cluster):
+@pytest.mark.parametrize("down_s", [0.0, 4.0], ids=["restart-at-once", "restart-after-the-session-timeout"])
+def test_broker_restart_loses_nothing(broker, cluster, down_s):
+    """Memory storage: the restarted broker is empty and the topic re-created (a new topic ID).
+
+    The daemon must notice from the topic ID, whatever the timing: restarted at
+    once (the group may not even rebalance) or after the session timeout.
+    """
     b = LocalBroker().start()
     topic = "flows"
     ensure_topic(b.bootstrap, topic, 4)
@@ -271,17 +277,76 @@ def test_broker_restart_loses_nothing(broker, cluster):
     d = RunningDaemon(b, topic, cluster)
     try:
         wait_for(lambda: d.total("prism_flows_ingested_total") == n1, 60, "the first half", progress=d.progress)
-        b.stop(kill=True)  # memory storage: the restarted broker is empty
-        time.sleep(1.0)
+        b.stop(kill=True)
+        time.sleep(down_s)
         b.start()
         ensure_topic(b.bootstrap, topic, 4)
-        n2 = produce(b, topic, flows.iloc[half:])
+        n2 = produce(b, topic, flows.iloc[half:])  # the new log already reaches past the daemon's old offsets
         wait_for(lambda: d.total("prism_flows_ingested_total") >= n1 + n2, 120, "the second half after the broker restart", progress=d.progress)
-        time.sleep(1.0)
+        wait_for(lambda: d.settled(n1 + n2), 60, "the analysis", progress=d.progress)
         assert d.total("prism_flows_ingested_total") == n1 + n2 == len(flows)
+        assert d.total("prism_source_resets_total") == 1
         # records fetched at the old offsets before the reset was noticed are
         # read again from the start: recognised as re-deliveries, not counted twice
         assert d.total("prism_flows_duplicate_total") < n2
+        assert d.thread.is_alive()
+    finally:
+        d.stop()
+        b.stop()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A local S3 endpoint (moto's server) for Tansu's durable storage engine."""
+    exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    if not os.path.exists(exe):
+        pytest.skip("moto_server is not installed (pip install 'moto[server]'; part of the test extra)")
+    port = free_port()
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _http_ok(endpoint), 60, "moto_server")
+        yield {"AWS_ENDPOINT": endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "prism", "AWS_SECRET_ACCESS_KEY": "prism",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _http_ok(url, method="GET"):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it answers
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return False
+
+
+def test_durable_broker_killed_mid_stream_loses_nothing(cluster, s3):
+    """Tansu on S3 storage, as a deployment keeps it: killed (-9) and restarted while records stream in."""
+    bucket = f"tansu-{uuid.uuid4().hex[:8]}"
+    urllib.request.urlopen(urllib.request.Request(f"{s3['AWS_ENDPOINT']}/{bucket}", method="PUT"), timeout=10).close()
+    b = LocalBroker(storage=f"s3://{bucket}/", env=s3).start()
+    topic = "flows"
+    ensure_topic(b.bootstrap, topic, 4)
+    flows = cluster.flows.sort_values("start_ns").reset_index(drop=True)
+    third = len(flows) // 3
+    n1 = produce(b, topic, flows.iloc[:third])
+    d = RunningDaemon(b, topic, cluster)
+    try:
+        wait_for(lambda: d.total("prism_flows_ingested_total") > 0, 60, "the first records", progress=d.progress)
+        b.stop(kill=True)  # mid-stream: part of the first third not yet read
+        b.start()
+        n2 = produce(b, topic, flows.iloc[third:2 * third])
+        b.stop(kill=True)
+        time.sleep(4.0)  # past the session timeout: the group rebalances
+        b.start()
+        n3 = produce(b, topic, flows.iloc[2 * third:])
+        wait_for(lambda: d.total("prism_flows_ingested_total") >= n1 + n2 + n3, 120, "every record", progress=d.progress)
+        wait_for(lambda: d.settled(n1 + n2 + n3), 60, "the analysis", progress=d.progress)
+        assert d.total("prism_flows_ingested_total") == n1 + n2 + n3 == len(flows)
+        assert d.total("prism_source_resets_total") == 0  # the log survived: no re-read from the start
         assert d.thread.is_alive()
     finally:
         d.stop()
