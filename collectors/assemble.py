@@ -20,6 +20,9 @@ either one ONLY packet or FIRST, MIDDLE..., LAST with PSNs rising by one
 4. A message whose end has not been seen at the end of a batch is carried
    into the next batch (rotated capture files); one that can never complete
    (its FIRST was lost everywhere) is counted as ``incomplete_messages``.
+5. A message dated before 1970 or whose packets lie over
+   ``MAX_MESSAGE_NS`` apart comes from a corrupt capture clock: counted as
+   ``bad_timestamp_messages`` and dropped.
 
 ``switches`` is the path: the mirror points that saw the message, ordered
 by when each first saw it, named through a :class:`SwitchMap`.
@@ -40,6 +43,7 @@ __all__ = ["SwitchMap", "FlowAssembler", "CollectStats"]
 
 PSN_MOD = 1 << 24
 MAX_PATH = 3  # switches kept per message path (16 bits each in a path code)
+MAX_MESSAGE_NS = 60 * 10**9  # an RDMA message spanning longer is a clock error (largest real ones take well under a second)
 
 
 class SwitchMap:
@@ -55,7 +59,13 @@ class SwitchMap:
     """
 
     def __init__(self, sessions: dict | None = None, sources: dict | None = None):
-        self.sessions = {int(k): str(v) for k, v in (sessions or {}).items()}
+        for name, value in (("sessions", sessions), ("sources", sources)):
+            if value is not None and not isinstance(value, dict):
+                raise ValueError(f"'{name}' must be a mapping ({'17: leaf-03' if name == 'sessions' else '10.0.0.3: leaf-03'}), got {type(value).__name__}")
+        try:
+            self.sessions = {int(k): str(v) for k, v in (sessions or {}).items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"'sessions' keys must be ERSPAN session ids (integers), got {sorted(map(str, sessions))}") from None
         self.sources = {str(ipaddress.ip_address(str(k))): str(v) for k, v in (sources or {}).items()}
 
     @classmethod
@@ -293,6 +303,13 @@ class FlowAssembler:
             "switches": path,
             "dst_qp": ukeys[keys_c, 4],
         })
+        # a message before 1970 or whose packets lie minutes apart comes from a
+        # corrupt capture clock, not the network: counted, not turned into a flow
+        bad_time = (seg_tmin < 0) | (seg_tmax - seg_tmin > MAX_MESSAGE_NS)
+        if bad_time.any():
+            self.stats.counts["bad_timestamp_messages"] += int(bad_time.sum())
+            self.stats.counts["messages"] -= int(bad_time.sum())
+            df = df[~bad_time]
         return df.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
     def _paths(self, msg, sw, ts, n_msgs) -> pd.Categorical:

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from prism.argtypes import non_negative_float, positive_int
+
 EXIT_BAD_INPUT = 2
 
 DESCRIPTION = (
@@ -28,9 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--follow", metavar="DIR", help="keep reading new capture files as they appear in DIR (rotated pcaps); "
                    "a file is read once it has not grown for --settle seconds. Stops on SIGTERM/SIGINT. With a file --out, flows are "
                    "written when it stops: use kafka:// for a long-running collector")
-    p.add_argument("--settle", type=float, default=2.0, metavar="SECONDS", help="with --follow: how long a file must be unchanged (default: %(default)s)")
+    p.add_argument("--settle", type=non_negative_float, default=2.0, metavar="SECONDS", help="with --follow: how long a file must be unchanged (default: %(default)s)")
     p.add_argument("--stats", metavar="FILE", help="write the counters (packets by status, CNPs per switch, messages) as JSON")
-    p.add_argument("--batch-packets", type=int, default=1 << 18, metavar="N", help="packets decoded per slice; about 250 bytes each (default: %(default)s)")
+    p.add_argument("--batch-packets", type=positive_int, default=1 << 18, metavar="N", help="packets decoded per slice; about 250 bytes each (default: %(default)s)")
     p.add_argument("--web.listen-address", dest="listen", default=None, metavar="HOST:PORT",
                    help="with --follow: serve the counters as Prometheus metrics (prism_collector_*)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
@@ -87,7 +89,8 @@ def _print_summary(s: dict, out: str) -> None:
     for name, n in sorted(s["packets_by_status"].items(), key=lambda kv: -kv[1]):
         print(f"  {name:<22} {n:>12,}")
     print(f"wrote {s['flows']:,} flows to {out}: {s.get('mirror_copies', 0):,} mirror copies merged, "
-          f"{s.get('retransmitted_packets', 0):,} retransmitted packets, {s.get('incomplete_messages', 0):,} incomplete messages")
+          f"{s.get('retransmitted_packets', 0):,} retransmitted packets, {s.get('incomplete_messages', 0):,} incomplete messages"
+          + (f", {s['bad_timestamp_messages']:,} with impossible timestamps (dropped)" if s.get("bad_timestamp_messages") else ""))
     if s["cnp_by_switch"]:
         top = sorted(s["cnp_by_switch"].items(), key=lambda kv: -kv[1])[:5]
         print("CNPs (congestion) by switch: " + ", ".join(f"{k or '(host)'} {v:,}" for k, v in top))
@@ -143,6 +146,7 @@ def _serve_metrics(collector, address: str):
             yield cnp
             for name, help_ in [("messages", "RDMA messages written as flow records."),
                                 ("incomplete_messages", "Messages whose first or last packet was never seen."),
+                                ("bad_timestamp_messages", "Messages dropped for impossible timestamps (before 1970, or packets over 60 s apart): a corrupt capture clock."),
                                 ("retransmitted_packets", "Packets seen again at the same mirror (go-back-N)."),
                                 ("mirror_copies", "Copies of a packet from further mirror points, merged."),
                                 ("bad_files", "Files that were not readable captures.")]:

@@ -161,7 +161,13 @@ def _scan_pcapng(buf, end):
                         r = np.int64(buf[o + 4])
                         if_pow2[n_if] = (r & 0x80) != 0
                         if_res[n_if] = r & 0x7F
+                        # finer than 2^-63 s or 10^-18 s: no 64-bit clock counts in it
+                        if if_res[n_if] > (63 if if_pow2[n_if] else 18):
+                            err = 6
                     o += 4 + ((olen + 3) // 4) * 4
+            if err:
+                cut = pos
+                break
             n_if += 1
         elif btype == 6 or btype == 2 or btype == 3:
             if btype == 3:
@@ -209,7 +215,8 @@ def _scan_pcapng(buf, end):
 
 
 _PCAPNG_ERRORS = {1: "bad section header byte-order magic", 2: "block length not a multiple of 4",
-                  3: "packet data overruns its block", 4: "packet names an interface never described", 5: "block shorter than its fixed fields"}
+                  3: "packet data overruns its block", 4: "packet names an interface never described", 5: "block shorter than its fixed fields",
+                  6: "interface timestamp resolution (if_tsresol) finer than 10^-18 s or 2^-63 s"}
 
 
 def capture_from_bytes(data, path: str = "<bytes>") -> Capture:

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from . import __version__
+from .argtypes import non_negative_float, positive_float, positive_int
 from .readers import DEFAULT_CHUNK_ROWS
 
 EXIT_BAD_INPUT = 2
@@ -32,7 +33,7 @@ def _add_synth(sub):
                         "baseline, clip, embedding, pp-sizes, tp-pp-dp, overlap, dist-opt, collector, all")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="capture window (default: the preset's)")
+    p.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS", help="capture window (default: the preset's)")
     p.add_argument("--no-faults", action="store_true", help="the fault-free twin: same seed and random draws, no injected faults")
     p.add_argument("--format", default="parquet", choices=["parquet", "csv", "csv.gz", "jsonl", "jsonl.gz"], help="flow file format (default: %(default)s)")
     p.set_defaults(func=cmd_synth)
@@ -54,7 +55,7 @@ def _add_replay(sub):
     p.add_argument("flows", nargs="+", metavar="FLOWS", help="flow files, in time order")
     p.add_argument("--topology", required=True, help="CSV with ip,server (optional rail,leaf): one row per GPU NIC")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="rows per chunk; bounds memory, about 1.2 KiB per row at peak (default: %(default)s)")
+    p.add_argument("--chunk-rows", type=positive_int, default=DEFAULT_CHUNK_ROWS, help="rows per chunk; bounds memory, about 1.2 KiB per row at peak (default: %(default)s)")
     p.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
@@ -88,8 +89,8 @@ def _add_demo(sub):
     p.add_argument("--preset", default="demo", choices=["tiny", "demo", "large", "accuracy"], help="cluster (default: %(default)s)")
     p.add_argument("--offline", action="store_true", help="replay the capture with 'prism replay' instead of streaming it through the daemon")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (--offline)")
-    p.add_argument("--speed", type=float, default=1.0, help="stream at this multiple of real time; 0 = as fast as possible (default: %(default)s)")
-    p.add_argument("--duration", type=float, default=None, metavar="SECONDS", help="length of the generated capture (default: the preset's)")
+    p.add_argument("--speed", type=non_negative_float, default=1.0, help="stream at this multiple of real time; 0 = as fast as possible (default: %(default)s)")
+    p.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS", help="length of the generated capture (default: the preset's)")
     p.add_argument("--kafka.bootstrap-servers", dest="bootstrap", default=None, metavar="HOST:PORT",
                    help="use this Kafka cluster instead of starting a local broker (topics get fresh names)")
     p.add_argument("--web.listen-address", dest="listen", default="127.0.0.1:9464", metavar="HOST:PORT",
@@ -472,7 +473,7 @@ def cmd_demo(args) -> int:
 def cmd_daemon(args) -> int:
     import logging
 
-    from .daemon import load_config, parse_duration
+    from .daemon import check_settings, load_config
 
     known = {f.lstrip("-") for f in DAEMON_FLAGS} - {"config.file"}
     settings = dict(DAEMON_DEFAULTS)
@@ -490,15 +491,15 @@ def cmd_daemon(args) -> int:
             raise ValueError("give exactly one of --kafka.bootstrap-servers or --source DIR")
         from .monitor import MonitorSettings
 
+        settings = check_settings(settings)
         ms = MonitorSettings(
-            window_s=parse_duration(settings["window"]), step_s=parse_duration(settings["window_step"]),
-            lateness_s=parse_duration(settings["window_lateness"]), pair_ttl_s=parse_duration(settings["jobs_ttl"]),
-            max_window_flows=int(settings["window_max_flows"]), switch_window_s=parse_duration(settings["switch_window"]),
+            window_s=settings["window"], step_s=settings["window_step"], lateness_s=settings["window_lateness"],
+            pair_ttl_s=settings["jobs_ttl"], max_window_flows=settings["window_max_flows"], switch_window_s=settings["switch_window"],
         )
     except ValueError as e:
         print(f"prism daemon: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    logging.basicConfig(level=str(settings["log_level"]).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from prometheus_client import CollectorRegistry
 
     from .daemon import Daemon
@@ -514,7 +515,7 @@ def cmd_daemon(args) -> int:
         print(f"prism daemon: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     monitor = Monitor(topo, ms)
-    health = Health(stall_s=max(60.0, 2 * parse_duration(settings["kafka_max_poll_interval"])))
+    health = Health(stall_s=max(60.0, 2 * settings["kafka_max_poll_interval"]))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrismCollector(monitor, health))
     try:
@@ -529,9 +530,9 @@ def cmd_daemon(args) -> int:
         else:
             source = KafkaSource(
                 settings["kafka_bootstrap_servers"], settings["kafka_topic"], settings["kafka_group_id"], settings["kafka_summary_topic"],
-                replica_id=settings.get("kafka_replica_id"), max_message_bytes=int(settings["kafka_max_message_bytes"]),
-                max_poll_interval_ms=int(parse_duration(settings["kafka_max_poll_interval"]) * 1000),
-                session_timeout_ms=int(parse_duration(settings["kafka_session_timeout"]) * 1000),
+                replica_id=settings.get("kafka_replica_id"), max_message_bytes=settings["kafka_max_message_bytes"],
+                max_poll_interval_ms=int(settings["kafka_max_poll_interval"] * 1000),
+                session_timeout_ms=int(settings["kafka_session_timeout"] * 1000),
             )
     except (FileNotFoundError, ValueError) as e:
         print(f"prism daemon: error: {e}", file=sys.stderr)

@@ -21,7 +21,9 @@ from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
 from .monitor import Monitor
 
-__all__ = ["Daemon", "load_config", "read_yaml", "parse_duration", "format_event"]
+__all__ = ["Daemon", "load_config", "read_yaml", "parse_duration", "check_settings", "format_event", "LOG_LEVELS"]
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 log = logging.getLogger("prism.daemon")
 
@@ -38,6 +40,59 @@ def parse_duration(text) -> float:
     if not m:
         raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 5m, 1h)")
     return float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+
+
+def _count(value, flag: str) -> int:
+    """A whole number >= 1 (config files may give ``1e6`` or ``"20_000_000"``)."""
+    try:
+        f = float(str(value).replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{flag}: expected a whole number >= 1, got {value!r}") from None
+    if not f.is_integer() or f < 1:
+        raise ValueError(f"{flag}: expected a whole number >= 1, got {value!r}")
+    return int(f)
+
+
+def check_settings(settings: dict) -> dict:
+    """The daemon's settings, checked and typed; a ValueError names the flag.
+
+    Durations must be positive (``--window.lateness`` may be 0), counts
+    whole and >= 1, the listen address a HOST:PORT with a port in range,
+    the log level one of :data:`LOG_LEVELS`.
+
+    >>> check_settings({"window": "2m", "log_level": "INFO"})["window"]
+    120.0
+    >>> check_settings({"window_max_flows": 0})
+    Traceback (most recent call last):
+    ...
+    ValueError: --window.max-flows: expected a whole number >= 1, got 0
+    """
+    from .metrics import parse_listen_address
+
+    out = dict(settings)
+    for key, flag, zero_ok in (
+        ("window", "--window", False), ("window_step", "--window.step", False), ("window_lateness", "--window.lateness", True),
+        ("jobs_ttl", "--jobs.ttl", False), ("switch_window", "--switch.window", False),
+        ("kafka_max_poll_interval", "--kafka.max-poll-interval", False), ("kafka_session_timeout", "--kafka.session-timeout", False),
+    ):
+        if key in out:
+            try:
+                out[key] = parse_duration(out[key])
+            except ValueError as e:
+                raise ValueError(f"{flag}: {e}") from None
+            if out[key] < 0 or (out[key] == 0 and not zero_ok):
+                raise ValueError(f"{flag}: must be {'>= 0' if zero_ok else '> 0'}, got {settings[key]!r}")
+    for key, flag in (("window_max_flows", "--window.max-flows"), ("kafka_max_message_bytes", "--kafka.max-message-bytes")):
+        if key in out:
+            out[key] = _count(out[key], flag)
+    if "log_level" in out:
+        level = str(out["log_level"]).lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"--log.level: expected one of {', '.join(LOG_LEVELS)}, got {out['log_level']!r}")
+        out["log_level"] = level
+    if "web_listen_address" in out:
+        parse_listen_address(out["web_listen_address"])
+    return out
 
 
 def read_yaml(path, flag: str):

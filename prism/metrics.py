@@ -201,15 +201,52 @@ def parse_listen_address(text: str) -> tuple[str, int]:
     >>> parse_listen_address("[::1]:0")
     ('::1', 0)
     """
-    host, sep, port = text.rpartition(":")
+    host, sep, port = str(text).rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"--web.listen-address: expected HOST:PORT, got {text!r}")
+    if int(port) > 65535:
+        raise ValueError(f"--web.listen-address: port {port} is out of range (0-65535; 0 picks a free port)")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
 
 
 class _Server(ThreadingMixIn, WSGIServer):
+    """One thread per connection, at most ``max_connections`` at a time.
+
+    Idle or slow clients cannot pile up threads: a connection over the cap is
+    answered 503 at once and closed, and one that sends no complete request
+    within the handler's timeout is dropped (``_QuietHandler.timeout``).
+    """
+
     daemon_threads = True
+    request_queue_size = 128  # listen backlog; socketserver's 5 stalls connects in a burst
+    max_connections = 64
+
+    def __init__(self, *args, **kwargs):
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self.refused = 0  # connections answered 503 over the cap
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            try:
+                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 25\r\n\r\ntoo many open connections")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _Server6(_Server):
@@ -217,6 +254,8 @@ class _Server6(_Server):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = 10.0  # seconds a client may take to send its request (idle sockets are dropped)
+
     def log_message(self, *args):  # scrapes every 15 s would flood the log
         pass
 
@@ -224,7 +263,8 @@ class _QuietHandler(WSGIRequestHandler):
 class MetricsServer:
     """``/metrics``, ``/healthz`` and ``/readyz`` on a background thread."""
 
-    def __init__(self, registry: CollectorRegistry, health: Health, address: str = "127.0.0.1:9464"):
+    def __init__(self, registry: CollectorRegistry, health: Health, address: str = "127.0.0.1:9464",
+                 max_connections: int = 64, idle_timeout_s: float = 10.0):
         host, port = parse_listen_address(address)
         metrics_app = make_wsgi_app(registry)
 
@@ -243,8 +283,10 @@ class MetricsServer:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"try /metrics, /healthz or /readyz\n"]
 
-        server_class = _Server6 if ":" in host else _Server
-        self.httpd = make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
+        base = _Server6 if ":" in host else _Server
+        server_class = type(base.__name__, (base,), {"max_connections": int(max_connections)})
+        handler_class = type("_Handler", (_QuietHandler,), {"timeout": float(idle_timeout_s)})
+        self.httpd = make_server(host, port, app, server_class=server_class, handler_class=handler_class)
         self.port = self.httpd.server_port
         self.address = f"{'[' + host + ']' if ':' in host else host}:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="prism-metrics", daemon=True)

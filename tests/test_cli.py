@@ -118,3 +118,28 @@ def test_stop_after_prints_a_summary(stage, tiny_dir, tmp_path, capsys):
     assert ("steps, median" in out) == (stage == "steps")
     pairs = pd.read_csv(tmp_path / "pairs.csv")
     assert {"confidence", "evidence"} <= set(pairs.columns) and pairs["confidence"].between(0, 1).all()
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--web.listen-address", "127.0.0.1:99999"], "port 99999 is out of range"),
+    (["--log.level", "verbose"], "--log.level: expected one of debug, info, warning, error"),
+    (["--window.max-flows", "0"], "--window.max-flows: expected a whole number >= 1"),
+    (["--window.max-flows", "-1"], "--window.max-flows: expected a whole number >= 1"),
+    (["--kafka.max-message-bytes", "1.5"], "--kafka.max-message-bytes: expected a whole number"),
+    (["--window", "0s"], "--window: must be > 0"),
+    (["--window.step", "soon"], "--window.step: not a duration"),
+])
+def test_daemon_refuses_bad_settings_before_starting(tmp_path, data_dir, capsys, flags, match):
+    """Each was accepted and crashed (or looped) later; now exit 2 with the flag named, before binding or reading."""
+    assert main(["daemon", "--topology", str(data_dir / "topology.csv"), "--source", str(tmp_path), *flags]) == 2
+    assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["replay", "X", "--topology", "T", "--out", "O", "--chunk-rows", "0"],
+                                  ["collect", "X", "--out", "o.csv", "--batch-packets", "0"],
+                                  ["collect", "X", "--out", "o.csv", "--settle", "-1"],
+                                  ["demo", "--speed", "-2"], ["synth", "--out", "O", "--duration", "nan"]])
+def test_numeric_flags_are_range_checked(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "must be" in capsys.readouterr().err

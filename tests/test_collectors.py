@@ -185,14 +185,16 @@ def test_batch_boundaries_do_not_change_the_flows(synthetic_capture):
     pd.testing.assert_frame_equal(outs[0], outs[1])
 
 
-def _to_pcapng(cap, big_endian=False) -> bytes:
+def _to_pcapng(cap, big_endian=False, tsresol=9, ticks=None) -> bytes:
+    """The capture as pcapng; ``ticks`` (unsigned 64-bit) replace its timestamps."""
     e = ">" if big_endian else "<"
     out = [struct.pack(e + "IIIHHq", 0x0A0D0D0A, 28, 0x1A2B3C4D, 1, 0, -1) + struct.pack(e + "I", 28)]
-    opt = struct.pack(e + "HHB3x", 9, 1, 9) + struct.pack(e + "HH", 0, 0)  # if_tsresol = 9 (ns), end of options
+    opt = struct.pack(e + "HHB3x", 9, 1, tsresol) + struct.pack(e + "HH", 0, 0)  # if_tsresol (9: ns), end of options
     idb_len = 20 + len(opt)
     out.append(struct.pack(e + "IIHHI", 1, idb_len, 1, 0, 0) + opt + struct.pack(e + "I", idb_len))
     buf = bytes(cap.buf)
-    for off, cl, ol, ts in zip(cap.offset.tolist(), cap.caplen.tolist(), cap.origlen.tolist(), cap.ts_ns.tolist()):
+    stamps = cap.ts_ns.tolist() if ticks is None else [int(t) for t in ticks]
+    for off, cl, ol, ts in zip(cap.offset.tolist(), cap.caplen.tolist(), cap.origlen.tolist(), stamps):
         data = buf[off:off + cl]
         padded = data + b"\0" * (-len(data) % 4)
         blen = 32 + len(padded)
@@ -210,6 +212,48 @@ def test_pcapng_reads_like_pcap(synthetic_capture, big_endian):
     a, b = decode_packets(cap), decode_packets(ng)
     for field in ("status", "psn", "dqp", "payload", "session", "src_lo"):
         assert (a[field] == b[field]).all(), field
+
+
+def test_impossible_pcapng_clocks_are_errors_or_counted(synthetic_capture, tmp_path):
+    d, _ = synthetic_capture
+    cap = read_capture(d / "roce.synthetic.pcap")
+    # a resolution no 64-bit clock counts in: a format error naming the option, not a ZeroDivisionError
+    for res in (19, 73, 127, 0x80 | 64):
+        with pytest.raises(CaptureFormatError, match="if_tsresol"):
+            capture_from_bytes(_to_pcapng(cap, tsresol=res))
+    (tmp_path / "res.pcapng").write_bytes(_to_pcapng(cap, tsresol=73))
+    c = Collector(FileSink(tmp_path / "r.jsonl"))
+    assert c.add_file(tmp_path / "res.pcapng") == 0 and c.stats.counts["bad_files"] == 1
+    c.close()
+    # corrupt timestamps on some packets: their messages are counted and dropped, the rest kept exact
+    clean = Collector(FileSink(tmp_path / "clean.parquet"))
+    clean.add_file(d / "roce.synthetic.pcap")
+    clean.close()
+    ticks = cap.ts_ns.astype(np.uint64).copy()
+    rng = np.random.default_rng(0)
+    hit = rng.choice(len(ticks), 20, replace=False)
+    ticks[hit[:10]] = np.uint64(0xFFFF_FFFF_0000_0000)  # reads as a negative int64: before 1970
+    ticks[hit[10:]] += np.uint64(36 * 10**15)  # 10 hours later
+    (tmp_path / "clock.pcapng").write_bytes(_to_pcapng(cap, ticks=ticks))
+    c = Collector(FileSink(tmp_path / "clock.parquet"))
+    c.add_file(tmp_path / "clock.pcapng")
+    c.close()
+    got, want = pd.read_parquet(tmp_path / "clock.parquet"), pd.read_parquet(tmp_path / "clean.parquet")
+    bad = c.stats.counts["bad_timestamp_messages"]
+    # a corrupt packet costs its own message (dated impossibly, or cut into pieces that never complete)
+    # and at most the neighbour of the same connection it lands amid
+    assert 0 < bad <= len(want) - len(got) <= 2 * 20 and len(got) == c.stats.counts["messages"]
+    assert (got["start_ns"] >= 0).all() and (got["duration_ns"] < 60 * 10**9).all()
+    assert len(got.merge(want, how="inner")) == len(got)  # the kept flows are the clean run's, unchanged
+
+
+@pytest.mark.parametrize("doc, match", [({"sessions": [1, 2]}, "'sessions' must be a mapping"),
+                                        ({"sources": "10.0.0.1"}, "'sources' must be a mapping"),
+                                        ({"sessions": {"leaf": "x"}}, "session ids")])
+def test_switch_map_shapes_are_checked(tmp_path, doc, match):
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ValueError, match=match):
+        SwitchMap.load(tmp_path / "m.yaml")
 
 
 def test_big_endian_and_microsecond_pcap():

@@ -190,6 +190,51 @@ def test_whatif_cli_bad_input(tmp_path):
     assert main(["whatif", "--ops", str(bad), "--scenario", "quicker", "--out", str(tmp_path / "o")]) == 2
 
 
+def _small_trace(tmp_path) -> pd.DataFrame:
+    ops = read_op_trace(SA / "trace-ST.parquet")
+    return ops[ops["step"] == ops["step"].min()]
+
+
+@needs_sa
+@pytest.mark.parametrize("case, match", [
+    ("string stage", "bad stage"), ("infinite duration", "bad duration"), ("no ops", "no ops"),
+    ("unknown op types", "none of its op types"), ("fractional rank", "bad rank"),
+])
+def test_whatif_bad_op_traces_are_clear_errors(tmp_path, capsys, case, match):
+    ops = _small_trace(tmp_path)
+    if case == "string stage":
+        ops = ops.astype({"stage": str})
+        ops.loc[ops.index[3], "stage"] = "two"
+    elif case == "infinite duration":
+        ops.loc[ops.index[5], "duration"] = np.inf
+    elif case == "no ops":
+        ops = ops.head(0)
+    elif case == "unknown op types":
+        ops = ops.assign(optype="matmul")
+    elif case == "fractional rank":
+        ops = ops.astype({"rank": float})
+        ops.loc[ops.index[1], "rank"] = 1.5
+    ops.to_parquet(tmp_path / "ops.parquet")
+    assert main(["whatif", "--ops", str(tmp_path / "ops.parquet"), "--out", str(tmp_path / "o")]) == 2
+    assert match in capsys.readouterr().err
+
+
+@needs_sa
+@pytest.mark.parametrize("args, match", [
+    (["--meta", "META"], "dp_size must be a whole number"),
+    (["--scenario", "scale-comm:nan"], "positive, finite factor"),
+    (["--scenario", "scale-comm:inf"], "positive, finite factor"),
+    (["--scenario", "microbatches:100000"], "at most 1024 micro-batches"),
+])
+def test_whatif_bad_settings_are_refused(tmp_path, capsys, args, match):
+    _small_trace(tmp_path).to_parquet(tmp_path / "ops.parquet")
+    (tmp_path / "meta.yaml").write_text("dp_size: -2\n")
+    args = [str(tmp_path / "meta.yaml") if a == "META" else a for a in args]
+    assert main(["whatif", "--ops", str(tmp_path / "ops.parquet"), *args, "--out", str(tmp_path / "o")]) == 2
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
 # ------------------------------------------------------- network replays
 
 
@@ -260,3 +305,40 @@ def test_network_whatif_reports_what_it_cannot_model_and_attributes(replays, tmp
     assert slow in t[t["level"] == "stage"].iloc[0]["key"].split("|")
     servers = t[t["level"] == "server"]
     assert servers.iloc[0]["slowdown"] > 1.05 and slow in set(servers[servers["slowdown"] == servers["slowdown"].max()]["key"])
+
+
+def test_a_corrupt_replay_dir_names_what_it_skips(replays, tmp_path, capsys):
+    """Wrong columns are an error naming the file; a job with a non-numeric or impossible time is skipped by
+    name with the file and line, and the other jobs are modelled exactly as from the clean directory."""
+    import shutil
+
+    clean = tmp_path / "clean"
+    assert main(["whatif", str(replays["twin"]), "--out", str(clean), "--quiet"]) == 0
+    want = json.loads((clean / "summary.json").read_text())["jobs"]
+    steps = pd.read_csv(replays["twin"] / "steps.csv")
+    for name, change, match in [
+        ("steps.csv", lambda d: d.drop(columns="end_ns"), "steps.csv: missing column(s) end_ns"),
+        ("phases.csv", lambda d: d.rename(columns={"kind": "type"}), "phases.csv: missing column(s) kind"),
+    ]:
+        bad = tmp_path / f"cols-{name}"
+        shutil.copytree(replays["twin"], bad)
+        change(pd.read_csv(bad / name)).to_csv(bad / name, index=False)
+        assert main(["whatif", str(bad), "--out", str(tmp_path / "o")]) == 2
+        assert match in capsys.readouterr().err
+    modelled = sorted(want)
+    for k, (col, value) in enumerate([("start_ns", "12x"), ("end_ns", float("nan")), ("end_ns", 9e18)]):
+        bad = tmp_path / f"rows-{k}"
+        shutil.copytree(replays["twin"], bad)
+        job = modelled[k % len(modelled)]
+        s = steps.astype({col: object})
+        row = int(np.flatnonzero(s["job_id"] == job)[2])
+        s.loc[row, col] = value
+        s.to_csv(bad / "steps.csv", index=False)
+        assert main(["whatif", str(bad), "--out", str(tmp_path / f"o{k}"), "--quiet"]) == 0
+        summary = json.loads((tmp_path / f"o{k}" / "summary.json").read_text())
+        assert f"steps.csv line {row + 2}: {col}=" in summary["skipped"][job]
+        assert f"job {job} not modelled" in capsys.readouterr().err
+        assert job not in summary["jobs"] and set(summary["jobs"]) == set(want) - {job}
+        for j in summary["jobs"]:
+            for key in ("observed_step_s", "replayed_step_s", "predicted_step_s", "steps"):
+                assert summary["jobs"][j][key] == want[j][key], (j, key)

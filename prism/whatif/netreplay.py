@@ -44,17 +44,74 @@ from .graph import ExecutionGraph
 __all__ = ["ReplayGraph", "read_replay"]
 
 
+#: the columns the what-if reads from a replay directory
+REPLAY_COLUMNS = {"steps": ("job_id", "step", "start_ns", "end_ns"), "phases": ("job_id", "step", "group", "kind", "start_ns", "end_ns")}
+#: longer than this is not a training step (nor a collective): a corrupt value
+MAX_SPAN_NS = 24 * 3600 * 10**9
+
+
 def read_replay(replay_dir, topology=None) -> dict:
+    """A ``prism replay`` output directory's tables, checked.
+
+    Missing files or columns are an error. A job with a row whose step or
+    times are not numbers, not finite, or impossible (ending before it
+    starts, spanning over a day) cannot be modelled: it is listed under
+    ``"invalid"`` (job -> the first bad row, by file and line) and its rows
+    are dropped, so the other jobs go on.
+    """
     d = Path(replay_dir)
     need = ["steps.csv", "phases.csv"]
     missing = [n for n in need if not (d / n).is_file()]
     if missing:
         raise ValueError(f"{d}: not a 'prism replay' output directory (missing {', '.join(missing)})")
-    out = {n[:-4]: pd.read_csv(d / n) for n in need}
+    out = {}
+    for name in need:
+        try:
+            out[name[:-4]] = pd.read_csv(d / name)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            raise ValueError(f"{d / name}: not a readable CSV file: {e}") from None
+    for name, cols in REPLAY_COLUMNS.items():
+        lacking = [c for c in cols if c not in out[name].columns]
+        if lacking:
+            raise ValueError(f"{d / (name + '.csv')}: missing column(s) {', '.join(lacking)} (a 'prism replay' output has "
+                             f"{', '.join(cols)}, ...)")
+    invalid: dict = {}
+    for name in REPLAY_COLUMNS:
+        out[name] = _checked_times(out[name], f"{name}.csv", invalid)
+    for name in REPLAY_COLUMNS:
+        out[name] = out[name][~out[name]["job_id"].isin(list(invalid))].reset_index(drop=True)
+    out["invalid"] = invalid
     for opt in ("anomalies.csv", "switches.csv"):
         out[opt[:-4]] = pd.read_csv(d / opt) if (d / opt).is_file() and (d / opt).stat().st_size else None
     out["topology"] = pd.read_csv(topology) if topology else None
     return out
+
+
+def _checked_times(df: pd.DataFrame, file: str, invalid: dict) -> pd.DataFrame:
+    """``df`` with its step and time columns as int64; jobs with a bad row go into ``invalid``."""
+    df = df.copy()
+    df["job_id"] = df["job_id"].astype(str)
+    cols = [c for c in ("step", "start_ns", "arrival_ns", "end_ns") if c in df.columns]
+    num = {c: pd.to_numeric(df[c], errors="coerce").to_numpy(np.float64) for c in cols}
+    bad = np.zeros(len(df), bool)
+    why = np.full(len(df), "", object)
+    for c in cols:
+        b = ~np.isfinite(num[c]) | (np.abs(num[c]) > 2.0**62) | (num[c] != np.round(num[c]))
+        why[b & ~bad] = c
+        bad |= b
+    span = num["end_ns"] - num["start_ns"]
+    b = ~bad & ((span < 0) | (span > MAX_SPAN_NS))
+    why[b] = "end_ns"
+    bad |= b
+    for i in np.flatnonzero(bad):
+        job = df["job_id"].iat[i]
+        if job not in invalid:
+            c = why[i]
+            invalid[job] = (f"{file} line {i + 2}: {c}={df[c].iat[i]!r} is not a valid "
+                            + ("step number" if c == "step" else "time (a whole number of ns, ending after the start, within a day of it)"))
+    for c in cols:  # the bad rows' jobs are dropped by the caller
+        df[c] = np.where(bad, 0, num[c]).astype(np.int64)
+    return df
 
 
 class ReplayGraph:

@@ -64,10 +64,22 @@ def read_op_trace(path) -> pd.DataFrame:
     if missing:
         raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (expected {', '.join(REQUIRED)})")
     df = df[list(REQUIRED) + [c for c in df.columns if c not in REQUIRED]].copy()
+    if df.empty:
+        raise ValueError(f"{path}: no ops")
     df["optype"] = df["optype"].astype(str)
-    bad = df["duration"].isna() | (df["duration"] < 0) | df["start_ts"].isna()
-    if bad.any():
-        raise ValueError(f"{path}: {int(bad.sum())} row(s) with a missing or negative start_ts/duration, first at row {int(np.flatnonzero(bad)[0])}")
+    known = set(COMMUNICATION) | set(COMPUTE)
+    if not df["optype"].isin(known).any():
+        raise ValueError(f"{path}: none of its op types ({', '.join(sorted(df['optype'].unique())[:5])}) is one the "
+                         f"model knows ({', '.join(sorted(known))})")
+    for c, whole in (("dp_rank", True), ("stage", True), ("rank", True), ("step", True), ("seq_id", True),
+                     ("start_ts", False), ("duration", False)):
+        x = pd.to_numeric(df[c], errors="coerce").to_numpy(np.float64)
+        bad = ~np.isfinite(x) | ((x < 0) if c != "start_ts" else False) | ((x != np.round(x)) if whole else False)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{path}: {int(bad.sum())} row(s) with a bad {c} (expected a finite, non-negative "
+                             f"{'whole number' if whole else 'number'}), first at row {i}: {df[c].iat[i]!r}")
+        df[c] = x.astype(np.int64) if whole else x
     return df.reset_index(drop=True)
 
 

@@ -79,6 +79,19 @@ def attribute_ops(g) -> tuple[pd.DataFrame, dict]:
     return table, summary
 
 
+def _checked_meta(meta: dict) -> dict:
+    """``--meta``: dp_size and pp_size, when given, are whole numbers >= 1."""
+    out = dict(meta)
+    for key in ("dp_size", "pp_size"):
+        v = out.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)) or not str(v).isdigit() or int(v) < 1:
+            raise ValueError(f"--meta: {key} must be a whole number >= 1, got {v!r}")
+        out[key] = int(v)
+    return out
+
+
 def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario], attribution: bool = False) -> WhatIfResult:
     """Op-level trace -> its :class:`WhatIfResult`.
 
@@ -90,7 +103,7 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario], attribu
     from .optrace import OpGraph, observed_step_times, read_op_trace
     from .scenarios import apply_op_scenarios
 
-    meta = meta or {}
+    meta = _checked_meta(meta or {})
     ops = read_op_trace(trace_path)
     job = str(meta.get("trial_name") or Path(trace_path).stem)
     t0 = time.perf_counter()
@@ -179,7 +192,7 @@ def whatif_replay(replay_dir, scenarios: list[Scenario], topology=None, attribut
     from .netreplay import ReplayGraph, read_replay
 
     rep = read_replay(replay_dir, topology)
-    jobs, tables, events, skipped, attributions, run_warnings = {}, [], [], {}, [], []
+    jobs, tables, events, skipped, attributions, run_warnings = {}, [], [], dict(rep["invalid"]), [], []
     for sc in scenarios:
         if sc.kind not in ("remove-stragglers", "heal-switch", "scale-comm"):
             raise ValueError(f"--scenario {sc}: not available for network replays (use remove-stragglers, heal-switch:NAME, scale-comm:X)")

@@ -26,6 +26,7 @@ simulated the same way (see :meth:`~prism.whatif.optrace.OpGraph.graph`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,8 @@ import pandas as pd
 __all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "ideal_op_work", "SCENARIO_HELP"]
 
 SCENARIO_HELP = "remove-stragglers, ideal, scale-comm:X, scale-dp:N, microbatches:M, heal-switch:NAME (repeatable; applied in order)"
+#: a real pipeline runs tens to hundreds of micro-batches a step
+MAX_MICROBATCHES = 1024
 _KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-dp", "heal-switch", "microbatches")
 
 
@@ -61,13 +64,16 @@ def parse_scenario(text: str) -> Scenario:
         raise ValueError(f"--scenario {text!r}: {kind} needs a value, e.g. {kind}:{'spine-00' if kind == 'heal-switch' else '2'}")
     if kind == "scale-comm":
         try:
-            if float(arg) <= 0:
+            if not 0 < float(arg) < math.inf:
                 raise ValueError
         except ValueError:
-            raise ValueError(f"--scenario {text!r}: scale-comm takes a positive factor") from None
+            raise ValueError(f"--scenario {text!r}: scale-comm takes a positive, finite factor") from None
     if kind in ("scale-dp", "microbatches"):
         if not arg.isdigit() or int(arg) < 1:
             raise ValueError(f"--scenario {text!r}: {kind} takes a positive whole number")
+        if kind == "microbatches" and int(arg) > MAX_MICROBATCHES:
+            # the rebuilt trace grows with M (4 ops per micro-batch per rank and step): refuse, not run out of memory
+            raise ValueError(f"--scenario {text!r}: at most {MAX_MICROBATCHES} micro-batches")
     return Scenario(kind, arg or None)
 
 

@@ -1,0 +1,47 @@
+"""argparse types shared by the command lines: numbers with their range checked.
+
+>>> positive_int("3"), positive_float("0.5"), non_negative_float("0")
+(3, 0.5, 0.0)
+>>> positive_int("0")
+Traceback (most recent call last):
+...
+argparse.ArgumentTypeError: must be >= 1, got 0
+"""
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["positive_int", "positive_float", "non_negative_float"]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
