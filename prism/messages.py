@@ -37,6 +37,7 @@ __all__ = [
     "ARROW_CONTENT_TYPE",
     "JSONL_CONTENT_TYPE",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "MAX_MESSAGE_ROWS",
     "decode_message",
     "decode_messages",
     "read_arrow",
@@ -50,6 +51,9 @@ __all__ = [
 ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 JSONL_CONTENT_TYPE = "application/x-ndjson"
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
+#: records one message may decode to: compressed Arrow can expand a few MB into
+#: tens of millions of rows (a JSON Lines message within the byte limit holds < 100k)
+MAX_MESSAGE_ROWS = 1_000_000
 _ARROW_MARKER = b"\xff\xff\xff\xff"
 
 log = logging.getLogger("prism.messages")
@@ -194,7 +198,15 @@ def _decode_arrow(value: bytes, rejects: RejectCounter, source: str) -> pd.DataF
 def read_arrow(value: bytes, rejects: RejectCounter, source: str) -> pa.Table | None:
     """The table of an Arrow IPC stream message, or None (counted) if unreadable."""
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
+        reader = pa.ipc.open_stream(pa.py_buffer(value))
+        batches, rows = [], 0
+        for batch in reader:  # one batch decompressed at a time: stop at the bound, not after the whole stream
+            rows += batch.num_rows
+            if rows > MAX_MESSAGE_ROWS:
+                rejects.add("oversized_message", 1, f"{source}: decodes to more than {MAX_MESSAGE_ROWS:,} records")
+                return None
+            batches.append(batch)
+        table = pa.Table.from_batches(batches, schema=reader.schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as e:
         rejects.add("malformed_message", 1, f"{source}: not an Arrow IPC stream ({str(e).splitlines()[0][:120]})")
         return None

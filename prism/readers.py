@@ -38,6 +38,8 @@ from .records import (
 __all__ = ["FlowReader", "detect_format", "read_flows", "write_flows", "DEFAULT_CHUNK_ROWS"]
 
 DEFAULT_CHUNK_ROWS = 1 << 18
+#: a flow record is ~150 bytes; a line this long is garbage, skipped (counted) rather than buffered
+MAX_LINE_BYTES = 1 << 20
 _DICT = pa.dictionary(pa.int32(), pa.string())
 _FORMATS = {
     ".csv": "csv",
@@ -87,14 +89,32 @@ def detect_format(path: str) -> tuple[str, bool]:
     )
 
 
-def _check_columns(path: str, names) -> None:
+def _check_columns(path: str, names, keys=None) -> None:
+    """Raise naming the missing columns; ``keys``: what the input has instead (e.g. a JSON record's keys)."""
     missing = [c for c in REQUIRED_COLUMNS if c not in names]
     if missing:
+        found = ", ".join(map(str, names)) or "none"
+        if not names and keys:
+            found = f"none; the first record's keys are {', '.join(map(str, list(keys)[:10]))}"
+        lower = {str(k).lower() for k in (keys if keys is not None else names)}
+        hint = "; names are lowercase" if any(c in lower for c in missing) else ""
         raise FlowFormatError(
             f"{path}: missing required column{'s' if len(missing) > 1 else ''} "
             + ", ".join(repr(c) for c in missing)
-            + f" (found: {', '.join(map(str, names)) or 'none'}; required: {', '.join(REQUIRED_COLUMNS)})"
+            + f" (found: {found}; required: {', '.join(REQUIRED_COLUMNS)}{hint})"
         )
+
+
+def _first_record_keys(block: bytes) -> list:
+    """The keys of a block's first JSON object line (for an error message)."""
+    for line in block.split(b"\n"):
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                return []
+            return list(obj) if isinstance(obj, dict) else []
+    return []
 
 
 class FlowReader:
@@ -201,8 +221,14 @@ class FlowReader:
                     quoted_strings_can_be_null=False,
                 ),
             )
-        except pa.ArrowInvalid as e:
-            raise FlowFormatError(f"{self.path}: not a readable CSV file: {e}") from e
+        except (pa.ArrowInvalid, OSError) as e:
+            if isinstance(e, OSError) and not self.gzipped:
+                raise
+            # the first block already holds a row pyarrow cannot take, or corrupt compression,
+            # or the file is the header alone
+            yield from self._csv_lines(header, 2)
+            self.bytes_done = self.bytes_total
+            return
         row = 2  # pyarrow's number of the first data row (the header is 1)
         pending: list[pa.RecordBatch] = []
         pending_lines: list[np.ndarray] = []
@@ -224,8 +250,20 @@ class FlowReader:
                 if sum(b.num_rows for b in pending) >= self.chunk_rows:
                     self.bytes_done = raw.tell()
                     yield from self._csv_flush(pending, pending_lines)
-        except pa.ArrowInvalid as e:
-            raise FlowFormatError(f"{self.path}: CSV parse error near line {row}: {e}") from e
+        except (pa.ArrowInvalid, OSError) as e:
+            if isinstance(e, OSError) and not self.gzipped:
+                raise
+            # a row pyarrow cannot take (bad UTF-8, a field longer than its block), or corrupt
+            # compression: the rows before it are good; from it on, read line by line, counting
+            # and skipping bad rows (corrupt compression then ends the file with the rows read named)
+            yield from self._csv_flush(pending, pending_lines)
+            for n, text in invalid:
+                if n is not None and n < row:
+                    self.rejects.add("malformed_row", 1, f"{self.path}:line {n}: {text[:80]!r}")
+                    self.rows_read += 1
+            yield from self._csv_lines(header, row)
+            self.bytes_done = self.bytes_total
+            return
         for n, text in invalid:
             self.rejects.add("malformed_row", 1, f"{self.path}:line {n}: {text[:80]!r}")
         self.rows_read += len(invalid)
@@ -245,12 +283,76 @@ class FlowReader:
             self.rows_read += sub.num_rows
             yield validate_flows(sub, self.rejects, self.path, line_numbers=numbers[off : off + sub.num_rows])
 
+    def _csv_lines(self, header: list[str], first: int):
+        """Rows from line ``first`` on, one line at a time (after a block pyarrow could not parse).
+
+        Each line is decoded and split on its own: one that is not UTF-8, is
+        longer than ``MAX_LINE_BYTES`` or has the wrong number of fields is
+        counted as ``malformed_row`` with its line number, and the rest go
+        through the same validation as the fast path. Lines are numbered as
+        lines (a quoted field spanning lines is not expected in flow dumps).
+        """
+        import csv
+
+        keep = [i for i, c in enumerate(header) if c in FLOW_COLUMNS]
+        opener = gzip.open if self.gzipped else open
+        rows: list[list[str]] = []
+        numbers: list[int] = []
+
+        def flush():
+            if rows:
+                cols = list(zip(*rows))
+                table = pa.table({header[i]: pa.array(cols[k], pa.string()) for k, i in enumerate(keep)})
+                self.rows_read += len(rows)
+                yield validate_flows(table, self.rejects, self.path, line_numbers=np.array(numbers, dtype=np.int64))
+                rows.clear()
+                numbers.clear()
+
+        def bad(n, why):
+            self.rejects.add("malformed_row", 1, f"{self.path}:line {n}: {why}")
+            self.rows_read += 1
+
+        with opener(self.path, "rb") as f:
+            n = 0
+            while True:
+                try:
+                    raw = f.readline(MAX_LINE_BYTES + 1)
+                except (OSError, EOFError, zlib.error):
+                    yield from flush()  # the rows before corrupt compression count as read
+                    raise
+                if not raw:
+                    break
+                n += 1
+                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    while raw and not raw.endswith(b"\n"):  # drop the rest of the line, unbuffered
+                        raw = f.readline(MAX_LINE_BYTES + 1)
+                    if n >= first:
+                        bad(n, f"longer than {MAX_LINE_BYTES:,} bytes")
+                    continue
+                if n < first or not raw.strip():
+                    continue
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    bad(n, f"not UTF-8 ({e.reason} at byte {e.start})")
+                    continue
+                fields = next(csv.reader([text]), [])
+                if len(fields) != len(header):
+                    bad(n, f"{len(fields)} fields, the header has {len(header)}: {text[:80]!r}")
+                    continue
+                rows.append([fields[i] for i in keep])
+                numbers.append(n)
+                if len(rows) >= self.chunk_rows:
+                    yield from flush()
+        yield from flush()
+
     def _csv_header(self) -> list[str]:
         opener = gzip.open if self.gzipped else open
         with opener(self.path, "rt", encoding="utf-8", errors="replace", newline="") as f:
             first = f.readline()
         if not first.strip():
-            raise FlowFormatError(f"{self.path}: empty file (expected a CSV header naming {', '.join(REQUIRED_COLUMNS)})")
+            what = "empty file" if not first else "the first line is blank"
+            raise FlowFormatError(f"{self.path}: {what} (expected a CSV header naming {', '.join(REQUIRED_COLUMNS)} on line 1)")
         import csv
 
         names = [h.strip() for h in next(csv.reader([first.lstrip("\ufeff")]))]
@@ -302,22 +404,37 @@ class FlowReader:
             block_bytes = max(1 << 16, self.chunk_rows * 160)
             pending = b""
             seen_columns = False
+            skipping = False  # inside a line longer than MAX_LINE_BYTES: dropped up to its newline
             while True:
                 data = f.read(block_bytes)
+                if skipping:
+                    cut = data.find(b"\n")
+                    if data and cut < 0:
+                        continue
+                    self.rejects.add("malformed_row", 1, f"{self._name}:line {line}: longer than {MAX_LINE_BYTES:,} bytes")
+                    self.rows_read += 1
+                    line += 1
+                    skipping = False
+                    data = data[cut + 1:] if data else data
+                    if data == b"" and cut >= 0:
+                        continue
                 if not data:
                     block, pending = pending, b""
                 else:
                     data = pending + data
                     cut = data.rfind(b"\n")
                     if cut < 0:
-                        pending = data
+                        if len(data) > MAX_LINE_BYTES:
+                            skipping, pending = True, b""
+                        else:
+                            pending = data
                         continue
                     block, pending = data[: cut + 1], data[cut + 1 :]
                 if block.strip():
                     for table, malformed, offsets, nlines in self._json_block(block):
                         if len(table):
                             if not seen_columns and self.check_columns:
-                                _check_columns(self._name, _present_columns(table))
+                                _check_columns(self._name, _present_columns(table), _first_record_keys(block))
                                 seen_columns = True
                             self.rows_read += len(table)
                             yield validate_flows(

@@ -251,15 +251,23 @@ _ADDRESS_CACHE_MAX = 1 << 20
 def normalise_address(text) -> str | None:
     """Canonical text form of an IPv4/IPv6 address, or None if it is not one.
 
-    IPv6 has many spellings of one address (``fe80:0::1`` and ``fe80::1``);
-    comparing canonical forms makes the topology match regardless.
+    IPv6 has many spellings of one address (``fe80:0::1`` and ``fe80::1``),
+    and an IPv4 address may come IPv4-mapped (``::ffff:10.0.0.1``, as a
+    dual-stack socket reports it); comparing canonical forms makes the
+    topology match regardless.
+
+    >>> normalise_address("::ffff:10.0.0.1"), normalise_address("fe80:0::1"), normalise_address("10.0.0.300")
+    ('10.0.0.1', 'fe80::1', None)
     """
     try:
         return _ADDRESS_CACHE[text]
     except KeyError:
         pass
     try:
-        out = ipaddress.ip_address(str(text).strip()).compressed
+        ip = ipaddress.ip_address(str(text).strip())
+        if ip.version == 6 and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        out = ip.compressed
     except ValueError:
         out = None
     if len(_ADDRESS_CACHE) < _ADDRESS_CACHE_MAX:

@@ -86,3 +86,17 @@ def test_a_message_that_raises_is_found_and_counted_once(monkeypatch):
     assert sum(map(len, frames)) == 510
     assert rc.as_dict() == {"malformed_message": 1}
     assert "t[0]@5" in rc.examples["malformed_message"][0] and "RuntimeError" in rc.examples["malformed_message"][0]
+
+
+def test_a_message_decoding_to_too_many_records_is_refused(monkeypatch):
+    """Compressed Arrow can expand a few MB into tens of millions of rows: bounded, counted once, neighbours kept."""
+    monkeypatch.setattr(messages, "MAX_MESSAGE_ROWS", 150)
+    t = pa.Table.from_pandas(good(100, 5000), preserve_index=False)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        for _ in range(3):  # 300 records in three batches
+            w.write_table(t)
+    batch = [(encode_jsonl(good(100, 0)), [], "t[0]@0"), (sink.getvalue().to_pybytes(), [], "t[0]@1"), (encode_arrow(good(100, 100)), [], "t[0]@2")]
+    rc = RejectCounter()
+    assert sum(map(len, decode_messages(batch, rc, "t[0]@0-2"))) == 200
+    assert rc.as_dict() == {"oversized_message": 1} and "more than 150 records" in rc.examples["oversized_message"][0]

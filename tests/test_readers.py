@@ -174,6 +174,18 @@ def test_ipv6_spellings_are_one_address(tmp_path):
     assert df["dst"].astype(str).tolist() == ["fe80::2", "fe80::2"]
 
 
+def test_ipv4_mapped_addresses_match_the_topology(tmp_path):
+    """``::ffff:10.0.0.1`` (a dual-stack socket's spelling) is 10.0.0.1, in flows and in the topology."""
+    from prism.topology import Topology
+
+    (tmp_path / "f.csv").write_text("start_ns,duration_ns,src,dst,size,switches\n1,1,::ffff:10.0.0.1,10.0.0.2,1,\n2,1,10.0.0.1,::FFFF:a00:2,1,\n")
+    (df,) = list(read_flows([str(tmp_path / "f.csv")]))
+    assert df["src"].astype(str).tolist() == ["10.0.0.1", "10.0.0.1"] and df["dst"].astype(str).tolist() == ["10.0.0.2", "10.0.0.2"]
+    (tmp_path / "t.csv").write_text("ip,server\n::ffff:10.0.0.1,s0\n10.0.0.2,s1\n")
+    topo = Topology.from_csv(tmp_path / "t.csv")
+    assert set(topo.nics["ip"]) == {"10.0.0.1", "10.0.0.2"}
+
+
 def test_parquet_with_wrong_types_is_validated(tmp_path):
     df = pd.DataFrame({"start_ns": ["1", "x"], "duration_ns": [1.0, 2.5], "src": ["10.0.0.1"] * 2, "dst": ["10.0.0.2"] * 2, "size": [1, 2], "switches": ["", ""]})
     df.to_parquet(tmp_path / "f.parquet")
@@ -181,3 +193,63 @@ def test_parquet_with_wrong_types_is_validated(tmp_path):
     (got,) = list(FlowReader(str(tmp_path / "f.parquet"), rejects=rejects))
     assert len(got) == 1 and rejects.as_dict() == {"bad_number": 1}
     assert "f.parquet:row 2: start_ns='x'" in rejects.examples["bad_number"][0]
+
+
+def _lines(n=10):
+    return ["start_ns,duration_ns,src,dst,size,switches"] + [f"{1000 + i},5,10.0.0.1,10.0.0.2,64,leaf-a" for i in range(n)]
+
+
+@pytest.mark.parametrize("case", ["latin-1 byte", "10 MB field", "wrong field count"])
+def test_one_bad_csv_row_costs_only_itself(tmp_path, case):
+    """A row pyarrow's block parser cannot take is counted with its line; the file's other rows are kept."""
+    lines = [x.encode() for x in _lines()]
+    if case == "latin-1 byte":
+        lines[4] = lines[4].replace(b"leaf-a", "leaf-\xe9".encode("latin-1"))
+    elif case == "10 MB field":
+        lines[4] = lines[4].replace(b"leaf-a", b"x" * (10 << 20))
+    else:
+        lines[4] = lines[4] + b",extra"
+    (tmp_path / "f.csv").write_bytes(b"\n".join(lines) + b"\n")
+    rejects = RejectCounter()
+    reader = FlowReader(str(tmp_path / "f.csv"), rejects=rejects)
+    got = pd.concat(list(reader), ignore_index=True)
+    assert len(got) == 9 and reader.rows_read == 10 and rejects.as_dict() == {"malformed_row": 1}
+    assert "f.csv:line 5" in rejects.examples["malformed_row"][0]
+    assert 1003 not in got["start_ns"].tolist()
+
+
+def test_a_line_too_long_for_memory_is_skipped_in_json_lines(tmp_path):
+    from prism.readers import MAX_LINE_BYTES
+
+    good = '{"start_ns":%d,"duration_ns":5,"src":"10.0.0.1","dst":"10.0.0.2","size":64,"switches":"l"}'
+    body = [good % i for i in range(5)] + ['{"start_ns":' + "9" * (2 * MAX_LINE_BYTES)] + [good % i for i in range(5, 10)]
+    (tmp_path / "f.jsonl").write_text("\n".join(body) + "\n")
+    rejects = RejectCounter()
+    reader = FlowReader(str(tmp_path / "f.jsonl"), rejects=rejects, chunk_rows=1000)
+    got = pd.concat(list(reader), ignore_index=True)
+    assert got["start_ns"].tolist() == list(range(10)) and reader.rows_read == 11
+    assert rejects.as_dict() == {"malformed_row": 1} and "line 6: longer than" in rejects.examples["malformed_row"][0]
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"\n" + "\n".join(_lines()).encode() + b"\n", "the first line is blank"),
+    (b'{"START_NS":1,"DURATION_NS":2,"SRC":"10.0.0.1","DST":"10.0.0.2","SIZE":3,"SWITCHES":"l"}\n', "names are lowercase"),
+])
+def test_header_mistakes_are_named(tmp_path, content, match):
+    path = tmp_path / ("f.jsonl" if content.startswith(b"{") else "f.csv")
+    path.write_bytes(content)
+    with pytest.raises(FlowFormatError, match=match):
+        list(FlowReader(str(path)))
+
+
+def test_a_header_without_newline_is_an_empty_dump(tmp_path):
+    (tmp_path / "f.csv").write_text(_lines()[0])
+    reader = FlowReader(str(tmp_path / "f.csv"))
+    assert sum(map(len, reader)) == 0 and reader.rows_read == 0
+
+
+def test_trailing_garbage_after_gzip_names_the_rows_read(tmp_path):
+    (tmp_path / "f.csv.gz").write_bytes(gzip.compress(("\n".join(_lines()) + "\n").encode()) + b"garbage!")
+    reader = FlowReader(str(tmp_path / "f.csv.gz"))
+    with pytest.raises(FlowFormatError, match="unreadable after 10 rows"):
+        list(reader)
