@@ -25,23 +25,21 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
+def _finite(text: str, least: float, strict: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (0 < value < float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    if not (least < value if strict else least <= value) or value == float("inf"):  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"must be a finite number {'>' if strict else '>='} {least:g}, got {text}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    return _finite(text, 0.0, strict=True)
 
 
 def non_negative_float(text: str) -> float:
     """argparse type: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (0 <= value < float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+    return _finite(text, 0.0, strict=False)

@@ -6,6 +6,7 @@ For a flow file: the reader either refuses the whole file with a FlowFormatError
 escapes, and every record of the untouched messages is kept.
 """
 import gzip
+import os
 
 import numpy as np
 import pandas as pd
@@ -85,3 +86,40 @@ def test_a_poll_with_a_mutated_message_keeps_its_neighbours(edits, where, arrow,
     neighbours = set(pd.concat([flows(50, i * 50) for i in range(8) if i != where])["start_ns"].tolist())
     assert neighbours <= kept
     assert len(kept) <= 400
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=EDITS, fmt=st.sampled_from(["csv", "jsonl", "csv.gz"]))
+def test_the_directory_source_never_stalls_and_counts_every_row(tmp_path_factory, edits, fmt):
+    """A mutated dump between two good ones: every file is done, nothing raises, and the monitor's
+    counts equal what the reader reads: ingested + duplicate == kept, rejected == rows rejected (+1 per bad file)."""
+    from prism.monitor import Monitor, MonitorSettings
+    from prism.sources import DirectorySource
+    from prism.topology import Topology
+
+    d = tmp_path_factory.mktemp("dir")
+    data = mutate(csv_bytes() if fmt.startswith("csv") else encode_jsonl(flows(40)), edits)
+    files = {"a.csv": flows(40, 10_000).to_csv(index=False).encode(), f"b.{fmt}": gzip.compress(data) if fmt.endswith(".gz") else data,
+             "c.csv": flows(40, 20_000).to_csv(index=False).encode()}
+    kept = rejected = 0
+    for i, (name, content) in enumerate(files.items()):
+        (d / name).write_bytes(content)
+        os.utime(d / name, (1_700_000_000 + i, 1_700_000_000 + i))  # read in this order
+        rc = RejectCounter()
+        try:
+            kept += sum(len(c) for c in FlowReader(str(d / name), rejects=rc))
+        except FlowFormatError:
+            rc.add("malformed_file")
+        rejected += rc.total
+    topo = Topology.from_frame(pd.DataFrame({"ip": ["10.0.0.1", "10.0.0.2"], "server": ["s0", "s1"]}))
+    monitor = Monitor(topo, MonitorSettings(window_s=3, step_s=1, switch_window_s=2, lateness_s=0.1))
+    src = DirectorySource(d)
+    for _ in range(20):
+        src.poll(monitor, timeout_ms=0)
+        if len(src.done) == len(files):
+            break
+    assert len(src.done) == len(files)
+    c = monitor.counters_snapshot()["dir"]
+    assert c["ingested"] + c["duplicate"] == kept
+    assert sum(v for k, v in c.items() if k.startswith("rejected:")) == rejected
