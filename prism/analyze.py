@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 import pandas as pd
 
@@ -207,28 +208,62 @@ def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -
     })[PHASE_COLUMNS]
 
 
+#: shorter gaps in a group's traffic are not pauses between bursts (the transfers of one collective
+#: leave gaps of nanoseconds; compute between bursts takes milliseconds)
+MIN_PAUSE_NS = 20_000
+
+
 def _last_burst_arrival(df: pd.DataFrame) -> np.ndarray:
     """Per (row, dp, comp) group, sorted: when its last member sent its first flow of the group's last burst.
 
     A group's traffic in a step can come in bursts (a DP ring's parameter all-gather at the step's start,
     gradient buckets during the backward, the reduce-scatter that ends the step): the last burst starts
     after the longest pause in the group's traffic (the time between one flow's start and the end of
-    every earlier one). Its members arrive one by one; the burst runs once the last has.
+    every earlier one). Its members arrive one by one; the burst runs once the last has. A gap shorter
+    than ``MIN_PAUSE_NS`` is not a pause: back-to-back transfers of one collective leave nanosecond gaps.
+
+    One sort, then one compiled pass over the groups (:func:`_arrivals`).
     """
-    key = ["row", "dp", "comp"]
-    d = df.sort_values(key + ["start"], kind="stable")
-    by = [d[k] for k in key]
-    busy_until = d.groupby(by, sort=False)["end"].cummax()
-    pause = (d["start"] - busy_until.groupby(by, sort=False).shift(1)).fillna(-1)
-    # position (within the sorted frame) of the flow that opens the last burst: the longest pause's
-    # (its last one when equal: the bursts after it are the step's end); the group's first flow without one
-    pos = pd.Series(np.arange(len(d)), index=d.index)
-    best = pause.groupby(by, sort=False).transform("max")
-    opener = pos.where((pause == best) & (best > 0)).groupby(by, sort=False).transform("max")
-    opener = opener.fillna(pos.groupby(by, sort=False).transform("min"))
-    last_burst = d[pos >= opener]
-    first_send = last_burst.groupby(key + ["src"], sort=True)["start"].min()
-    return first_send.groupby(level=[0, 1, 2], sort=True).max().to_numpy()
+    row, dp, comp = (df[k].to_numpy() for k in ("row", "dp", "comp"))
+    start, end, src = (df[k].to_numpy(np.int64) for k in ("start", "end", "src"))
+    o = np.lexsort((start, comp, dp, row))
+    row, dp, comp = row[o], dp[o], comp[o]
+    new = np.ones(len(o), dtype=bool)
+    new[1:] = (row[1:] != row[:-1]) | (dp[1:] != dp[:-1]) | (comp[1:] != comp[:-1])
+    bounds = np.append(np.flatnonzero(new), len(o)).astype(np.int64)
+    return _arrivals(bounds, start[o], end[o], src[o], int(src.max()) + 1 if len(src) else 1, MIN_PAUSE_NS)
+
+
+@numba.njit(cache=True)
+def _arrivals(bounds, start, end, src, n_src, min_pause):
+    """Per group ``[bounds[g], bounds[g+1])`` of flows sorted by start: the last burst's last first arrival.
+
+    The burst opens at the flow after the longest pause over ``min_pause`` (start minus the end of
+    every earlier flow; the last such flow on a tie); with no pause, at the group's first flow.
+    """
+    n = bounds.shape[0] - 1
+    out = np.empty(n, np.int64)
+    seen = np.full(n_src, -1, np.int64)
+    for g in range(n):
+        s, e = bounds[g], bounds[g + 1]
+        busy = end[s]
+        best = min_pause
+        opener = s
+        for i in range(s + 1, e):
+            pause = start[i] - busy
+            if pause > min_pause and pause >= best:
+                best = pause
+                opener = i
+            if end[i] > busy:
+                busy = end[i]
+        # flows are in start order: the last member to appear did so last
+        arrival = start[opener]
+        for i in range(opener, e):
+            if seen[src[i]] != g:
+                seen[src[i]] = g
+                arrival = start[i]
+        out[g] = arrival
+    return out
 
 
 def _first_flows(fs, a, b, start, end, steps) -> pd.DataFrame:

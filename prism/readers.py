@@ -336,7 +336,11 @@ class FlowReader:
                 except UnicodeDecodeError as e:
                     bad(n, f"not UTF-8 ({e.reason} at byte {e.start})")
                     continue
-                fields = next(csv.reader([text]), [])
+                try:
+                    fields = next(csv.reader([text.rstrip("\r\n")]), [])
+                except csv.Error as e:  # e.g. a bare carriage return inside the line
+                    bad(n, f"{e}: {text[:80]!r}")
+                    continue
                 if len(fields) != len(header):
                     bad(n, f"{len(fields)} fields, the header has {len(header)}: {text[:80]!r}")
                     continue

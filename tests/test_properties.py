@@ -18,7 +18,7 @@ from prism.messages import decode_messages, encode_arrow, encode_jsonl
 from prism.readers import FlowReader
 from prism.records import FlowFormatError, RejectCounter
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=int(os.environ.get("PRISM_HYPOTHESIS_EXAMPLES", 60)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def flows(n, offset=0):
