@@ -52,6 +52,14 @@ class Topology:
                 header = list(rows[0].keys()) if rows else []
         except FileNotFoundError:
             raise FileNotFoundError(f"{path}: no such topology file") from None
+        except IsADirectoryError:
+            raise FlowFormatError(f"{path}: is a directory; --topology takes a CSV file (ip,server[,rail,leaf])") from None
+        except UnicodeDecodeError as e:
+            raise FlowFormatError(f"{path}: not UTF-8 text (byte {e.start} of the {'decompressed ' if opener is gzip.open else ''}file)") from None
+        except (OSError, EOFError) as e:  # truncated or corrupt gzip, unreadable file
+            raise FlowFormatError(f"{path}: cannot read: {e}") from None
+        except csv.Error as e:
+            raise FlowFormatError(f"{path}: not a readable CSV file: {e}") from None
         if not rows:
             raise FlowFormatError(f"{path}: topology is empty (expected a header with {', '.join(REQUIRED)} and one row per GPU NIC)")
         missing = [c for c in REQUIRED if c not in header]

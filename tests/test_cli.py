@@ -75,6 +75,23 @@ def test_topology_errors_name_the_line(tmp_path, data_dir):
     assert "line 3" in str(err.value) and "line 2" in str(err.value)
 
 
+@pytest.mark.parametrize("kind, match", [("latin-1", "not UTF-8"), ("directory", "is a directory"), ("truncated gzip", "cannot read")])
+def test_unreadable_topologies_are_clear_errors(tmp_path, data_dir, capsys, kind, match):
+    import gzip
+
+    if kind == "latin-1":
+        topo = tmp_path / "t.csv"
+        topo.write_bytes("ip,server\n10.0.0.1,s\xe9\n".encode("latin-1"))
+    elif kind == "directory":
+        topo = tmp_path / "t"
+        topo.mkdir()
+    else:
+        topo = tmp_path / "t.csv.gz"
+        topo.write_bytes(gzip.compress((data_dir / "topology.csv").read_bytes())[:40])
+    rc = main(["replay", str(data_dir / "malformed.csv"), "--topology", str(topo), "--out", str(tmp_path / "o")])
+    assert rc == 2 and match in capsys.readouterr().err
+
+
 def test_synth_cli(tmp_path, capsys):
     assert main(["synth", "--preset", "tiny", "--out", str(tmp_path), "--format", "csv", "--duration", "2"]) == 0
     assert (tmp_path / "flows.csv").exists()
