@@ -32,7 +32,6 @@ thousands of GPU pairs fast.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from scipy.special import gammaln
 
@@ -134,22 +133,32 @@ class BOCD:
 
         Notes
         -----
-        O(total points x max_run), one compiled pass per series
-        (:func:`_map_run_lengths`, the same recursion as :meth:`update`).
-        Memory is O(total points + max_run).
+        O(total points x max_run) arithmetic, with O(max series length)
+        numpy calls: all series advance together, sorted by length so that
+        the ones still running are always a prefix of the arrays. Memory is
+        O(total points + series x max_run).
         """
         n = len(series)
         if n == 0:
             return []
         lengths = np.array([len(s) for s in series], dtype=np.int64)
-        # series laid end to end: no padding, so memory is O(total points)
-        # however unequal the lengths are
-        flat = np.concatenate([self._standardise(np.asarray(s, dtype=np.float64)) for s in series] or [np.empty(0)])
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        order = np.argsort(-lengths, kind="stable")
+        T = int(lengths.max())
+        # series laid end to end, longest first: no padding, so memory is
+        # O(total points) however unequal the lengths are
+        flat = np.concatenate([self._standardise(np.asarray(series[k], dtype=np.float64)) for k in order] or [np.empty(0)])
+        offsets = np.concatenate([[0], np.cumsum(lengths[order])[:-1]])
+        n_active = np.searchsorted(-lengths[order], -np.arange(T), side="left")  # rows with length > t
         maps = np.empty(len(flat), dtype=np.int64)
-        _map_run_lengths(flat, offsets, lengths, self._inv_nu_f, self._neg_half_nu1, self._const_f, self._mu_gain,
-                         self._beta_gain, self._log_h, self._log_1mh, self.mu0, self.beta0, maps)
-        return [self._breakpoints(maps[o : o + m]) for o, m in zip(offsets.tolist(), lengths.tolist())]
+        state = self._init_state(n)
+        for t in range(T):
+            m = int(n_active[t])
+            idx = offsets[:m] + t
+            maps[idx] = self._step(state, flat[idx], m)
+        out: list[list[int]] = [None] * n  # type: ignore[list-item]
+        for i, k in enumerate(order):
+            out[k] = self._breakpoints(maps[offsets[i] : offsets[i] + lengths[k]])
+        return out
 
     def fit(self, signal) -> "BOCD":
         """Run the detector over one series; results via :meth:`predict`."""
@@ -284,87 +293,3 @@ class BOCD:
                 bkps.append(int(s))
                 last = int(s)
         return bkps + [n]
-
-
-@numba.njit(cache=True)
-def _map_run_lengths(flat, offsets, lengths, inv_nu_f, neg_half_nu1, const_f, mu_gain, beta_gain, log_h, log_1mh, mu0, beta0, maps):
-    """MAP run length after each point of each series (written into ``maps``); :meth:`BOCD._step` per point, compiled.
-
-    The arithmetic follows ``_step`` operation for operation (including
-    numpy's eight-way pairwise sum over the run-length bins and its
-    ``logaddexp``), so the MAP paths agree with the vectorised form.
-    """
-    R = inv_nu_f.shape[0]
-    log_r = np.empty(R)
-    mu = np.empty(R)
-    beta = np.empty(R)
-    lp = np.empty(R)
-    dd = np.empty(R)
-    qq = np.empty(R)
-    acc = np.empty(8)
-    for k in range(offsets.shape[0]):
-        log_r[:] = -np.inf
-        log_r[0] = 0.0
-        mu[:] = mu0
-        beta[:] = beta0
-        o = offsets[k]
-        for t in range(lengths[k]):
-            x = flat[o + t]
-            mx = -np.inf
-            for r in range(R):
-                d = x - mu[r]
-                q = d * d
-                v = q / beta[r]
-                v *= inv_nu_f[r]
-                v = np.log1p(v)
-                v *= neg_half_nu1[r]
-                v -= 0.5 * np.log(beta[r])
-                v += const_f[r]
-                v += log_r[r]
-                lp[r] = v
-                dd[r] = d
-                qq[r] = q
-                if v > mx:
-                    mx = v
-            # log-sum-exp, summed as numpy's pairwise reduction does (8 accumulators, then a tree)
-            if R < 8:
-                total = 0.0
-                for r in range(R):
-                    total += np.exp(lp[r] - mx)
-            else:
-                for j in range(8):
-                    acc[j] = np.exp(lp[j] - mx)
-                i = 8
-                while i < R - (R % 8):
-                    for j in range(8):
-                        acc[j] += np.exp(lp[i + j] - mx)
-                    i += 8
-                total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-                while i < R:
-                    total += np.exp(lp[i] - mx)
-                    i += 1
-            log_ev = mx + np.log(total)
-            # growth (times 1 - h), the merged tail, the change point (times h); normalised
-            a = lp[R - 2]
-            b = lp[R - 1]
-            if a == b:
-                tail = a + np.log(2.0)
-            elif a > b:
-                tail = a + np.log1p(np.exp(b - a))
-            else:
-                tail = b + np.log1p(np.exp(a - b))
-            for r in range(R - 2, 0, -1):
-                log_r[r] = lp[r - 1] + log_1mh - log_ev
-            log_r[R - 1] = tail + log_1mh - log_ev
-            log_r[0] = log_ev + log_h - log_ev
-            best = 0
-            for r in range(1, R):
-                if log_r[r] > log_r[best]:
-                    best = r
-            maps[o + t] = best
-            # posterior statistics after x, shifted one bin
-            for r in range(R - 1, 0, -1):
-                mu[r] = dd[r - 1] * mu_gain[r - 1] + mu[r - 1]
-                beta[r] = qq[r - 1] * beta_gain[r - 1] + beta[r - 1]
-            mu[0] = mu0
-            beta[0] = beta0
