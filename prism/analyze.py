@@ -61,6 +61,7 @@ def analyse(
     switch_bw: SwitchBandwidth | None = None,
     settings: Settings | None = None,
     stop_after: str = "diagnosis",
+    on_stage=None,
 ) -> Analysis:
     """Run the analyses over one window of GPU flows.
 
@@ -79,12 +80,17 @@ def analyse(
     switch_bw : SwitchBandwidth, optional
         Fabric bandwidth accumulated over the same flows.
     stop_after : {"pairs", "steps", "diagnosis"}
+    on_stage : callable(str), optional
+        Called as each stage begins (``"pairs"``, ``"steps"``, ``"phases"``,
+        ``"diagnosis"``): progress and per-stage timing for the caller.
     """
     s = settings or Settings()
+    stage = on_stage or (lambda name: None)
     if len(a) == 0:
         return Analysis(pairs=pd.DataFrame(columns=["job_id", "src", "dst", "type", "confidence", "evidence"]), steps=pd.DataFrame(columns=STEP_COLUMNS),
                         phases=pd.DataFrame(columns=PHASE_COLUMNS), anomalies=empty_anomalies())
     n = len(topology)
+    stage("pairs")
     clf = s.classifier.fit(a, b, start, size, labels, end=start + duration, **({"server_of": topology.server_codes} if isinstance(s.classifier, ParallelismClassifier) else {}))
     p = clf.pairs_
     src_ip, dst_ip = topology.pair_addresses(p["a"], p["b"])
@@ -113,14 +119,17 @@ def analyse(
     collective = p["collective"].to_numpy()[o][flow_pair] if "collective" in p else None
     job = labels[a]
     end = start + duration
+    stage("steps")
     tl = s.timeline.fit(job, start, end, is_dp, size=size, capture_end=capture_end, job_names=label_name, pair=_pair_key(a, b, n), collective=collective)
     out.steps = tl.steps_[STEP_COLUMNS]
     fs = tl.flow_step_
     inside = fs >= 0
+    stage("phases")
     out.phases = _phases(tl.steps_, fs[inside], a[inside], is_dp[inside], start[inside], end[inside], size[inside], comps["dp"], comps["pp"], topology)
     if stop_after == "steps":
         return out
 
+    stage("diagnosis")
     # pipeline transfers, not the control messages that ride the same pairs
     # (the grad-norm all-reduce): they would pose as a stage's first output
     pair_max = np.zeros(len(pk), dtype=np.int64)
@@ -185,9 +194,21 @@ def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -
     if len(fs) == 0:
         return pd.DataFrame(columns=PHASE_COLUMNS)
     comp = np.where(is_dp, dp_comp[a], pp_comp[a])
-    df = pd.DataFrame({"row": fs, "dp": is_dp, "comp": comp, "src": a, "start": start, "end": end, "size": size})
-    g = df.groupby(["row", "dp", "comp"], sort=True).agg(start_ns=("start", "min"), end_ns=("end", "max"), flows=("size", "size"), bytes=("size", "sum")).reset_index()
-    g["arrival_ns"] = _last_burst_arrival(df)
+    # one sort by (step row, DP or PP, group, start): the groups are runs, aggregated with reduceat
+    o = np.lexsort((start, comp, is_dp, fs))
+    fs, is_dp, comp, a = fs[o], is_dp[o], comp[o], a[o]
+    start, end, size = (np.asarray(x, dtype=np.int64)[o] for x in (start, end, size))
+    new = np.ones(len(o), dtype=bool)
+    new[1:] = (fs[1:] != fs[:-1]) | (is_dp[1:] != is_dp[:-1]) | (comp[1:] != comp[:-1])
+    first = np.flatnonzero(new)
+    g = pd.DataFrame({
+        "row": fs[first], "dp": is_dp[first], "comp": comp[first],
+        "start_ns": start[first],  # sorted by start within the group
+        "end_ns": np.maximum.reduceat(end, first), "flows": np.diff(np.append(first, len(o))),
+        "bytes": np.add.reduceat(size, first),
+        "arrival_ns": _arrivals(np.append(first, len(o)).astype(np.int64), start, end, a.astype(np.int64),
+                                int(a.max()) + 1, MIN_PAUSE_NS),
+    })
     # group names and servers: one lookup per group, not per flow
     nics = topology.nics
     names = {}
@@ -213,33 +234,16 @@ def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -
 MIN_PAUSE_NS = 20_000
 
 
-def _last_burst_arrival(df: pd.DataFrame) -> np.ndarray:
-    """Per (row, dp, comp) group, sorted: when its last member sent its first flow of the group's last burst.
-
-    A group's traffic in a step can come in bursts (a DP ring's parameter all-gather at the step's start,
-    gradient buckets during the backward, the reduce-scatter that ends the step): the last burst starts
-    after the longest pause in the group's traffic (the time between one flow's start and the end of
-    every earlier one). Its members arrive one by one; the burst runs once the last has. A gap shorter
-    than ``MIN_PAUSE_NS`` is not a pause: back-to-back transfers of one collective leave nanosecond gaps.
-
-    One sort, then one compiled pass over the groups (:func:`_arrivals`).
-    """
-    row, dp, comp = (df[k].to_numpy() for k in ("row", "dp", "comp"))
-    start, end, src = (df[k].to_numpy(np.int64) for k in ("start", "end", "src"))
-    o = np.lexsort((start, comp, dp, row))
-    row, dp, comp = row[o], dp[o], comp[o]
-    new = np.ones(len(o), dtype=bool)
-    new[1:] = (row[1:] != row[:-1]) | (dp[1:] != dp[:-1]) | (comp[1:] != comp[:-1])
-    bounds = np.append(np.flatnonzero(new), len(o)).astype(np.int64)
-    return _arrivals(bounds, start[o], end[o], src[o], int(src.max()) + 1 if len(src) else 1, MIN_PAUSE_NS)
-
-
 @numba.njit(cache=True)
 def _arrivals(bounds, start, end, src, n_src, min_pause):
-    """Per group ``[bounds[g], bounds[g+1])`` of flows sorted by start: the last burst's last first arrival.
+    """Per group ``[bounds[g], bounds[g+1])`` of flows sorted by start: when its last member sent its
+    first flow of the group's last burst.
 
-    The burst opens at the flow after the longest pause over ``min_pause`` (start minus the end of
-    every earlier flow; the last such flow on a tie); with no pause, at the group's first flow.
+    A group's traffic in a step can come in bursts (a DP ring's parameter all-gather at the step's
+    start, gradient buckets during the backward, the reduce-scatter that ends the step). Its members
+    arrive one by one; the burst runs once the last has. The burst opens at the flow after the longest
+    pause over ``min_pause`` (start minus the end of every earlier flow; the last such flow on a tie);
+    with no pause, at the group's first flow.
     """
     n = bounds.shape[0] - 1
     out = np.empty(n, np.int64)

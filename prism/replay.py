@@ -76,7 +76,8 @@ class ReplayResult:
     job_spans: pd.DataFrame | None = None  # job_id, first_ns, last_ns, flows
     analysis: Analysis | None = None
     switch_window_ns: int | None = None
-    seconds: float = 0.0
+    seconds: float = 0.0  # reading and analysis (not writing the outputs)
+    stage_seconds: dict = field(default_factory=dict)  # read, pairs, steps, phases, diagnosis, write
 
     @property
     def pairs(self) -> pd.DataFrame | None:
@@ -124,6 +125,7 @@ class ReplayResult:
             "first_ns": self.first_ns,
             "last_ns": self.last_ns,
             "seconds": round(self.seconds, 3),
+            "seconds_by_stage": {k: round(v, 3) for k, v in self.stage_seconds.items()},
             "peak_rss_mib": _peak_rss_mib(),
             "jobs": jobs,
             "anomalies": _records(self.analysis.anomalies) if self.analysis is not None and self.analysis.anomalies is not None else [],
@@ -243,21 +245,56 @@ def replay(
         res.rows_read += reader.rows_read
     res.jobs = recognizer.predict()
     res.job_spans = _job_spans(res.jobs, topology, activity)
+    stages = _StageClock(res.stage_seconds, progress)
+    stages.begin("read", t_start)
     if gpu_flows is not None:
         a, b, start, duration, size = gpu_flows.columns()
         res.analysis = analyse(
             a, b, start, duration, size, recognizer.labels(), res.jobs, topology,
             capture_end=res.last_start_ns or 0, switch_bw=switch_bw, settings=settings, stop_after=stop_after,
+            on_stage=stages.begin,
         )
         del a, b, start, duration, size
+    stages.end()
     res.seconds = time.perf_counter() - t_start
     if out_dir is not None:
+        stages.begin("write")
         write_outputs(res, Path(out_dir))
         if plots:
             from .plots import write_plots
 
             write_plots(res, Path(out_dir))
+        stages.end()
     return res
+
+
+class _StageClock:
+    """Times the pipeline's stages into ``seconds`` and, with a progress bar, says which is running."""
+
+    def __init__(self, seconds: dict, progress: bool | None):
+        import sys
+
+        self.seconds = seconds
+        self.show = sys.stderr.isatty() if progress is None else bool(progress)
+        self.name, self.t = None, None
+
+    def begin(self, name: str, t: float | None = None) -> None:
+        now = time.perf_counter()
+        self.end(now)
+        self.name, self.t = name, (now if t is None else t)
+        if self.show and name != "read":
+            import sys
+
+            print(f"\r{name}...{' ' * 20}", end="", file=sys.stderr, flush=True)
+
+    def end(self, now: float | None = None) -> None:
+        if self.name is not None:
+            self.seconds[self.name] = self.seconds.get(self.name, 0.0) + (now or time.perf_counter()) - self.t
+            self.name = None
+        if self.show:
+            import sys
+
+            print("\r" + " " * 40 + "\r", end="", file=sys.stderr, flush=True)
 
 
 def _consume(
@@ -337,9 +374,12 @@ def write_outputs(res: ReplayResult, out: Path) -> None:
 def format_summary(res: ReplayResult) -> str:
     """The readable summary printed on stdout."""
     s = res.summary()
-    rate = s["rows_read"] / res.seconds if res.seconds > 0 else 0.0
+    read_s = res.stage_seconds.get("read", res.seconds)
+    rate = s["rows_read"] / read_s if read_s > 0 else 0.0
+    rest = ", ".join(f"{k} {v:.2f} s" for k, v in res.stage_seconds.items() if k != "read")
     lines = [
-        f"read {s['rows_read']:,} rows from {len(s['files'])} file(s) in {res.seconds:.2f} s ({rate:,.0f} rows/s)",
+        f"read {s['rows_read']:,} rows from {len(s['files'])} file(s) in {read_s:.2f} s ({rate:,.0f} rows/s)"
+        + (f"; then {rest}" if rest else ""),
         f"  rejected: {s['rows_rejected']:,}" + (" (" + ", ".join(f"{k} {v:,}" for k, v in s["rejected_by_reason"].items()) + ")" if s["rows_rejected"] else ""),
     ]
     for reason, examples in s["rejected_examples"].items():
