@@ -40,6 +40,8 @@ __all__ = ["FlowReader", "detect_format", "read_flows", "write_flows", "DEFAULT_
 DEFAULT_CHUNK_ROWS = 1 << 18
 #: a flow record is ~150 bytes; a line this long is garbage, skipped (counted) rather than buffered
 MAX_LINE_BYTES = 1 << 20
+#: good lines read one by one after the last bad one before the block parser takes over again
+RESUME_AFTER_LINES = 1000
 _DICT = pa.dictionary(pa.int32(), pa.string())
 _FORMATS = {
     ".csv": "csv",
@@ -189,14 +191,6 @@ class FlowReader:
 
     # -- CSV ---------------------------------------------------------------
     def _csv(self):
-        raw = pa.OSFile(self.path, "rb")
-        stream = pa.CompressedInputStream(raw, "gzip") if self.gzipped else raw
-        invalid: list[tuple[int | None, str]] = []
-
-        def on_invalid(row):
-            invalid.append((row.number, row.text))
-            return "skip"
-
         # Every column is read as text: a typed read would fail the whole
         # block on one bad value; validation parses numbers exactly instead.
         try:
@@ -204,71 +198,110 @@ class FlowReader:
         except (OSError, EOFError, gzip.BadGzipFile) as e:
             raise FlowFormatError(f"{self.path}: cannot read: {e}") from e
         _check_columns(self.path, header)
-        try:
-            rd = pacsv.open_csv(
-                stream,
-                # single-threaded so that pyarrow numbers the rows it skips
-                # small blocks: the reader buffers several ahead, so the block
-                # size, not the chunk size, sets its memory
-                read_options=pacsv.ReadOptions(block_size=min(4 << 20, max(1 << 16, self.chunk_rows * 80)), use_threads=False,
-                                               column_names=header, skip_rows=1),  # the header as cleaned (no BOM, no spaces)
-                parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
-                convert_options=pacsv.ConvertOptions(
-                    # addresses and paths repeat: dictionary-encode while parsing
-                    column_types={c: _DICT if c in ("src", "dst", "switches") else pa.string() for c in header},
-                    include_columns=[c for c in header if c in FLOW_COLUMNS],
-                    strings_can_be_null=False,
-                    quoted_strings_can_be_null=False,
-                ),
-            )
-        except (pa.ArrowInvalid, OSError) as e:
-            if isinstance(e, OSError) and not self.gzipped:
-                raise
-            # the first block already holds a row pyarrow cannot take, or corrupt compression,
-            # or the file is the header alone
-            yield from self._csv_lines(header, 2)
-            self.bytes_done = self.bytes_total
-            return
-        row = 2  # pyarrow's number of the first data row (the header is 1)
-        pending: list[pa.RecordBatch] = []
-        pending_lines: list[np.ndarray] = []
-        try:
-            for batch in rd:
-                # rows skipped in this batch: count them, and number the good
-                # rows around them so examples point at the right line
-                skipped = sorted(n for n, _ in invalid if n is not None)
-                for n, text in invalid:
-                    self.rejects.add("malformed_row", 1, f"{self.path}:line {n}: {text[:80]!r}")
-                self.rows_read += len(invalid)
-                numbers = np.arange(row, row + batch.num_rows + len(invalid))
-                if skipped:
-                    numbers = numbers[~np.isin(numbers, skipped)][: batch.num_rows]
-                invalid.clear()
-                row = int(numbers[-1]) + 1 if len(numbers) else row
-                pending.append(batch)
-                pending_lines.append(numbers)
-                if sum(b.num_rows for b in pending) >= self.chunk_rows:
-                    self.bytes_done = raw.tell()
-                    yield from self._csv_flush(pending, pending_lines)
-        except (pa.ArrowInvalid, OSError) as e:
-            if isinstance(e, OSError) and not self.gzipped:
-                raise
-            # a row pyarrow cannot take (bad UTF-8, a field longer than its block), or corrupt
-            # compression: the rows before it are good; from it on, read line by line, counting
-            # and skipping bad rows (corrupt compression then ends the file with the rows read named)
-            yield from self._csv_flush(pending, pending_lines)
-            for n, text in invalid:
-                if n is not None and n < row:
-                    self.rejects.add("malformed_row", 1, f"{self.path}:line {n}: {text[:80]!r}")
-                    self.rows_read += 1
-            yield from self._csv_lines(header, row)
-            self.bytes_done = self.bytes_total
-            return
-        for n, text in invalid:
-            self.rejects.add("malformed_row", 1, f"{self.path}:line {n}: {text[:80]!r}")
-        self.rows_read += len(invalid)
-        yield from self._csv_flush(pending, pending_lines)
+        # pyarrow's block parser, and where it fails (a row it cannot take: bad
+        # UTF-8, a field longer than its block; corrupt compression) line by
+        # line past the trouble, then the block parser again from there
+        line = 2
+        while line is not None:
+            failed_at = yield from self._csv_blocks(header, line)
+            line = None if failed_at is None else (yield from self._csv_lines(header, failed_at))
         self.bytes_done = self.bytes_total
+
+    def _block_size(self) -> int:
+        # small blocks: the reader buffers several ahead, so the block size, not the chunk size, sets its memory
+        return min(4 << 20, max(1 << 16, self.chunk_rows * 80))
+
+    def _csv_blocks(self, header: list[str], first: int):
+        """Rows from line ``first`` on with pyarrow's block parser; returns None at the end of the
+        file, or the first line of the block it could not parse (the rows before it are yielded)."""
+        invalid: list[tuple[int | None, str]] = []
+
+        def on_invalid(row):
+            invalid.append((row.number, row.text))
+            return "skip"
+
+        # A Python file object, not pyarrow's OSFile: after a failure the reader's read-ahead may still
+        # be in flight; on a closed Python file it fails, where on a closed OSFile it would read (and
+        # move) whatever file next got the same descriptor, such as the line-by-line reader's.
+        raw = open(self.path, "rb")
+        stream = gzip.GzipFile(fileobj=raw) if self.gzipped else raw
+        if first == 2:  # the whole file, its header row skipped by pyarrow
+            skip, offset, tell = 1, 0, raw.tell
+        else:  # resuming: moved to the line
+            for _ in range(first - 1):
+                stream.readline()
+            skip, offset, tell = 0, first - 1, raw.tell
+        try:
+            try:
+                rd = pacsv.open_csv(
+                    stream,
+                    # single-threaded so that pyarrow numbers the rows it skips
+                    read_options=pacsv.ReadOptions(block_size=self._block_size(), use_threads=False,
+                                                   column_names=header, skip_rows=skip),  # the header as cleaned (no BOM, no spaces)
+                    parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+                    convert_options=pacsv.ConvertOptions(
+                        # addresses and paths repeat: dictionary-encode while parsing
+                        column_types={c: _DICT if c in ("src", "dst", "switches") else pa.string() for c in header},
+                        include_columns=[c for c in header if c in FLOW_COLUMNS],
+                        strings_can_be_null=False,
+                        quoted_strings_can_be_null=False,
+                    ),
+                )
+            except (pa.ArrowInvalid, OSError) as e:
+                if isinstance(e, OSError) and not self.gzipped:
+                    raise
+                # the first block already holds the trouble (or the file is the header alone)
+                return first
+            row = first  # the line of the next row
+            pending: list[pa.RecordBatch] = []
+            pending_lines: list[np.ndarray] = []
+            # rows pyarrow skipped, by line, until the numbering passes them: it parses ahead,
+            # so a skipped row can be reported while an earlier batch is handed out
+            skipped: dict[int, str] = {}
+
+            def take_invalid():
+                for n, text in invalid:
+                    if n is None:  # no place to give it: counted now
+                        self.rejects.add("malformed_row", 1, f"{self.path}:line ?: {text[:80]!r}")
+                        self.rows_read += 1
+                    else:
+                        skipped[n + offset] = text
+                invalid.clear()
+
+            def count_skipped(before: int):
+                for ln in sorted(k for k in skipped if k < before):
+                    self.rejects.add("malformed_row", 1, f"{self.path}:line {ln}: {skipped.pop(ln)[:80]!r}")
+                    self.rows_read += 1
+
+            try:
+                for batch in rd:
+                    # number the batch's rows around the skipped ones, so examples point at the right line
+                    take_invalid()
+                    lines = np.arange(row, row + batch.num_rows + len(skipped))
+                    if skipped:
+                        lines = lines[~np.isin(lines, list(skipped))]
+                    numbers = lines[: batch.num_rows]
+                    row = int(numbers[-1]) + 1 if len(numbers) else row
+                    count_skipped(row)
+                    pending.append(batch)
+                    pending_lines.append(numbers)
+                    if sum(b.num_rows for b in pending) >= self.chunk_rows:
+                        self.bytes_done = tell()
+                        yield from self._csv_flush(pending, pending_lines)
+            except (pa.ArrowInvalid, OSError) as e:
+                if isinstance(e, OSError) and not self.gzipped:
+                    raise
+                # rows skipped in the failing block are read again line by line (and counted there)
+                yield from self._csv_flush(pending, pending_lines)
+                return row
+            take_invalid()
+            count_skipped(1 << 62)
+            yield from self._csv_flush(pending, pending_lines)
+            return None
+        finally:
+            stream.close()
+            if stream is not raw:
+                raw.close()
 
     def _csv_flush(self, pending, pending_lines):
         """Validate the gathered batches in chunks of ``chunk_rows``; empties the lists."""
@@ -284,16 +317,26 @@ class FlowReader:
             yield validate_flows(sub, self.rejects, self.path, line_numbers=numbers[off : off + sub.num_rows])
 
     def _csv_lines(self, header: list[str], first: int):
-        """Rows from line ``first`` on, one line at a time (after a block pyarrow could not parse).
+        """Rows from line ``first`` on, one line at a time (the block pyarrow could not parse).
 
         Each line is decoded and split on its own: one that is not UTF-8, is
         longer than ``MAX_LINE_BYTES`` or has the wrong number of fields is
         counted as ``malformed_row`` with its line number, and the rest go
         through the same validation as the fast path. Lines are numbered as
         lines (a quoted field spanning lines is not expected in flow dumps).
+
+        Returns the line to hand back to the block parser once
+        ``RESUME_AFTER_LINES`` good lines have followed the last bad one, and
+        either a bad line was found or the block the parser failed on is
+        behind (a line it could not take but this reader can: one straddling
+        its blocks); or None at the end of the file. Every return is past at
+        least one bad line or one block, so the two readers always progress.
         """
         import csv
 
+        # the csv module's default field limit (128 KiB) is below the line limit this reader applies
+        if csv.field_size_limit() < MAX_LINE_BYTES:
+            csv.field_size_limit(MAX_LINE_BYTES)
         keep = [i for i, c in enumerate(header) if c in FLOW_COLUMNS]
         opener = gzip.open if self.gzipped else open
         rows: list[list[str]] = []
@@ -309,12 +352,21 @@ class FlowReader:
                 numbers.clear()
 
         def bad(n, why):
+            nonlocal good_since_bad, found
             self.rejects.add("malformed_row", 1, f"{self.path}:line {n}: {why}")
             self.rows_read += 1
+            good_since_bad, found = 0, True
 
+        span = self._block_size() + MAX_LINE_BYTES  # the failed block, and a line straddling its end
         with opener(self.path, "rb") as f:
             n = 0
+            done = 0  # bytes from line ``first`` on
+            good_since_bad = 0
+            found = False
             while True:
+                if n >= first and (found or done >= span) and good_since_bad >= RESUME_AFTER_LINES:
+                    yield from flush()
+                    return n + 1
                 try:
                     raw = f.readline(MAX_LINE_BYTES + 1)
                 except (OSError, EOFError, zlib.error):
@@ -323,9 +375,12 @@ class FlowReader:
                 if not raw:
                     break
                 n += 1
+                if n >= first:
+                    done += len(raw)
                 if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                     while raw and not raw.endswith(b"\n"):  # drop the rest of the line, unbuffered
                         raw = f.readline(MAX_LINE_BYTES + 1)
+                        done += len(raw)
                     if n >= first:
                         bad(n, f"longer than {MAX_LINE_BYTES:,} bytes")
                     continue
@@ -346,9 +401,11 @@ class FlowReader:
                     continue
                 rows.append([fields[i] for i in keep])
                 numbers.append(n)
+                good_since_bad += 1
                 if len(rows) >= self.chunk_rows:
                     yield from flush()
         yield from flush()
+        return None
 
     def _csv_header(self) -> list[str]:
         opener = gzip.open if self.gzipped else open

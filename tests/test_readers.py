@@ -253,3 +253,21 @@ def test_trailing_garbage_after_gzip_names_the_rows_read(tmp_path):
     reader = FlowReader(str(tmp_path / "f.csv.gz"))
     with pytest.raises(FlowFormatError, match="unreadable after 10 rows"):
         list(reader)
+
+
+def test_bad_rows_across_blocks_cost_only_themselves_and_the_block_parser_resumes(tmp_path):
+    """Bad rows in several blocks, and a long row straddling two: exact rows kept, each bad one named by its line."""
+    n = 20_000
+    lines = [x.encode() for x in _lines(n)]
+    lines[100] = lines[100].replace(b"leaf-a", "leaf-\xe9".encode("latin-1"))  # line 101
+    lines[5000] = lines[5000] + b",extra"  # line 5001
+    lines[15000] = b"1,2,3"  # line 15001: too few fields
+    lines[10000] = lines[10000].replace(b"leaf-a", b"x" * 200_000)  # line 10001: valid, longer than a block
+    (tmp_path / "f.csv").write_bytes(b"\n".join(lines) + b"\n")
+    rejects = RejectCounter()
+    reader = FlowReader(str(tmp_path / "f.csv"), rejects=rejects, chunk_rows=1000)  # blocks of 80 KB
+    got = pd.concat(list(reader), ignore_index=True)
+    want = [1000 + i for i in range(n) if i + 1 not in (100, 5000, 15000)]
+    assert got["start_ns"].tolist() == want and reader.rows_read == n
+    assert rejects.total == 3
+    assert sorted(int(e.split(":line ")[1].split(":")[0]) for e in rejects.examples["malformed_row"]) == [101, 5001, 15001]
