@@ -61,7 +61,6 @@ def verified_broker_bin() -> str:
     return path
 
 
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -226,11 +226,11 @@ class FlowReader:
         raw = open(self.path, "rb")
         stream = gzip.GzipFile(fileobj=raw) if self.gzipped else raw
         if first == 2:  # the whole file, its header row skipped by pyarrow
-            skip, offset, tell = 1, 0, raw.tell
-        else:  # resuming: moved to the line
+            skip, offset = 1, 0
+        else:  # resuming: moved to the line; pyarrow numbers rows from there
             for _ in range(first - 1):
                 stream.readline()
-            skip, offset, tell = 0, first - 1, raw.tell
+            skip, offset = 0, first - 1
         try:
             try:
                 rd = pacsv.open_csv(
@@ -286,7 +286,7 @@ class FlowReader:
                     pending.append(batch)
                     pending_lines.append(numbers)
                     if sum(b.num_rows for b in pending) >= self.chunk_rows:
-                        self.bytes_done = tell()
+                        self.bytes_done = raw.tell()
                         yield from self._csv_flush(pending, pending_lines)
             except (pa.ArrowInvalid, OSError) as e:
                 if isinstance(e, OSError) and not self.gzipped:
@@ -476,9 +476,10 @@ class FlowReader:
                     self.rows_read += 1
                     line += 1
                     skipping = False
-                    data = data[cut + 1:] if data else data
-                    if data == b"" and cut >= 0:
-                        continue
+                    if data:  # the rest after the long line's newline (at the end of the file, nothing)
+                        data = data[cut + 1:]
+                        if not data:
+                            continue
                 if not data:
                     block, pending = pending, b""
                 else:

@@ -23,6 +23,7 @@ The first four columns of ``steps.csv`` and the first six of
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -272,8 +273,6 @@ class _StageClock:
     """Times the pipeline's stages into ``seconds`` and, with a progress bar, says which is running."""
 
     def __init__(self, seconds: dict, progress: bool | None):
-        import sys
-
         self.seconds = seconds
         self.show = sys.stderr.isatty() if progress is None else bool(progress)
         self.name, self.t = None, None
@@ -283,8 +282,6 @@ class _StageClock:
         self.end(now)
         self.name, self.t = name, (now if t is None else t)
         if self.show and name != "read":
-            import sys
-
             print(f"\r{name}...{' ' * 20}", end="", file=sys.stderr, flush=True)
 
     def end(self, now: float | None = None) -> None:
@@ -292,8 +289,6 @@ class _StageClock:
             self.seconds[self.name] = self.seconds.get(self.name, 0.0) + (now or time.perf_counter()) - self.t
             self.name = None
         if self.show:
-            import sys
-
             print("\r" + " " * 40 + "\r", end="", file=sys.stderr, flush=True)
 
 

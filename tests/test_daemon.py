@@ -313,9 +313,9 @@ def s3():
         proc.wait(timeout=10)
 
 
-def _http_ok(url, method="GET"):
+def _http_ok(url):
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=2):
+        with urllib.request.urlopen(url, timeout=2):
             return True
     except urllib.error.HTTPError:
         return True  # it answers
