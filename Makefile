@@ -19,12 +19,14 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed tools
 	$(PY) -m pytest
 
-# promtool (Debian's prometheus package) runs the alert rules' unit tests
+# promtool (Debian's prometheus package) runs the alert rules' unit tests; stunnel is the TLS listener in front
+# of the test broker (the bundled Tansu cannot serve TLS itself); openssl makes the tests' certificates
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+TOOLS_PKGS := $(if $(shell command -v promtool),,prometheus) $(if $(shell command -v stunnel),,stunnel4) $(if $(shell command -v openssl),,openssl)
 tools:
-	@command -v promtool >/dev/null || { \
-	  echo "installing promtool (apt-get install prometheus)"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@[ -z "$(strip $(TOOLS_PKGS))" ] || { \
+	  echo "installing test tools (apt-get install $(strip $(TOOLS_PKGS)))"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(strip $(TOOLS_PKGS)) >/dev/null; }
 
 # alert rules, Grafana files and the chart's generated templates, from prism/alerting.py and prism/grafana.py
 generate: $(VENV)/.installed

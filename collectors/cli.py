@@ -10,7 +10,8 @@ from pathlib import Path
 
 from prism.argtypes import non_negative_float, positive_int
 
-EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1  # could not do the work (Kafka unreachable)
+EXIT_BAD_INPUT = 2  # usage or input error
 
 DESCRIPTION = (
     "Decode pcap/pcapng captures of ERSPAN-mirrored (Type I, II, III) or plain host-side RoCEv2 traffic, assemble RDMA "
@@ -36,9 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--web.listen-address", dest="listen", default=None, metavar="HOST:PORT",
                    help="with --follow: serve the counters as Prometheus metrics (prism_collector_*)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    from prism.kafkaconf import add_security_flags
+
+    add_security_flags(p)  # for --out kafka://
 
 
 def run(args) -> int:
+    from prism.kafkaconf import KafkaConnectError, check_connection, security_from_args
+
     from .assemble import SwitchMap
     from .collect import Collector, capture_files, open_sink, packets_hint
 
@@ -51,10 +57,14 @@ def run(args) -> int:
         missing = [f for f in files if not Path(f).exists()]
         if missing:
             raise ValueError(f"no such file: {', '.join(missing)}")
-        sink = open_sink(args.out)
+        security = security_from_args(args)
+        sink = open_sink(args.out, security, check=check_connection)
     except ValueError as e:
-        print(f"prism collect: {e}", file=sys.stderr)
+        print(f"prism collect: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KafkaConnectError as e:
+        print(f"prism collect: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     bar = None
     if not args.quiet and not args.follow and sys.stderr.isatty():
         from tqdm import tqdm

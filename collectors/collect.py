@@ -51,10 +51,10 @@ class FileSink:
 class KafkaSink:
     """Send flows to a topic as the daemon reads them (Arrow IPC, one message per GPU pair)."""
 
-    def __init__(self, bootstrap: str, topic: str, fmt: str = "arrow"):
+    def __init__(self, bootstrap: str, topic: str, fmt: str = "arrow", security=None):
         from prism.produce import FlowProducer
 
-        self.producer = FlowProducer(bootstrap, topic, fmt)
+        self.producer = FlowProducer(bootstrap, topic, fmt, security=security)
         self.records = 0
 
     def send(self, flows: pd.DataFrame) -> None:
@@ -66,14 +66,20 @@ class KafkaSink:
         self.producer.close()
 
 
-def open_sink(out: str):
-    """``kafka://HOST:PORT/TOPIC`` or a flow file path."""
+def open_sink(out: str, security=None, check=None):
+    """``kafka://HOST:PORT/TOPIC`` (with ``security``, a KafkaSecurity) or a flow file path.
+
+    ``check(bootstrap, security)`` runs before a Kafka producer is made (it
+    raises with the reason a broker cannot be reached).
+    """
     if out.startswith("kafka://"):
         rest = out[len("kafka://"):]
         host, _, topic = rest.partition("/")
         if not host or not topic:
             raise ValueError(f"--out {out}: expected kafka://HOST:PORT/TOPIC")
-        return KafkaSink(host, topic)
+        if check is not None:
+            check(host, security)
+        return KafkaSink(host, topic, security=security)
     return FileSink(out)
 
 

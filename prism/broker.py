@@ -75,11 +75,14 @@ class LocalBroker:
     True
     """
 
-    def __init__(self, port: int | None = None, binary: str | None = None, storage: str = "memory://tansu/", env: dict | None = None):
+    def __init__(self, port: int | None = None, binary: str | None = None, storage: str = "memory://tansu/", env: dict | None = None,
+                 advertised: str | None = None, args: tuple = ()):
         self.port = port or free_port()
         self.binary = binary
         self.storage = storage
         self.env = env
+        self.advertised = advertised  # HOST:PORT clients are told to use (a TLS proxy in front), default the listener
+        self.args = tuple(args)  # more broker flags, e.g. ("--authentication",)
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -90,8 +93,9 @@ class LocalBroker:
         if self.binary is None:
             self.binary = verified_broker_bin()
         url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://{self.advertised}" if self.advertised else url
         self.proc = subprocess.Popen(
-            [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", self.storage],
+            [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised, "--storage-engine", self.storage, *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=None if self.env is None else {**os.environ, **self.env},
         )
         deadline = time.monotonic() + timeout_s

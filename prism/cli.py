@@ -12,9 +12,12 @@ from pathlib import Path
 
 from . import __version__
 from .argtypes import non_negative_float, positive_float, positive_int
+from .kafkaconf import SECURITY_FLAGS, KafkaConnectError, add_security_flags, check_connection, security_from_args
 from .readers import DEFAULT_CHUNK_ROWS
 
-EXIT_BAD_INPUT = 2
+EXIT_OK = 0
+EXIT_FAILED = 1  # findings or failed checks (demo: results differ from the truth; Kafka unreachable)
+EXIT_BAD_INPUT = 2  # usage or input error: a bad flag, a file that cannot be read or parsed
 
 
 def _add_synth(sub):
@@ -95,6 +98,7 @@ def _add_demo(sub):
                    help="use this Kafka cluster instead of starting a local broker (topics get fresh names)")
     p.add_argument("--web.listen-address", dest="listen", default="127.0.0.1:9464", metavar="HOST:PORT",
                    help="metrics endpoint; a free port is used if this one is taken (default: %(default)s)")
+    add_security_flags(p)  # with --kafka.bootstrap-servers
     p.set_defaults(func=cmd_demo)
 
 
@@ -308,6 +312,7 @@ DAEMON_FLAGS = {
     "--jobs.ttl": dict(dest="jobs_ttl", metavar="DURATION", help="forget GPU pairs and jobs unseen this long (default: 10m)"),
     "--switch.window": dict(dest="switch_window", metavar="DURATION", help="switch bandwidth comparison window (default: 60s)"),
     "--log.level": dict(dest="log_level", metavar="LEVEL", help="debug, info, warning or error (default: info)"),
+    **SECURITY_FLAGS,
 }
 DAEMON_DEFAULTS = {
     "kafka_topic": "prism-flows", "kafka_group_id": "prism", "kafka_summary_topic": "prism-summaries",
@@ -436,6 +441,18 @@ def cmd_demo(args) -> int:
     from .evaluation import adjusted_rand_index, job_name_map, score_anomalies, score_steps
     from .live import LiveDemo
 
+    try:
+        security = security_from_args(args)
+        if args.bootstrap:
+            check_connection(args.bootstrap, security)
+        elif security.protocol != "PLAINTEXT":
+            raise ValueError("Kafka security flags need --kafka.bootstrap-servers (the local broker is plaintext on loopback)")
+    except ValueError as e:
+        print(f"prism demo: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KafkaConnectError as e:
+        print(f"prism demo: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     print(f"[1/3] generating the SYNTHETIC '{args.preset}' cluster (seed {args.seed}) with injected faults")
     cluster = preset(args.preset, seed=args.seed, duration_s=args.duration).generate()
     if args.out:
@@ -443,7 +460,8 @@ def cmd_demo(args) -> int:
     print(f"      {len(cluster.flows):,} flows, {cluster.jobs['job_id'].nunique()} jobs, {len(cluster.faults)} injected faults")
     print("[2/3] streaming it through Kafka into the daemon (jobs and anomalies appear below as they are found)")
     try:
-        res = LiveDemo(cluster, bootstrap=args.bootstrap, listen=args.listen, speed=args.speed, printer=lambda t: print("      " + t, flush=True)).run()
+        res = LiveDemo(cluster, bootstrap=args.bootstrap, listen=args.listen, speed=args.speed, printer=lambda t: print("      " + t, flush=True),
+                       security=security).run()
     except RuntimeError as e:
         print(f"prism demo: error: {e}", file=sys.stderr)
         return 1
@@ -492,6 +510,7 @@ def cmd_daemon(args) -> int:
         from .monitor import MonitorSettings
 
         settings = check_settings(settings)
+        security = security_from_args(settings)
         ms = MonitorSettings(
             window_s=settings["window"], step_s=settings["window_step"], lateness_s=settings["window_lateness"],
             pair_ttl_s=settings["jobs_ttl"], max_window_flows=settings["window_max_flows"], switch_window_s=settings["switch_window"],
@@ -528,8 +547,10 @@ def cmd_daemon(args) -> int:
         if settings.get("source"):
             source = DirectorySource(settings["source"])
         else:
+            check_connection(settings["kafka_bootstrap_servers"], security)
             source = KafkaSource(
                 settings["kafka_bootstrap_servers"], settings["kafka_topic"], settings["kafka_group_id"], settings["kafka_summary_topic"],
+                security=security,
                 replica_id=settings.get("kafka_replica_id"), max_message_bytes=settings["kafka_max_message_bytes"],
                 max_poll_interval_ms=int(settings["kafka_max_poll_interval"] * 1000),
                 session_timeout_ms=int(settings["kafka_session_timeout"] * 1000),
@@ -538,10 +559,14 @@ def cmd_daemon(args) -> int:
         print(f"prism daemon: error: {e}", file=sys.stderr)
         server.stop()
         return EXIT_BAD_INPUT
-    except Exception as e:  # noqa: BLE001 - kafka-python's errors (no broker, auth) on startup
+    except KafkaConnectError as e:
+        print(f"prism daemon: error: {e}", file=sys.stderr)
+        server.stop()
+        return EXIT_FAILED
+    except Exception as e:  # noqa: BLE001 - kafka-python's errors after the connection check (a broker gone meanwhile)
         print(f"prism daemon: error: cannot reach Kafka at {settings.get('kafka_bootstrap_servers')}: {type(e).__name__}: {e}", file=sys.stderr)
         server.stop()
-        return 1
+        return EXIT_FAILED
     daemon = Daemon(source, monitor, health)
     import signal
 

@@ -77,11 +77,13 @@ class LiveDemo:
     speed : float
         Stream at this multiple of real time.
     fmt : {"arrow", "jsonl"}
+    security : prism.kafkaconf.KafkaSecurity, optional
+        TLS and SASL settings for ``bootstrap`` (the local broker is plaintext).
     """
 
     def __init__(self, cluster, bootstrap: str | None = None, listen: str = "127.0.0.1:9464", settings: MonitorSettings | None = None,
-                 speed: float = 1.0, fmt: str = "arrow", partitions: int = 4, printer=print):
-        self.cluster, self.bootstrap, self.listen = cluster, bootstrap, listen
+                 speed: float = 1.0, fmt: str = "arrow", partitions: int = 4, printer=print, security=None):
+        self.cluster, self.bootstrap, self.listen, self.security = cluster, bootstrap, listen, security
         self.settings = settings or MonitorSettings(window_s=10, step_s=2, switch_window_s=5, lateness_s=1, idle_flush_s=2)
         self.speed, self.fmt, self.partitions, self.printer = speed, fmt, partitions, printer
         run = uuid.uuid4().hex[:8]
@@ -102,7 +104,7 @@ class LiveDemo:
         server = daemon = producer = source = None
         t_start = time.monotonic()
         try:
-            ensure_topic(self.bootstrap, self.topic, self.partitions)
+            ensure_topic(self.bootstrap, self.topic, self.partitions, security=self.security)
             topo = Topology.from_frame(self.cluster.topology)
             monitor = Monitor(topo, self.settings)
             health = Health()
@@ -117,7 +119,7 @@ class LiveDemo:
                 server = MetricsServer(registry, health, f"{host}:0").start()
             self.printer(f"metrics  http://{server.address}/metrics   (also /healthz, /readyz)")
             source = KafkaSource(self.bootstrap, self.topic, self.group, self.summary_topic, replica_id="demo",
-                                 max_poll_interval_ms=10_000, session_timeout_ms=6_000)
+                                 max_poll_interval_ms=10_000, session_timeout_ms=6_000, security=self.security)
 
             def on_event(kind, e):
                 if kind == "anomaly":
@@ -127,7 +129,7 @@ class LiveDemo:
             daemon = Daemon(source, monitor, health, on_event=on_event)
             thread = threading.Thread(target=daemon.run, name="prism-daemon", daemon=True)
             thread.start()
-            producer = FlowProducer(self.bootstrap, self.topic, fmt=self.fmt)
+            producer = FlowProducer(self.bootstrap, self.topic, fmt=self.fmt, security=self.security)
             n = len(self.cluster.flows)
             self.printer(f"stream   {n:,} SYNTHETIC flow records at {self.speed:g}x real time into topic {self.topic}")
             stream_flows(producer, self.cluster.flows, self.speed)

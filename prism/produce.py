@@ -26,9 +26,11 @@ class FlowProducer:
     topic : str
     fmt : {"arrow", "jsonl"}
         Message format (Arrow decodes faster; JSON Lines is readable).
+    security : prism.kafkaconf.KafkaSecurity, optional
+        TLS and SASL settings (default: plaintext).
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str = "prism-flows", fmt: str = "arrow", **producer_options):
+    def __init__(self, bootstrap_servers: str, topic: str = "prism-flows", fmt: str = "arrow", security=None, **producer_options):
         from kafka import KafkaProducer
 
         if fmt not in ("arrow", "jsonl"):
@@ -36,6 +38,8 @@ class FlowProducer:
         self.topic, self.fmt = topic, fmt
         opts = dict(bootstrap_servers=bootstrap_servers, acks="all", linger_ms=20, enable_idempotence=False, max_request_size=16 << 20,
                     delivery_timeout_ms=120_000, retries=2**31 - 1, reconnect_backoff_max_ms=1000)
+        if security is not None:
+            opts.update(security.client_options())
         opts.update(producer_options)
         self.producer = KafkaProducer(**opts)
         self.records_sent = 0

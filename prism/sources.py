@@ -47,13 +47,14 @@ __all__ = ["KafkaSource", "DirectorySource", "ensure_topic"]
 log = logging.getLogger("prism.sources")
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, compact: bool = False, timeout_s: float = 30.0) -> bool:
-    """Create ``topic`` if it does not exist; return True if created."""
+def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, compact: bool = False, timeout_s: float = 30.0, security=None) -> bool:
+    """Create ``topic`` if it does not exist; return True if created (``security``: a KafkaSecurity, default plaintext)."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), client_id="prism-admin")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), client_id="prism-admin",
+                             **(security.client_options() if security is not None else {}))
     try:
         if topic in admin.list_topics():
             return False
@@ -85,6 +86,8 @@ class KafkaSource:
         Consumer-group timeouts: a dead replica's partitions move after
         ``session_timeout_ms``; a window's analysis must finish within
         ``max_poll_interval_ms``.
+    security : prism.kafkaconf.KafkaSecurity, optional
+        TLS and SASL settings for every client (default: plaintext).
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class KafkaSource:
         max_poll_interval_ms: int = 30_000,
         session_timeout_ms: int = 6_000,
         max_poll_records: int = 2_000,
+        security=None,
     ):
         from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
@@ -110,8 +114,9 @@ class KafkaSource:
         self.summaries: dict[str, dict] = {}  # latest value per key of the summaries topic
         self.ready = False
         self.resets = 0  # times the topic was found re-created (prism_source_resets_total)
-        ensure_topic(bootstrap_servers, summary_topic, 1, compact=True)
-        common = dict(bootstrap_servers=bootstrap_servers, reconnect_backoff_max_ms=2000, request_timeout_ms=max(session_timeout_ms + 5000, 15000))
+        ensure_topic(bootstrap_servers, summary_topic, 1, compact=True, security=security)
+        common = dict(bootstrap_servers=bootstrap_servers, reconnect_backoff_max_ms=2000, request_timeout_ms=max(session_timeout_ms + 5000, 15000),
+                      **(security.client_options() if security is not None else {}))
         self.consumer = KafkaConsumer(
             group_id=group_id, enable_auto_commit=False, auto_offset_reset="earliest", client_id=f"prism-{self.replica_id}",
             max_poll_interval_ms=max_poll_interval_ms, session_timeout_ms=session_timeout_ms,

@@ -31,6 +31,7 @@ from prism.produce import FlowProducer
 from prism.sources import KafkaSource, ensure_topic
 from prism.topology import Topology
 from synthetic import preset
+from support import scrape_total as _scrape_total, wait_for
 
 SETTINGS = dict(window_s=3, step_s=1, switch_window_s=2, lateness_s=0.1, idle_flush_s=3)
 
@@ -53,27 +54,6 @@ def topic(broker):
     name = f"flows-{uuid.uuid4().hex[:8]}"
     ensure_topic(broker.bootstrap, name, 4)
     return name
-
-
-def wait_for(cond, timeout=60.0, what="condition", progress=None):
-    """Wait until ``cond()``; with ``progress``, the timeout counts from the last change of ``progress()``.
-
-    A loaded machine slows everything down, so a fixed deadline fails runs
-    that are only slow. With a progress measure (records ingested, say) the
-    test fails only when nothing moves for ``timeout`` seconds: a stall, not
-    a slow machine.
-    """
-    deadline = time.monotonic() + timeout
-    last = progress() if progress else None
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-        if progress:
-            now = progress()
-            if now != last:
-                last, deadline = now, time.monotonic() + timeout
-    raise AssertionError(f"timed out waiting for {what}: no progress for {timeout} s" if progress else f"timed out after {timeout} s waiting for {what}")
 
 
 class RunningDaemon:
@@ -359,15 +339,6 @@ def _daemon_proc(broker, topic, topo_csv, port, replica="r0"):
            "--kafka.max-poll-interval", "3s", "--kafka.session-timeout", "3s", "--web.listen-address", f"127.0.0.1:{port}",
            "--window", "3s", "--window.step", "1s", "--window.lateness", "100ms", "--switch.window", "2s", "--log.level", "warning"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def _scrape_total(port, name):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:
-            text = r.read().decode()
-    except (urllib.error.URLError, ConnectionError):
-        return None
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 def test_daemon_killed_and_restarted_resumes_exactly(broker, topic, cluster, tmp_path):

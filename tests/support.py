@@ -1,0 +1,41 @@
+"""Helpers shared by the tests that run a broker and daemons (imported as ``support``: pytest puts tests/ on sys.path)."""
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = ["wait_for", "scrape_total"]
+
+
+def wait_for(cond, timeout=60.0, what="condition", progress=None):
+    """Wait until ``cond()``; with ``progress``, the timeout counts from the last change of ``progress()``.
+
+    A loaded machine slows everything down, so a fixed deadline fails runs
+    that are only slow. With a progress measure (records ingested, say) the
+    test fails only when nothing moves for ``timeout`` seconds: a stall, not
+    a slow machine.
+    """
+    deadline = time.monotonic() + timeout
+    last = progress() if progress else None
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+        if progress:
+            now = progress()
+            if now != last:
+                last, deadline = now, time.monotonic() + timeout
+    raise AssertionError(f"timed out waiting for {what}: no progress for {timeout} s" if progress else f"timed out after {timeout} s waiting for {what}")
+
+
+def scrape_total(port, name):
+    """Sum of metric ``name`` over its samples on 127.0.0.1:port/metrics; None while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:
+            text = r.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return None
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)

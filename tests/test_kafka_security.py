@@ -1,0 +1,225 @@
+"""Kafka TLS, mutual TLS and SASL against a real broker.
+
+The broker is Tansu (as in the other daemon tests). The bundled Tansu 0.6
+cannot serve TLS itself (its ``--cert`` and ``--key`` flags are declared as
+conflicting, so neither works), so TLS is terminated by stunnel (OpenSSL) in
+front of it, the way many sites put a TLS proxy before a broker: the
+clients' TLS and certificate checks are real, and so is the broker behind.
+The proxy requires a client certificate signed by the test CA (mutual TLS).
+
+SASL: Tansu's ``--authentication`` is real SCRAM, but this build keeps no
+users (``tansu user create`` succeeds and stores nothing in the memory and
+S3 engines), so only the refusal side can be tested against it: bad
+credentials end in a clear error, quickly, not a hang.
+"""
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from prism.broker import LocalBroker, free_port
+from prism.kafkaconf import PASSWORD_ENV, KafkaConnectError, KafkaSecurity, check_connection
+from prism.live import stream_flows
+from prism.produce import FlowProducer
+from prism.sources import ensure_topic
+from synthetic import preset
+from support import scrape_total as _scrape_total, wait_for
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A test CA, a server certificate for 127.0.0.1/localhost, a client certificate, and an unrelated CA."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (make tools installs it)")
+    d = tmp_path_factory.mktemp("pki")
+    for ca in ("ca", "other-ca"):
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN=prism test {ca}", cwd=d)
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name, ext in (("server", ["-extfile", "san.cnf"]), ("client", [])):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=prism-{name}", cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", *ext, cwd=d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tls_broker(pki):
+    """Tansu behind a mutual-TLS listener; yields the TLS bootstrap address (the broker advertises it)."""
+    if shutil.which("stunnel") is None:
+        pytest.skip("stunnel is not installed (make tools installs it: apt-get install stunnel4)")
+    tls_port = free_port()
+    broker = LocalBroker(advertised=f"127.0.0.1:{tls_port}").start()
+    conf = pki / "stunnel.conf"
+    conf.write_text(f"foreground = yes\npid =\n[kafka]\naccept = 127.0.0.1:{tls_port}\nconnect = {broker.bootstrap}\n"
+                    f"cert = {pki / 'server.pem'}\nkey = {pki / 'server.key'}\nCAfile = {pki / 'ca.pem'}\nverifyChain = yes\n")
+    proxy = subprocess.Popen(["stunnel", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _listening(tls_port) or proxy.poll() is not None, 30, "stunnel to listen")
+        assert proxy.poll() is None, "stunnel exited"
+        yield f"127.0.0.1:{tls_port}", broker
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=10)
+        broker.stop()
+
+
+def _listening(port):
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def mtls(pki, ca="ca.pem", client=True):
+    return KafkaSecurity("SSL", ca_file=str(pki / ca), cert_file=str(pki / "client.pem") if client else None,
+                         key_file=str(pki / "client.key") if client else None)
+
+
+def test_daemon_over_mutual_tls(tls_broker, pki, tmp_path):
+    """`prism daemon` with --kafka.tls.* flags ingests every record a TLS producer sent."""
+    bootstrap, _ = tls_broker
+    security = mtls(pki)
+    check_connection(bootstrap, security, CONNECT_TIMEOUT_S)
+    topic = f"flows-{uuid.uuid4().hex[:8]}"
+    ensure_topic(bootstrap, topic, 2, security=security)
+    cluster = preset("tiny", seed=1, duration_s=4.0).generate()
+    topo_csv = tmp_path / "topology.csv"
+    cluster.topology.to_csv(topo_csv, index=False)
+    producer = FlowProducer(bootstrap, topic, fmt="arrow", security=security)
+    stream_flows(producer, cluster.flows, speed=0)
+    producer.flush()
+    producer.close()
+    port = free_port()
+    cmd = [sys.executable, "-m", "prism", "daemon", "--topology", str(topo_csv), "--kafka.bootstrap-servers", bootstrap, "--kafka.topic", topic,
+           "--kafka.group-id", f"g-{topic}", "--kafka.summary-topic", f"sum-{topic}", "--kafka.session-timeout", "3s",
+           "--kafka.max-poll-interval", "3s", "--web.listen-address", f"127.0.0.1:{port}", "--window", "3s", "--window.step", "1s",
+           "--kafka.security-protocol", "SSL", "--kafka.tls.ca-file", str(pki / "ca.pem"),
+           "--kafka.tls.cert-file", str(pki / "client.pem"), "--kafka.tls.key-file", str(pki / "client.key"), "--log.level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: proc.poll() is not None or (_scrape_total(port, "prism_flows_ingested_total") or 0) >= len(cluster.flows), 60,
+                 "the daemon to ingest over TLS", progress=lambda: _scrape_total(port, "prism_flows_ingested_total"))
+        assert proc.poll() is None, proc.stderr.read()
+        assert _scrape_total(port, "prism_flows_ingested_total") == len(cluster.flows)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("untrusted broker", "is --kafka.tls.ca-file the CA that signed it"),
+    ("no client certificate", "requires a client certificate"),
+    ("plaintext client", "does it require TLS or SASL"),
+])
+def test_tls_failures_are_clear_and_quick(tls_broker, pki, case, expect):
+    bootstrap, _ = tls_broker
+    security = {"untrusted broker": mtls(pki, ca="other-ca.pem"), "no client certificate": mtls(pki, client=False),
+                "plaintext client": KafkaSecurity()}[case]
+    t0 = time.monotonic()
+    with pytest.raises(KafkaConnectError, match=expect) as info:
+        check_connection(bootstrap, security, CONNECT_TIMEOUT_S)
+    assert time.monotonic() - t0 < 4 * CONNECT_TIMEOUT_S  # bounded by the check's timeout, not kafka-python's 30 s retries
+    assert bootstrap in str(info.value)
+
+
+def test_tls_against_a_plaintext_port_does_not_hang(tls_broker, pki):
+    """kafka-python's handshake has no timeout; the check's own does."""
+    _, broker = tls_broker  # the broker's own (plaintext) port
+    t0 = time.monotonic()
+    with pytest.raises(KafkaConnectError, match="no answer to the TLS handshake"):
+        check_connection(broker.bootstrap, mtls(pki), 2.0)
+    assert time.monotonic() - t0 < 10
+
+
+def test_cli_exits_with_the_reason(tls_broker, pki, tmp_path):
+    """`prism daemon` and `prism collect --out kafka://` exit 1 with the reason on stderr."""
+    bootstrap, _ = tls_broker
+    topo = Path(__file__).parent / "data" / "topology.csv"
+    tls = ["--kafka.security-protocol", "SSL", "--kafka.tls.ca-file", str(pki / "other-ca.pem")]
+    for cmd in ([sys.executable, "-m", "prism", "daemon", "--topology", str(topo), "--kafka.bootstrap-servers", bootstrap,
+                 "--web.listen-address", f"127.0.0.1:{free_port()}", *tls],
+                [sys.executable, "-m", "prism", "collect", str(topo), "--out", f"kafka://{bootstrap}/flows", *tls]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r.stderr
+        assert "certificate verify failed" in r.stderr and "--kafka.tls.ca-file" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_bad_security_flags_are_usage_errors(pki, tmp_path):
+    topo = Path(__file__).parent / "data" / "topology.csv"
+    base = [sys.executable, "-m", "prism", "daemon", "--topology", str(topo), "--kafka.bootstrap-servers", "127.0.0.1:1"]
+    cases = {
+        "use one of PLAINTEXT": ["--kafka.security-protocol", "TLS"],
+        "needs --kafka.security-protocol SSL": ["--kafka.tls.ca-file", str(pki / "ca.pem")],
+        "no such file": ["--kafka.security-protocol", "SSL", "--kafka.tls.ca-file", str(tmp_path / "nope.pem")],
+        "must be PEM, match": ["--kafka.security-protocol", "SSL", "--kafka.tls.cert-file", str(pki / "client.pem"),
+                               "--kafka.tls.key-file", str(pki / "server.key")],
+        "needs a password": ["--kafka.security-protocol", "SASL_SSL", "--kafka.sasl.mechanism", "SCRAM-SHA-512", "--kafka.sasl.username", "prism"],
+        "--kafka.sasl.mechanism 'GSSAPI'": ["--kafka.security-protocol", "SASL_SSL", "--kafka.sasl.mechanism", "GSSAPI"],
+    }
+    for expect, flags in cases.items():
+        r = subprocess.run(base + flags, capture_output=True, text=True, timeout=60, env=_env_without_password())
+        assert r.returncode == 2 and expect in r.stderr, (flags, r.stderr)
+
+
+def _env_without_password():
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != PASSWORD_ENV}
+
+
+def test_password_from_file_or_environment_never_shown(tmp_path):
+    f = tmp_path / "password"
+    f.write_text("s3cret-from-file\n")
+    s = KafkaSecurity.from_options("SASL_SSL", sasl_mechanism="scram-sha-512", username="prism", password_file=str(f), env={})
+    assert s.client_options()["sasl_plain_password"] == "s3cret-from-file" and s.sasl_mechanism == "SCRAM-SHA-512"
+    e = KafkaSecurity.from_options("SASL_SSL", sasl_mechanism="PLAIN", username="prism", env={PASSWORD_ENV: "s3cret-from-env"})
+    assert e.client_options()["sasl_plain_password"] == "s3cret-from-env"
+    for shown in (repr(s), s.describe(), repr(e), e.describe()):
+        assert "s3cret" not in shown
+
+
+@pytest.fixture(scope="module")
+def sasl_broker():
+    b = LocalBroker(args=("--authentication",)).start()
+    yield b
+    b.stop()
+
+
+@pytest.mark.parametrize("mechanism, expect", [
+    ("SCRAM-SHA-512", "SASL authentication failed"),
+    ("SCRAM-SHA-256", "SASL authentication failed"),
+    ("PLAIN", "does it offer PLAIN"),  # Tansu offers SCRAM only
+])
+def test_sasl_refusal_is_clear_and_quick(sasl_broker, mechanism, expect):
+    security = KafkaSecurity("SASL_PLAINTEXT", sasl_mechanism=mechanism, username="nobody", password="wrong")
+    t0 = time.monotonic()
+    with pytest.raises(KafkaConnectError, match=expect):
+        check_connection(sasl_broker.bootstrap, security, CONNECT_TIMEOUT_S)
+    assert time.monotonic() - t0 < 4 * CONNECT_TIMEOUT_S
+
+
+def test_daemon_without_credentials_on_a_sasl_broker(sasl_broker, tmp_path):
+    topo = Path(__file__).parent / "data" / "topology.csv"
+    r = subprocess.run([sys.executable, "-m", "prism", "daemon", "--topology", str(topo), "--kafka.bootstrap-servers", sasl_broker.bootstrap,
+                        "--web.listen-address", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "does it require TLS or SASL" in r.stderr, r.stderr
