@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-packets", type=positive_int, default=1 << 18, metavar="N", help="packets decoded per slice; about 250 bytes each (default: %(default)s)")
     p.add_argument("--web.listen-address", dest="listen", default=None, metavar="HOST:PORT",
                    help="with --follow: serve the counters as Prometheus metrics (prism_collector_*)")
+    p.add_argument("--web.config.file", dest="web_config", default=None, metavar="YAML",
+                   help="TLS and basic auth for --web.listen-address, in the Prometheus exporter-toolkit format")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     from prism.kafkaconf import add_security_flags
 
@@ -57,6 +59,12 @@ def run(args) -> int:
         missing = [f for f in files if not Path(f).exists()]
         if missing:
             raise ValueError(f"no such file: {', '.join(missing)}")
+        if args.web_config:
+            if not (args.follow and args.listen):
+                raise ValueError("--web.config.file needs --follow and --web.listen-address (it secures the metrics endpoint)")
+            from prism.webconfig import load_web_config
+
+            load_web_config(args.web_config)
         security = security_from_args(args)
         sink = open_sink(args.out, security, check=check_connection)
     except ValueError as e:
@@ -73,7 +81,7 @@ def run(args) -> int:
     collector = Collector(sink, switch_map, args.batch_packets, progress=bar.update if bar else None)
     server, beat = None, (lambda: None)
     if args.follow and args.listen:
-        server, beat = _serve_metrics(collector, args.listen)
+        server, beat = _serve_metrics(collector, args.listen, args.web_config)
     try:
         for f in files:
             collector.add_file(f)
@@ -137,7 +145,7 @@ def _follow(collector, directory: Path, settle: float, quiet: bool, beat) -> Non
         time.sleep(0.2)
 
 
-def _serve_metrics(collector, address: str):
+def _serve_metrics(collector, address: str, web_config: str | None = None):
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily
 
@@ -166,9 +174,9 @@ def _serve_metrics(collector, address: str):
     registry.register(CollectorMetrics())
     health = Health()
     health.ready = True
-    server = MetricsServer(registry, health, address)
+    server = MetricsServer(registry, health, address, web_config=web_config)
     server.start()
-    print(f"metrics on http://{server.address}/metrics", file=sys.stderr)
+    print(f"metrics on {server.url}", file=sys.stderr)
     return server, health.beat
 
 

@@ -305,6 +305,8 @@ DAEMON_FLAGS = {
     "--kafka.max-poll-interval": dict(dest="kafka_max_poll_interval", metavar="DURATION", help="a window's analysis must finish within this (default: 30s)"),
     "--kafka.session-timeout": dict(dest="kafka_session_timeout", metavar="DURATION", help="a dead replica's partitions move after this (default: 6s)"),
     "--web.listen-address": dict(dest="web_listen_address", metavar="HOST:PORT", help="metrics, /healthz, /readyz (default: 127.0.0.1:9464)"),
+    "--web.config.file": dict(dest="web_config_file", metavar="YAML", help="TLS and basic auth for the web endpoint, in the Prometheus "
+                              "exporter-toolkit format (as node_exporter); /healthz and /readyz need no password"),
     "--window": dict(dest="window", metavar="DURATION", help="flows analysed per window; hold several steps of the slowest job (default: 120s)"),
     "--window.step": dict(dest="window_step", metavar="DURATION", help="event time between analyses (default: 15s)"),
     "--window.lateness": dict(dest="window_lateness", metavar="DURATION", help="wait at least this long for out-of-order records (default: 2s); the wait grows to the disorder measured in the input, at most half a window"),
@@ -538,11 +540,14 @@ def cmd_daemon(args) -> int:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrismCollector(monitor, health))
     try:
-        server = MetricsServer(registry, health, settings["web_listen_address"]).start()
-    except (OSError, ValueError) as e:
+        server = MetricsServer(registry, health, settings["web_listen_address"], web_config=settings.get("web_config_file")).start()
+    except ValueError as e:
+        print(f"prism daemon: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as e:
         print(f"prism daemon: error: --web.listen-address {settings['web_listen_address']}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"prism daemon: metrics on http://{server.address}/metrics", file=sys.stderr, flush=True)
+    print(f"prism daemon: metrics on {server.url}", file=sys.stderr, flush=True)
     try:
         if settings.get("source"):
             source = DirectorySource(settings["source"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import socket
+import ssl
 import threading
 import time
 from socketserver import ThreadingMixIn
@@ -225,12 +226,15 @@ class _Server(ThreadingMixIn, WSGIServer):
     def __init__(self, *args, **kwargs):
         self._slots = threading.BoundedSemaphore(self.max_connections)
         self.refused = 0  # connections answered 503 over the cap
+        self.connection_errors = 0  # connections that ended in an error (failed TLS handshakes, clients gone)
         super().__init__(*args, **kwargs)
 
     def process_request(self, request, client_address):
         if not self._slots.acquire(blocking=False):
             self.refused += 1
             try:
+                if isinstance(request, ssl.SSLSocket):  # no handshake in the accept loop: just close
+                    raise OSError
                 request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 25\r\n\r\ntoo many open connections")
             except OSError:
                 pass
@@ -248,6 +252,11 @@ class _Server(ThreadingMixIn, WSGIServer):
         finally:
             self._slots.release()
 
+    def handle_error(self, request, client_address):
+        # a failed TLS handshake (no client certificate, a plain-HTTP client) or a client gone mid-request:
+        # the client's problem, not ours; socketserver would print a traceback for each
+        self.connection_errors += 1
+
 
 class _Server6(_Server):
     address_family = socket.AF_INET6
@@ -261,14 +270,22 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class MetricsServer:
-    """``/metrics``, ``/healthz`` and ``/readyz`` on a background thread."""
+    """``/metrics``, ``/healthz`` and ``/readyz`` on a background thread.
+
+    ``web_config`` is a ``--web.config.file`` path (:mod:`prism.webconfig`):
+    TLS, client certificates and basic auth; ``/healthz`` and ``/readyz``
+    need no password.
+    """
 
     def __init__(self, registry: CollectorRegistry, health: Health, address: str = "127.0.0.1:9464",
-                 max_connections: int = 64, idle_timeout_s: float = 10.0):
+                 max_connections: int = 64, idle_timeout_s: float = 10.0, web_config: str | None = None):
+        from .webconfig import OPEN_PATHS, WebAuth
+
         host, port = parse_listen_address(address)
         metrics_app = make_wsgi_app(registry)
+        self.web = web = WebAuth(web_config)
 
-        def app(environ, start_response):
+        def routes(environ, start_response):
             path = environ.get("PATH_INFO", "/")
             if path == "/healthz":
                 ok = health.alive
@@ -283,13 +300,41 @@ class MetricsServer:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"try /metrics, /healthz or /readyz\n"]
 
+        def app(environ, start_response):
+            web.refresh()
+            extra = list(web.config.headers)
+
+            def respond(status, headers, exc_info=None):
+                return start_response(status, headers + extra, exc_info)
+
+            if environ.get("PATH_INFO", "/") not in OPEN_PATHS and not web.check(environ.get("HTTP_AUTHORIZATION")):
+                respond("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", 'Basic realm="prism"')])
+                return [b"Unauthorized\n"]
+            return routes(environ, respond)
+
         base = _Server6 if ":" in host else _Server
         server_class = type(base.__name__, (base,), {"max_connections": int(max_connections)})
         handler_class = type("_Handler", (_QuietHandler,), {"timeout": float(idle_timeout_s)})
         self.httpd = make_server(host, port, app, server_class=server_class, handler_class=handler_class)
+        if web.context is not None:
+            # the handshake runs in the connection's thread (on its first read, within the idle timeout), not in accept();
+            # each handshake takes the current context, so a rotated certificate applies without a restart
+            listen_ctx = web.config.tls.context()
+
+            def current_context(sslsock, server_name, _ctx):
+                web.refresh()
+                sslsock.context = web.context
+
+            listen_ctx.sni_callback = current_context
+            self.httpd.socket = listen_ctx.wrap_socket(self.httpd.socket, server_side=True, do_handshake_on_connect=False)
+        self.scheme = "https" if web.context is not None else "http"
         self.port = self.httpd.server_port
         self.address = f"{'[' + host + ']' if ':' in host else host}:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="prism-metrics", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.address}/metrics"
 
     def start(self) -> "MetricsServer":
         self._thread.start()

@@ -1,13 +1,14 @@
 """Helpers shared by the tests that run a broker and daemons (imported as ``support``: pytest puts tests/ on sys.path)."""
 from __future__ import annotations
 
+import subprocess
 import time
 import urllib.error
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["wait_for", "scrape_total"]
+__all__ = ["wait_for", "scrape_total", "make_pki"]
 
 
 def wait_for(cond, timeout=60.0, what="condition", progress=None):
@@ -39,3 +40,18 @@ def scrape_total(port, name):
     except (urllib.error.URLError, ConnectionError):
         return None
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def make_pki(d):
+    """A test CA, a server certificate for 127.0.0.1/localhost, a client certificate, and an unrelated CA (openssl CLI) in ``d``."""
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN=prism test {ca}")
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name, ca, ext in (("server", "ca", ["-extfile", "san.cnf"]), ("client", "ca", []), ("stranger", "other-ca", [])):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=prism-{name}")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", *ext)
+    return d

@@ -30,28 +30,16 @@ from prism.live import stream_flows
 from prism.produce import FlowProducer
 from prism.sources import ensure_topic
 from synthetic import preset
-from support import scrape_total as _scrape_total, wait_for
+from support import make_pki, scrape_total as _scrape_total, wait_for
 
 CONNECT_TIMEOUT_S = 5.0
 
 
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    """A test CA, a server certificate for 127.0.0.1/localhost, a client certificate, and an unrelated CA."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed (make tools installs it)")
-    d = tmp_path_factory.mktemp("pki")
-    for ca in ("ca", "other-ca"):
-        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN=prism test {ca}", cwd=d)
-    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name, ext in (("server", ["-extfile", "san.cnf"]), ("client", [])):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=prism-{name}", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", *ext, cwd=d)
-    return d
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
