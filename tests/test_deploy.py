@@ -252,7 +252,11 @@ def test_daemon_pod_is_locked_down_and_probed():
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["ports"][0]["containerPort"] == 9464
     assert "--web.listen-address=0.0.0.0:9464" in c["args"]
-    assert c.get("resources") == {}  # left to the user
+    res = c["resources"]  # sized from the benchmarks, memory limited, CPU not throttled
+    assert res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"] and "cpu" not in res["limits"]
+    tmp = next(v for v in pod["volumes"] if v["name"] == "tmp")
+    assert tmp["emptyDir"]["sizeLimit"] == "256Mi"
+    assert "web-config" not in {v["name"] for v in pod["volumes"]} and not any(a.startswith("--kafka.") for a in c["args"])
     assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
 
 
@@ -329,3 +333,81 @@ def test_prometheus_rule_thresholds_are_chart_values():
     expected = alerting.prometheus_rules(alerting.AlertSettings(
         step_slowdown_ratio=1.5, consumer_lag_records=5_000_000, switch_degraded_for="20m", selector='job="prism",cluster="b"'))
     assert rule["spec"] == expected
+
+
+SECURE = {
+    "image": {"digest": "sha256:" + "ab" * 32},
+    "kafka": {"securityProtocol": "SASL_SSL", "tls": {"existingSecret": "kafka-client-tls", "clientCertificate": True},
+              "sasl": {"mechanism": "SCRAM-SHA-512", "username": "prism", "existingSecret": "kafka-sasl"}},
+    "web": {"existingSecret": "prism-web", "tls": True},
+    "networkPolicy": {"enabled": True},
+    "podDisruptionBudget": {"enabled": True},
+    "serviceMonitor": {"enabled": True, "tlsConfig": {"ca": {"secret": {"name": "prism-web", "key": "ca.crt"}}, "serverName": "prism"}},
+    "collector": {"enabled": True},
+}
+
+
+def test_hardening_options_render_valid_kubernetes():
+    import kubernetes_validate
+
+    objs = objects(render(SECURE))
+    for key in ("Deployment/prism", "DaemonSet/prism-collector", "NetworkPolicy/prism", "PodDisruptionBudget/prism"):
+        kubernetes_validate.validate(objs[key], KUBE_VERSION, strict=True)
+    dep = objs["Deployment/prism"]["spec"]["template"]["spec"]
+    (c,) = dep["containers"]
+    assert c["image"] == "ghcr.io/prism-netdiag/prism@sha256:" + "ab" * 32
+    # the password reaches the pod only as an environment variable from the Secret
+    env = {e["name"]: e for e in c["env"]}
+    assert env["PRISM_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "kafka-sasl", "key": "password"}
+    assert not any("password" in a for a in c["args"])
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in dep["volumes"]}
+    assert vols["kafka-tls"]["secret"]["secretName"] == "kafka-client-tls" and vols["web-config"]["secret"]["secretName"] == "prism-web"
+    assert "--kafka.tls.cert-file=" + mounts["kafka-tls"] + "/tls.crt" in c["args"]
+    assert "--web.config.file=" + mounts["web-config"] + "/web-config.yml" in c["args"]
+    assert c["livenessProbe"]["httpGet"]["scheme"] == "HTTPS" and c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    ep = objs["ServiceMonitor/prism"]["spec"]["endpoints"][0]
+    assert ep["scheme"] == "https" and ep["tlsConfig"]["serverName"] == "prism"
+    np_ = objs["NetworkPolicy/prism"]["spec"]
+    assert np_["ingress"][0]["ports"] == [{"port": "http-metrics", "protocol": "TCP"}]
+    assert np_["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    assert np_["podSelector"]["matchLabels"].items() <= objs["Deployment/prism"]["spec"]["template"]["metadata"]["labels"].items()
+    assert objs["PodDisruptionBudget/prism"]["spec"]["maxUnavailable"] == 1
+    (coll,) = objs["DaemonSet/prism-collector"]["spec"]["template"]["spec"]["containers"]
+    assert "--kafka.security-protocol=SASL_SSL" in coll["args"] and any(e["name"] == "PRISM_KAFKA_SASL_PASSWORD" for e in coll["env"])
+
+
+def test_rendered_arguments_are_accepted_by_the_commands():
+    """The flags the chart writes parse with prism's own parser, and the settings they make are consistent."""
+    from prism.cli import build_parser
+    from prism.kafkaconf import security_from_args
+
+    objs = objects(render(SECURE))
+    parser = build_parser()
+    for key in ("Deployment/prism", "DaemonSet/prism-collector"):
+        (c,) = objs[key]["spec"]["template"]["spec"]["containers"]
+        args = parser.parse_args(c["args"])  # argparse exits on an unknown flag
+        assert args.kafka_security_protocol == "SASL_SSL" and args.kafka_sasl_username == "prism"
+        # with the Secret's files in place, the settings load
+        for flag in ("kafka_tls_ca_file", "kafka_tls_cert_file", "kafka_tls_key_file"):
+            assert getattr(args, flag).startswith("/etc/prism/kafka-tls/")
+    with pytest.raises(ValueError, match="password"):
+        security_from_args({"kafka_security_protocol": "SASL_SSL", "kafka_sasl_mechanism": "SCRAM-SHA-512", "kafka_sasl_username": "prism"})
+
+
+def test_sasl_without_credentials_fails_to_render():
+    chart = helm_chart.Chart.load(str(CHART))
+    for kafka, missing in (({"securityProtocol": "SASL_SSL", "sasl": {"existingSecret": "s"}}, "kafka.sasl.username"),
+                           ({"securityProtocol": "SASL_SSL", "sasl": {"username": "prism"}}, "kafka.sasl.existingSecret")):
+        with pytest.raises(Exception, match=missing):
+            chart.render({"topology": {"csv": TOPOLOGY}, "kafka": kafka}, name="prism", namespace="monitoring")
+    for bad in ({"kafka": {"securityProtocol": "TLS"}}, {"image": {"repository": "x", "digest": "latest"}}, {"tmpSizeLimit": "lots"}):
+        with pytest.raises(Exception):
+            chart.validate_schema({"topology": {"csv": TOPOLOGY}, **bad})
+
+
+def test_image_by_tag_and_digest():
+    for image, ref in (({"tag": "1.2.3"}, "ghcr.io/prism-netdiag/prism:1.2.3"),
+                       ({"tag": "1.2.3", "digest": "sha256:" + "cd" * 32}, "ghcr.io/prism-netdiag/prism:1.2.3@sha256:" + "cd" * 32)):
+        (c,) = objects(render({"image": image}))["Deployment/prism"]["spec"]["template"]["spec"]["containers"]
+        assert c["image"] == ref

@@ -55,3 +55,68 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "prism.topologyConfigMap" -}}
 {{- default (printf "%s-topology" (include "prism.fullname" .)) .Values.topology.existingConfigMap }}
 {{- end }}
+
+{{/* Image by digest when given (repository[:tag]@sha256:...), else by tag. */}}
+{{- define "prism.imageRef" -}}
+{{- if .Values.image.digest }}
+{{- if .Values.image.tag }}
+{{- printf "%s:%s@%s" .Values.image.repository .Values.image.tag .Values.image.digest }}
+{{- else }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- end }}
+{{- else }}
+{{- include "prism.image" . }}
+{{- end }}
+{{- end }}
+
+{{/* Kafka connection-security flags, shared by the daemon and the collectors. */}}
+{{- define "prism.kafkaArgs" -}}
+{{- $k := .Values.kafka }}
+{{- if ne $k.securityProtocol "PLAINTEXT" }}
+- --kafka.security-protocol={{ $k.securityProtocol }}
+{{- end }}
+{{- if $k.tls.existingSecret }}
+- --kafka.tls.ca-file=/etc/prism/kafka-tls/ca.crt
+{{- if $k.tls.clientCertificate }}
+- --kafka.tls.cert-file=/etc/prism/kafka-tls/tls.crt
+- --kafka.tls.key-file=/etc/prism/kafka-tls/tls.key
+{{- end }}
+{{- end }}
+{{- if hasPrefix "SASL_" $k.securityProtocol }}
+- --kafka.sasl.mechanism={{ $k.sasl.mechanism }}
+- --kafka.sasl.username={{ required "kafka.sasl.username is required with a SASL securityProtocol" $k.sasl.username }}
+{{- end }}
+{{- end }}
+
+{{/* The SASL password: an environment variable from the Secret, never an argument. */}}
+{{- define "prism.kafkaEnv" -}}
+{{- $k := .Values.kafka }}
+{{- if hasPrefix "SASL_" $k.securityProtocol }}
+- name: PRISM_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "kafka.sasl.existingSecret is required with a SASL securityProtocol" $k.sasl.existingSecret }}
+      key: {{ $k.sasl.passwordKey }}
+{{- end }}
+{{- end }}
+
+{{- define "prism.kafkaVolumeMounts" -}}
+{{- if .Values.kafka.tls.existingSecret }}
+- name: kafka-tls
+  mountPath: /etc/prism/kafka-tls
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "prism.kafkaVolumes" -}}
+{{- if .Values.kafka.tls.existingSecret }}
+- name: kafka-tls
+  secret:
+    secretName: {{ .Values.kafka.tls.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* HTTPS when the web config turns TLS on. */}}
+{{- define "prism.webScheme" -}}
+{{- if .Values.web.tls }}HTTPS{{ else }}HTTP{{ end }}
+{{- end }}
