@@ -5,12 +5,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test bench generate tools clean
+.PHONY: demo test bench generate tools lock clean
 
-$(VENV)/.installed: pyproject.toml
+# dependencies from the lock file, every file checked against its hash; then Prism itself
+$(VENV)/.installed: pyproject.toml requirements-test.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,demo]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements-test.lock
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
 demo: $(VENV)/.installed
@@ -37,6 +39,14 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_daemon.py
 	$(PY) benchmarks/bench_collect.py
 	$(PY) benchmarks/bench_whatif.py
+
+# re-pin after changing pyproject.toml: requirements.lock (the image: no test or demo extras, so no broker
+# binary) and requirements-test.lock (CI and the two commands), hashed, for Linux x86_64 and Python 3.11
+LOCK_TARGET := --python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes --custom-compile-command "make lock" --quiet
+lock: $(VENV)/.installed
+	$(PY) -m pip install --quiet 'uv>=0.5'
+	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_TARGET) -o requirements.lock
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra demo $(LOCK_TARGET) -o requirements-test.lock
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

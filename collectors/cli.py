@@ -9,9 +9,7 @@ import time
 from pathlib import Path
 
 from prism.argtypes import non_negative_float, positive_int
-
-EXIT_FAILED = 1  # could not do the work (Kafka unreachable)
-EXIT_BAD_INPUT = 2  # usage or input error
+from prism.output import EXIT_BAD_INPUT, EXIT_FAILED, add_output_flags, finish
 
 DESCRIPTION = (
     "Decode pcap/pcapng captures of ERSPAN-mirrored (Type I, II, III) or plain host-side RoCEv2 traffic, assemble RDMA "
@@ -39,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--web.config.file", dest="web_config", default=None, metavar="YAML",
                    help="TLS and basic auth for --web.listen-address, in the Prometheus exporter-toolkit format")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_output_flags(p)
     from prism.kafkaconf import add_security_flags
 
     add_security_flags(p)  # for --out kafka://
@@ -96,27 +95,36 @@ def run(args) -> int:
     summary = collector.summary()
     if args.stats:
         Path(args.stats).write_text(json.dumps(summary, indent=2) + "\n")
-    if not args.quiet:
-        _print_summary(summary, args.out)
-    return 0
+    return finish(args, "collect", {**summary, "out": args.out}, _warnings(args, summary), text=lambda: _format_summary(summary, args.out))
 
 
-def _print_summary(s: dict, out: str) -> None:
+def _warnings(args, s: dict) -> list[str]:
+    """Results that are probably not what the user meant (exit 1 with --strict)."""
+    from .collect import CAPTURE_SUFFIXES, capture_files
+
+    out = [f"{d}: no capture files (*{', *'.join(CAPTURE_SUFFIXES)}) in this directory" for d in args.captures
+           if Path(d).is_dir() and not capture_files([d])]
+    out += [f"not a capture, skipped: {line}" for line in s["bad_files"]]
+    out += [f"cut short: {line}" for line in s["truncated_files"]]
+    if s["files"] and s["packets"] and not s["flows"]:
+        out.append("packets were read but no RoCEv2 message became a flow record (is this ERSPAN-mirrored or host RoCEv2 traffic?)")
+    if s["unmapped_mirrors"]:
+        out.append(f"mirrors not in --switch-map, named by address: {', '.join(s['unmapped_mirrors'][:8])}")
+    return out
+
+
+def _format_summary(s: dict, out: str) -> str:
     rate = f", {s['packets_per_second']:,} packets/s" if s["packets_per_second"] else ""
-    print(f"read {s['files']} capture(s), {s['packets']:,} packets in {s['seconds']:.2f}s{rate}")
+    lines = [f"read {s['files']} capture(s), {s['packets']:,} packets in {s['seconds']:.2f}s{rate}"]
     for name, n in sorted(s["packets_by_status"].items(), key=lambda kv: -kv[1]):
-        print(f"  {name:<22} {n:>12,}")
-    print(f"wrote {s['flows']:,} flows to {out}: {s.get('mirror_copies', 0):,} mirror copies merged, "
-          f"{s.get('retransmitted_packets', 0):,} retransmitted packets, {s.get('incomplete_messages', 0):,} incomplete messages"
-          + (f", {s['bad_timestamp_messages']:,} with impossible timestamps (dropped)" if s.get("bad_timestamp_messages") else ""))
+        lines.append(f"  {name:<22} {n:>12,}")
+    lines.append(f"wrote {s['flows']:,} flows to {out}: {s.get('mirror_copies', 0):,} mirror copies merged, "
+                 f"{s.get('retransmitted_packets', 0):,} retransmitted packets, {s.get('incomplete_messages', 0):,} incomplete messages"
+                 + (f", {s['bad_timestamp_messages']:,} with impossible timestamps (dropped)" if s.get("bad_timestamp_messages") else ""))
     if s["cnp_by_switch"]:
         top = sorted(s["cnp_by_switch"].items(), key=lambda kv: -kv[1])[:5]
-        print("CNPs (congestion) by switch: " + ", ".join(f"{k or '(host)'} {v:,}" for k, v in top))
-    for what in ("bad_files", "truncated_files"):
-        for line in s[what]:
-            print(f"  {what.replace('_', ' ')[:-1]}: {line}", file=sys.stderr)
-    if s["unmapped_mirrors"]:
-        print(f"  mirrors not in --switch-map: {', '.join(s['unmapped_mirrors'][:8])}", file=sys.stderr)
+        lines.append("CNPs (congestion) by switch: " + ", ".join(f"{k or '(host)'} {v:,}" for k, v in top))
+    return "\n".join(lines)
 
 
 def _follow(collector, directory: Path, settle: float, quiet: bool, beat) -> None:

@@ -13,11 +13,9 @@ from pathlib import Path
 from . import __version__
 from .argtypes import non_negative_float, positive_float, positive_int
 from .kafkaconf import SECURITY_FLAGS, KafkaConnectError, add_security_flags, check_connection, security_from_args
+from .logs import add_log_flags, setup_logging
+from .output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, add_output_flags, finish
 from .readers import DEFAULT_CHUNK_ROWS
-
-EXIT_OK = 0
-EXIT_FAILED = 1  # findings or failed checks (demo: results differ from the truth; Kafka unreachable)
-EXIT_BAD_INPUT = 2  # usage or input error: a bad flag, a file that cannot be read or parsed
 
 
 def _add_synth(sub):
@@ -62,6 +60,7 @@ def _add_replay(sub):
     p.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_output_flags(p)
     p.add_argument(
         "--stop-after", choices=["jobs", "pairs", "steps", "diagnosis"], default="diagnosis",
         help="last analysis to run: 'jobs' is a quick job inventory whose memory does not grow with the flows; "
@@ -138,6 +137,7 @@ def _add_whatif(sub):
                         "OUT/attribution.csv and the summary's S, M_W, M_S")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_output_flags(p)
     p.set_defaults(func=cmd_whatif)
 
 
@@ -164,23 +164,23 @@ def cmd_whatif(args) -> int:
         print(f"prism whatif: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     write_outputs(args.out, result)
-    for w in result.warnings:
-        print(f"prism whatif: warning: {w}", file=sys.stderr)
-    for job, reason in result.skipped.items():
-        print(f"prism whatif: warning: job {job} not modelled: {reason}", file=sys.stderr)
-    for job, j in result.jobs.items():
-        for w in j.get("warnings", []):
-            print(f"prism whatif: warning: job {job}: {w}", file=sys.stderr)
-    if not args.quiet:
+    warnings = list(result.warnings) + [f"job {job} not modelled: {reason}" for job, reason in result.skipped.items()]
+    warnings += [f"job {job}: {w}" for job, j in result.jobs.items() for w in j.get("warnings", [])]
+    if not result.jobs:
+        warnings.append("no job was modelled")
+
+    def text():
         label = ", ".join(args.scenario) or "no change"
-        print(f"{'job':<16} {'observed':>10} {'replayed':>10} {'baseline':>10} {'predicted':>10}  ({label}; median step, s)")
+        lines = [f"{'job':<16} {'observed':>10} {'replayed':>10} {'baseline':>10} {'predicted':>10}  ({label}; median step, s)"]
         for job, j in result.jobs.items():
-            print(f"{job:<16} {j['observed_step_s']:>10.4f} {j['replayed_step_s']:>10.4f} {j.get('baseline_step_s', j['replayed_step_s']):>10.4f} "
-                  f"{j['predicted_step_s']:>10.4f}  replay error {j['replay_error_mean_pct']:.3f}% mean")
+            lines.append(f"{job:<16} {j['observed_step_s']:>10.4f} {j['replayed_step_s']:>10.4f} {j.get('baseline_step_s', j['replayed_step_s']):>10.4f} "
+                         f"{j['predicted_step_s']:>10.4f}  replay error {j['replay_error_mean_pct']:.3f}% mean")
         if result.attribution is not None:
-            print(_format_attribution(result))
-        print(f"wrote summary.json, steps.csv, timeline.json{', attribution.csv' if result.attribution is not None else ''} to {args.out}")
-    return 0
+            lines.append(_format_attribution(result))
+        lines.append(f"wrote summary.json, steps.csv, timeline.json{', attribution.csv' if result.attribution is not None else ''} to {args.out}")
+        return "\n".join(lines)
+
+    return finish(args, "whatif", {"jobs": result.jobs, "skipped": result.skipped, "out": str(args.out)}, warnings, text=text)
 
 
 def _format_attribution(result) -> str:
@@ -314,13 +314,14 @@ DAEMON_FLAGS = {
     "--jobs.ttl": dict(dest="jobs_ttl", metavar="DURATION", help="forget GPU pairs and jobs unseen this long (default: 10m)"),
     "--switch.window": dict(dest="switch_window", metavar="DURATION", help="switch bandwidth comparison window (default: 60s)"),
     "--log.level": dict(dest="log_level", metavar="LEVEL", help="debug, info, warning or error (default: info)"),
+    "--log.format": dict(dest="log_format", metavar="FORMAT", help="logfmt or json, one record per line on stderr (default: logfmt)"),
     **SECURITY_FLAGS,
 }
 DAEMON_DEFAULTS = {
     "kafka_topic": "prism-flows", "kafka_group_id": "prism", "kafka_summary_topic": "prism-summaries",
     "kafka_max_message_bytes": 8 << 20, "kafka_max_poll_interval": "30s", "kafka_session_timeout": "6s",
     "web_listen_address": "127.0.0.1:9464", "window": "120s", "window_step": "15s", "window_lateness": "2s",
-    "window_max_flows": 20_000_000, "jobs_ttl": "10m", "switch_window": "60s", "log_level": "info",
+    "window_max_flows": 20_000_000, "jobs_ttl": "10m", "switch_window": "60s", "log_level": "info", "log_format": "logfmt",
 }
 
 
@@ -340,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_whatif(sub)
     _add_alerts(sub)
     _add_synth(sub)
+    for name, p in sub.choices.items():
+        if name != "daemon":  # the daemon's come with its other settings (flags or --config.file)
+            add_log_flags(p)
     return parser
 
 
@@ -375,14 +379,14 @@ def cmd_replay(args) -> int:
         if args.switch_window is not None and args.switch_window <= 0:
             print("prism replay: error: --switch-window must be > 0 seconds", file=sys.stderr)
             return EXIT_BAD_INPUT
-        res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=args.progress, stop_after=args.stop_after, plots=args.plots, **kw)
+        progress = False if args.output == "json" and args.progress is None else args.progress
+        res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=progress, stop_after=args.stop_after, plots=args.plots, **kw)
     except (FlowFormatError, FileNotFoundError) as e:
         print(f"prism replay: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if not args.quiet:
-        print(format_summary(res))
-        print(f"results in {args.out}")
-    return 0
+    summary = res.summary()
+    return finish(args, "replay", {**summary, "out": str(args.out)}, summary.pop("warnings"),
+                  text=lambda: f"{format_summary(res)}\nresults in {args.out}")
 
 
 def cmd_demo_offline(args) -> int:
@@ -520,7 +524,7 @@ def cmd_daemon(args) -> int:
     except ValueError as e:
         print(f"prism daemon: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    logging.basicConfig(level=settings["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings["log_level"], settings["log_format"])
     from prometheus_client import CollectorRegistry
 
     from .daemon import Daemon
@@ -547,7 +551,24 @@ def cmd_daemon(args) -> int:
     except OSError as e:
         print(f"prism daemon: error: --web.listen-address {settings['web_listen_address']}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"prism daemon: metrics on {server.url}", file=sys.stderr, flush=True)
+    log = logging.getLogger("prism.daemon")
+    # the effective settings, once, so that a log shows what this run was doing
+    startup = {"version": __version__, "web": server.url, "web_auth": "basic" if server.web.auth_required else "none",
+               "topology_nics": len(topo.nics), "topology_servers": int(topo.nics["server"].nunique()), "window": f"{ms.window_s:g}s", "step": f"{ms.step_s:g}s",
+               "lateness": f"{ms.lateness_s:g}s", "max_flows": ms.max_window_flows, "jobs_ttl": f"{ms.pair_ttl_s:g}s"}
+    if settings.get("source"):
+        startup.update(source=settings["source"])
+    else:
+        startup.update(kafka=settings["kafka_bootstrap_servers"], topic=settings["kafka_topic"], group=settings["kafka_group_id"],
+                       kafka_security=security.describe())
+    log.info("starting", extra={"fields": startup})
+    import signal
+
+    def stop_while_starting(*_):  # SIGTERM before the loop runs (e.g. Kafka still connecting): a clean exit
+        server.stop()
+        raise SystemExit(EXIT_OK)
+
+    signal.signal(signal.SIGTERM, stop_while_starting)
     try:
         if settings.get("source"):
             source = DirectorySource(settings["source"])
@@ -573,8 +594,6 @@ def cmd_daemon(args) -> int:
         server.stop()
         return EXIT_FAILED
     daemon = Daemon(source, monitor, health)
-    import signal
-
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
     try:
         daemon.run()
@@ -592,6 +611,8 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT
+    if args.command != "daemon":
+        setup_logging(args.log_level, args.log_format)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -23,7 +23,7 @@ from .monitor import Monitor
 
 __all__ = ["Daemon", "load_config", "read_yaml", "parse_duration", "check_settings", "format_event", "LOG_LEVELS"]
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+from .logs import LOG_FORMATS, LOG_LEVELS  # noqa: E402 - re-exported: the daemon's settings check uses them
 
 log = logging.getLogger("prism.daemon")
 
@@ -90,6 +90,11 @@ def check_settings(settings: dict) -> dict:
         if level not in LOG_LEVELS:
             raise ValueError(f"--log.level: expected one of {', '.join(LOG_LEVELS)}, got {out['log_level']!r}")
         out["log_level"] = level
+    if "log_format" in out:
+        fmt = str(out["log_format"]).lower()
+        if fmt not in LOG_FORMATS:
+            raise ValueError(f"--log.format: expected one of {', '.join(LOG_FORMATS)}, got {out['log_format']!r}")
+        out["log_format"] = fmt
     if "web_listen_address" in out:
         parse_listen_address(out["web_listen_address"])
     return out

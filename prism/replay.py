@@ -130,7 +130,22 @@ class ReplayResult:
             "peak_rss_mib": _peak_rss_mib(),
             "jobs": jobs,
             "anomalies": _records(self.analysis.anomalies) if self.analysis is not None and self.analysis.anomalies is not None else [],
+            "warnings": self.warnings(),
         }
+
+    def warnings(self) -> list[str]:
+        """Results that are probably not what the user meant (``--strict`` makes them an exit status of 1)."""
+        out = []
+        if self.rows_read == 0:
+            out.append("the input holds no flow records")
+        elif self.flows_gpu == 0:
+            reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(self.ignored.items()) if v)
+            out.append(f"no flow is between two GPU NICs of the topology ({reasons or 'none valid'}): is --topology this cluster's?")
+        elif self.jobs is not None and len(self.jobs) == 0:
+            out.append("GPU flows were read but no job was recognised")
+        if self.rows_read and self.rejects.total > 0.01 * self.rows_read:
+            out.append(f"{self.rejects.total / self.rows_read:.1%} of the rows were rejected as malformed (see rejected_by_reason)")
+        return out
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -388,6 +403,8 @@ def format_summary(res: ReplayResult) -> str:
     if s["first_ns"] is not None:
         lines.append(f"  capture: {(s['last_ns'] - s['first_ns']) / 1e9:,.1f} s")
     lines.append(f"jobs: {len(s['jobs'])}")
+    for w in s["warnings"]:
+        lines.append(f"  warning: {w}")
     for j in s["jobs"]:
         srv = j["servers"]
         srv_txt = srv[0] if len(srv) == 1 else f"{srv[0]}..{srv[-1]}"

@@ -160,3 +160,74 @@ def test_numeric_flags_are_range_checked(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and "must be" in capsys.readouterr().err
+
+
+# ------------------------------------------------------- output for scripts, warnings, exit codes
+
+def test_replay_json_output_for_scripts(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--out", str(out), "-o", "json", "--strict"])
+    assert rc == 0
+    printed = capsys.readouterr()
+    doc = json.loads(printed.out)  # stdout is exactly one JSON document
+    assert doc == {**json.loads((out / "summary.json").read_text()), "out": str(out)} | {"seconds": doc["seconds"], "seconds_by_stage": doc["seconds_by_stage"], "peak_rss_mib": doc["peak_rss_mib"]}
+    assert doc["warnings"] == [] and len(doc["jobs"]) == 4
+
+
+def test_topology_matching_no_flow_warns_and_fails_with_strict(tiny_dir, tmp_path, capsys):
+    other = tmp_path / "other-cluster.csv"
+    other.write_text("ip,server\n192.168.77.1,x1\n192.168.77.2,x2\n")
+    args = ["replay", str(tiny_dir / "flows.parquet"), "--topology", str(other), "--out", str(tmp_path / "out"), "--no-progress"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "warning: no flow is between two GPU NICs of the topology" in err and "non_gpu_address" in err
+    assert main(args + ["--strict"]) == 1
+    capsys.readouterr()
+    assert main(args + ["--strict", "-o", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["flows_gpu"] == 0 and "is --topology this cluster's?" in doc["warnings"][0]
+
+
+def test_collect_warns_on_a_folder_without_captures(tmp_path, capsys):
+    empty = tmp_path / "captures"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("not a capture")
+    out = str(tmp_path / "flows.parquet")
+    assert main(["collect", str(empty), "--out", out]) == 0
+    assert "no capture files" in capsys.readouterr().err
+    assert main(["collect", str(empty), "--out", out, "--strict", "-o", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["flows"] == 0 and "no capture files" in doc["warnings"][0]
+    # a file that is not a capture is skipped and named
+    assert main(["collect", str(empty / "notes.txt"), "--out", out, "--strict"]) == 1
+    assert "not a capture, skipped" in capsys.readouterr().err
+
+
+def test_log_format_json_on_the_daemon_startup_line(tmp_path, data_dir):
+    import subprocess
+    import sys
+
+    src = tmp_path / "in"
+    src.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "prism", "daemon", "--topology", str(data_dir / "topology.csv"), "--source", str(src),
+                             "--web.listen-address", "127.0.0.1:0", "--log.format", "json", "--window", "30s"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stderr.readline()  # blocks until the first record: no clock involved
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    rec = json.loads(line)
+    assert rec["level"] == "info" and rec["msg"] == "starting" and rec["logger"] == "prism.daemon"
+    assert rec["window"] == "30s" and rec["topology_nics"] == 4 and rec["source"] == str(src) and rec["web"].startswith("http://")
+    assert proc.returncode == 0
+
+
+def test_every_command_takes_the_logging_flags():
+    from prism.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        flags = {s for a in p._actions for s in a.option_strings}
+        assert {"--log.level", "--log.format"} <= flags, name

