@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test bench generate tools lock clean
+.PHONY: demo test bench generate tools lock docs clean
 
 # dependencies from the lock file, every file checked against its hash; then Prism itself
 $(VENV)/.installed: pyproject.toml requirements-test.lock
@@ -40,6 +40,10 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_collect.py
 	$(PY) benchmarks/bench_whatif.py
 
+# the documentation site in site/ (a broken link or anchor fails the build)
+docs: $(VENV)/.installed
+	$(PY) -m mkdocs build --strict
+
 # re-pin after changing pyproject.toml: requirements.lock (the image: no test or demo extras, so no broker
 # binary) and requirements-test.lock (CI and the two commands), hashed, for Linux x86_64 and Python 3.11
 LOCK_TARGET := --python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes --custom-compile-command "make lock" --quiet
@@ -49,4 +53,4 @@ lock: $(VENV)/.installed
 	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra demo $(LOCK_TARGET) -o requirements-test.lock
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache site

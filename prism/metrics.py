@@ -55,7 +55,7 @@ class Health:
 
 
 class PrismCollector:
-    """Yields Prism's metric families (see the README's metric table).
+    """Yields Prism's metric families (see the metric table in docs/daemon.md).
 
     Parameters
     ----------

@@ -25,7 +25,7 @@ The paper's rule, per GPU pair:
 
 Refinement cannot fix a DP pair that looks uniform when its ring is broken
 twice, nor one in a DP group of two. What we add (each can be switched off,
-and the README's accuracy table shows what each is worth):
+and docs/accuracy.md shows what each is worth):
 
 - **one-way traffic** (``use_direction``): a ring all-reduce sends each chunk
   one way around the ring, so a ring edge carries traffic in one direction
