@@ -41,6 +41,32 @@ def test_replay_plots(tiny_dir, tmp_path):
         assert (out / name).stat().st_size > 10_000
 
 
+def test_plots_read_in_real_time_with_every_anomaly_marked(tiny_dir, tmp_path):
+    import matplotlib.dates as mdates
+
+    from prism.plots import steps_figure, switches_figure
+    from prism.replay import replay
+    from prism.topology import Topology
+
+    res = replay([str(tiny_dir / "flows.parquet")], Topology.from_csv(tiny_dir / "topology.csv"), out_dir=tmp_path / "out", progress=False)
+    an = res.analysis
+    fig = steps_figure(an.steps, an.anomalies, res.switch_window_ns)
+    axes = fig.axes
+    assert len(axes) == an.steps["job_id"].nunique()
+    job_marks = sum(len(c.get_offsets()) for ax in axes for c in ax.collections)
+    assert job_marks == (an.anomalies["job_id"].fillna("") != "").sum() > 0  # each job anomaly on its step
+    switch = an.anomalies[an.anomalies["kind"] == "slow_switch"]
+    assert len(switch) > 0 and all(len(ax.patches) == len(switch) for ax in axes)  # shaded in every panel
+    for ax in axes:
+        assert ax.get_ylim()[0] == 0  # jitter is not magnified
+    t0 = mdates.num2date(axes[-1].get_xlim()[0]).timestamp()
+    assert abs(t0 - an.steps["end_ns"].min() / 1e9) < 60  # the x axis is wall-clock time
+    heat = switches_figure(an.switch_bandwidth, res.switch_window_ns)
+    labels = [t.get_text() for t in heat.axes[0].get_xticklabels()]
+    first = pd.Timestamp(int(an.switch_bandwidth["window_start_ns"].min()), unit="ns")
+    assert labels and labels[0] == first.strftime("%H:%M:%S" if res.switch_window_ns < 60e9 else "%H:%M") and len(labels) <= 13
+
+
 def test_replay_rejects_a_bad_switch_window(tiny_dir, tmp_path, capsys):
     assert main(["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--out", str(tmp_path), "--switch-window", "-5"]) == 2
     assert "--switch-window" in capsys.readouterr().err

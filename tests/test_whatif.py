@@ -179,6 +179,18 @@ def test_whatif_cli_on_an_op_trace(tmp_path):
     assert len(steps) == job["steps"] and set(steps.columns) == {"job_id", "step", "observed_s", "replayed_s", "baseline_s", "predicted_s"}
     trace = json.loads((out / "timeline.json").read_text())["traceEvents"]
     assert sum(e["ph"] == "X" for e in trace) == len(read_op_trace(SA / "trace-ST.parquet"))
+    assert_named_integer_tracks(trace)
+    names = [e["args"]["name"] for e in trace if e["name"] == "thread_name"]
+    assert names[:3] == ["rank 0", "rank 1", "rank 2"] and len(names) == read_op_trace(SA / "trace-ST.parquet")["rank"].nunique()
+
+
+def assert_named_integer_tracks(trace):
+    """Integer pid/tid (the Chrome trace format), and every track named, as in the replay's trace."""
+    slices = [e for e in trace if e["ph"] == "X"]
+    assert slices and all(type(e["pid"]) is int and type(e["tid"]) is int for e in slices)
+    named_threads = {(e["pid"], e["tid"]) for e in trace if e["name"] == "thread_name"}
+    named_processes = {e["pid"] for e in trace if e["name"] == "process_name"}
+    assert {(e["pid"], e["tid"]) for e in slices} <= named_threads and {e["pid"] for e in slices} <= named_processes
 
 
 def test_whatif_cli_bad_input(tmp_path):
@@ -276,6 +288,9 @@ def test_network_replay_is_faithful_and_counterfactuals_match_the_twin(replays):
         assert abs(fixed[job]["predicted_step_s"] / truth - 1) < 0.02, (job, fixed[job], truth)
         moved += abs(base[job]["observed_step_s"] / truth - 1) > 0.05  # the faults cost this job more than 5%
     assert moved >= 2  # the check above is not vacuous: the faults did slow jobs down
+    trace = json.loads((d / "w1" / "timeline.json").read_text())["traceEvents"]
+    assert_named_integer_tracks(trace)
+    assert len({e["pid"] for e in trace if e["ph"] == "X"}) == len(fixed)  # one process per job
 
 
 def test_heal_switch_names_a_real_switch(replays, tmp_path):

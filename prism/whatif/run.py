@@ -17,6 +17,7 @@ Outputs in ``--out``:
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,11 +44,28 @@ class WhatIfResult:
     warnings: list = field(default_factory=list)  # about the whole run
 
 
-def _trace_events(job: str, rows: pd.DataFrame) -> list[dict]:
-    """Chrome trace complete events: one per (op or task) on its rank/track."""
-    ev = [{"name": "process_name", "ph": "M", "pid": job, "args": {"name": f"job {job} (predicted)"}}]
-    for r in rows.itertuples(index=False):
-        ev.append({"name": r.name, "ph": "X", "pid": job, "tid": str(r.track), "ts": round(r.start * 1e6, 3),
+def _natural_key(name: str):
+    """'rank 2' before 'rank 10'."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(name))]
+
+
+def _trace_events(job: str, rows: pd.DataFrame, pid: int = 1) -> list[dict]:
+    """Chrome trace events of one job: a process (integer ``pid``) with one named thread per rank or track.
+
+    Integer pid/tid with ``process_name``/``thread_name`` metadata, as in
+    the replay's trace: Perfetto and chrome://tracing then show the names
+    and keep the tracks in order (string ids are not in the format).
+    """
+    tracks = sorted(pd.unique(rows["track"].astype(str)), key=_natural_key)
+    tid_of = {t: i for i, t in enumerate(tracks, start=1)}
+    ev = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"job {job} (predicted)"}},
+          {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}]
+    for t, tid in tid_of.items():
+        ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": t or "other"}})
+        ev.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    tids = rows["track"].astype(str).map(tid_of).to_numpy()
+    for r, tid in zip(rows.itertuples(index=False), tids):
+        ev.append({"name": r.name, "ph": "X", "pid": pid, "tid": int(tid), "ts": round(r.start * 1e6, 3),
                    "dur": round(max(r.dur, 0.0) * 1e6, 3), "args": {"step": int(r.step)}})
     return ev
 
@@ -243,7 +261,7 @@ def whatif_replay(replay_dir, scenarios: list[Scenario], topology=None, attribut
         gr = pred.graph
         rows = pd.DataFrame({"name": gr.label, "track": np.where(gr.proc >= 0, pd.Series(gr.proc).map(dict(enumerate(g.rings))).fillna("").to_numpy(), "steps"),
                              "start": pred.start, "dur": gr.duration, "step": gr.step})
-        events += _trace_events(job, rows[rows["dur"] > 0])
+        events += _trace_events(job, rows[rows["dur"] > 0], pid=len(jobs))
     if not jobs:
         reasons = "; ".join(f"{j}: {r}" for j, r in skipped.items()) or "steps.csv has no job"
         raise ValueError(f"{replay_dir}: no job can be modelled ({reasons})")
