@@ -1,6 +1,7 @@
 """Helpers shared by the tests that run a broker and daemons (imported as ``support``: pytest puts tests/ on sys.path)."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 import urllib.error
@@ -8,7 +9,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["wait_for", "scrape_total", "make_pki"]
+__all__ = ["wait_for", "scrape_total", "make_pki", "stop_process"]
 
 
 def wait_for(cond, timeout=60.0, what="condition", progress=None):
@@ -55,3 +56,13 @@ def make_pki(d):
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=prism-{name}")
         openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", *ext)
     return d
+
+
+def stop_process(proc, timeout=20.0) -> int:
+    """SIGTERM (a daemon's clean stop), then SIGKILL if it has not exited within ``timeout``; its exit code."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()

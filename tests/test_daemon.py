@@ -31,7 +31,7 @@ from prism.produce import FlowProducer
 from prism.sources import KafkaSource, ensure_topic
 from prism.topology import Topology
 from synthetic import preset
-from support import scrape_total as _scrape_total, wait_for
+from support import scrape_total as _scrape_total, stop_process, wait_for
 
 SETTINGS = dict(window_s=3, step_s=1, switch_window_s=2, lateness_s=0.1, idle_flush_s=3)
 
@@ -367,11 +367,7 @@ def test_daemon_killed_and_restarted_resumes_exactly(broker, topic, cluster, tmp
         assert _scrape_total(port_b, "prism_flows_ingested_total") == n1 + n2 == len(flows)
         assert b.poll() is None
     finally:
-        b.send_signal(signal.SIGTERM)
-        try:
-            b.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            b.kill()
+        stop_process(b)
     assert b.returncode == 0, b.stderr.read()
 
 

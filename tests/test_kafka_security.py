@@ -15,7 +15,6 @@ credentials end in a clear error, quickly, not a hang.
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from prism.live import stream_flows
 from prism.produce import FlowProducer
 from prism.sources import ensure_topic
 from synthetic import preset
-from support import make_pki, scrape_total as _scrape_total, wait_for
+from support import make_pki, scrape_total as _scrape_total, stop_process, wait_for
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -105,11 +104,7 @@ def test_daemon_over_mutual_tls(tls_broker, pki, tmp_path):
         assert proc.poll() is None, proc.stderr.read()
         assert _scrape_total(port, "prism_flows_ingested_total") == len(cluster.flows)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
     assert proc.returncode == 0
 
 

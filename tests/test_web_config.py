@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import bcrypt
 import pytest
@@ -14,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from prism.broker import free_port
 from prism.metrics import Health, MetricsServer
-from support import make_pki, wait_for
+from support import make_pki, stop_process, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None or shutil.which("openssl") is None, reason="needs curl and openssl")
 
@@ -181,11 +179,7 @@ def test_daemon_serves_its_metrics_over_tls_with_auth(pki, tmp_path):
         assert status == 200 and "prism_window_flows" in body
         assert curl(url + "/metrics", *ca, "-u", "prometheus:nope")[0] == 401
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
     assert proc.returncode == 0
     assert "https://" in proc.stderr.read()
 
