@@ -444,7 +444,7 @@ def cmd_demo(args) -> int:
     import pandas as pd
     from synthetic import preset
 
-    from .evaluation import adjusted_rand_index, job_name_map, score_anomalies, score_steps
+    from .evaluation import adjusted_rand_index, detection_delays, job_name_map, score_anomalies, score_steps
     from .live import LiveDemo
 
     try:
@@ -489,6 +489,13 @@ def cmd_demo(args) -> int:
     for r in faults.itertuples(index=False):
         print(f"      injected {r.kind:<11} {r.job_id or r.subject:<12} {'FOUND' if r.matched else 'MISSED'}")
     print(f"      anomalies: {len(anomalies)} reported, {len(anomalies) - len(unexplained)} explained by injected faults, {len(unexplained)} unexplained")
+    if args.speed > 0:
+        delays = detection_delays(res.anomalies, cluster.faults, names)
+        found_d = delays["delay_s"].dropna()
+        if len(found_d):
+            each = ", ".join(f"{r.kind} {r.delay_s:.1f} s" for r in delays.dropna().itertuples(index=False))
+            print(f"      time to detect (stream time from a fault's start to its anomaly): {each}; "
+                  f"max {found_d.max():.1f} s{'' if found_d.max() <= 15 else ' (over 15 s)'}")
     steps_ok = n_found >= 0.95 * true_n and int(sc["spurious"].sum()) == 0
     ok = counted_ok and jobs_ok and steps_ok and bool(faults["matched"].all()) and unexplained.empty
     return 0 if ok else 1

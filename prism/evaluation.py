@@ -7,7 +7,7 @@ from scipy.special import comb
 
 from .parallelism import UNCERTAIN_BELOW
 
-__all__ = ["adjusted_rand_index", "gpu_flow_arrays", "gpu_flow_ends", "score_cluster", "pair_type_truth", "job_name_map", "score_steps", "score_anomalies"]
+__all__ = ["detection_delays", "adjusted_rand_index", "gpu_flow_arrays", "gpu_flow_ends", "score_cluster", "pair_type_truth", "job_name_map", "score_steps", "score_anomalies"]
 
 
 def adjusted_rand_index(labels_true, labels_pred) -> float:
@@ -104,6 +104,37 @@ def score_steps(pred: pd.DataFrame, truth: pd.DataFrame, names: dict, tolerance:
 FINDS = {"slow_step": {"slow_step"}, "slow_group": {"slow_group"}, "slow_switch": {"slow_switch"}}
 
 
+def _fault_hits(r, pred: pd.DataFrame) -> pd.Series:
+    """Which anomalies of ``pred`` (with a ``job`` column of truth names) find fault ``r``."""
+    if r["kind"] == "slow_step":
+        # the step's start as reported may differ by the collector's timestamp error: 1% of the step
+        slack = max(1_000, 0.01 * (r["end_ns"] - r["start_ns"]))
+        return (pred["kind"] == "slow_step") & (pred["job"] == r["job_id"]) & (pred["start_ns"] >= r["start_ns"] - slack) & (pred["start_ns"] < r["end_ns"] - slack)
+    if r["kind"] == "slow_group":
+        servers = set(str(r["subject"]).split("|"))
+        return (pred["kind"] == "slow_group") & (pred["job"] == r["job_id"]) & pred["subject"].map(lambda s: bool(set(str(s).split("|")) & servers))
+    return pred["kind"].isin(["slow_switch", "slow_link"]) & pred["subject"].map(lambda s: r["subject"] in str(s).split(">")) & (pred["start_ns"] < r["end_ns"])
+
+
+def detection_delays(anomalies: pd.DataFrame, faults: pd.DataFrame, names: dict) -> pd.DataFrame:
+    """Per injected fault, the stream time from its start to the first anomaly that finds it.
+
+    ``anomalies`` carries ``detected_ns``: the event time the stream had
+    reached when the anomaly appeared (the live demo records it). The
+    delay counts from the fault's ``start_ns``, so it includes the affected
+    step itself (a step cannot be called slow before it ends), the window
+    step and lateness, and the analysis. NaN for a fault not found.
+    """
+    pred = anomalies.assign(job=anomalies["job_id"].map(names).fillna(""))
+    rows = []
+    for _, r in faults.iterrows():
+        hit = _fault_hits(r, pred)
+        at = pred.loc[hit, "detected_ns"].dropna()
+        rows.append({"kind": r["kind"], "job_id": r["job_id"], "subject": r["subject"],
+                     "delay_s": (float(at.min()) - float(r["start_ns"])) / 1e9 if len(at) else np.nan})
+    return pd.DataFrame(rows, columns=["kind", "job_id", "subject", "delay_s"])
+
+
 def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Match anomalies with injected faults.
 
@@ -129,15 +160,7 @@ def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps
     if steps is not None and len(steps):
         med_step = (steps["end_ns"] - steps["start_ns"]).groupby(steps["job_id"].map(names)).median().to_dict()
     for i, r in f.iterrows():
-        if r["kind"] == "slow_step":
-            # the step's start as reported may differ by the collector's timestamp error: 1% of the step
-            slack = max(1_000, 0.01 * (r["end_ns"] - r["start_ns"]))
-            hit = (pred["kind"] == "slow_step") & (pred["job"] == r["job_id"]) & (pred["start_ns"] >= r["start_ns"] - slack) & (pred["start_ns"] < r["end_ns"] - slack)
-        elif r["kind"] == "slow_group":
-            servers = set(str(r["subject"]).split("|"))
-            hit = (pred["kind"] == "slow_group") & (pred["job"] == r["job_id"]) & pred["subject"].map(lambda s: bool(set(str(s).split("|")) & servers))
-        else:
-            hit = pred["kind"].isin(["slow_switch", "slow_link"]) & pred["subject"].map(lambda s: r["subject"] in str(s).split(">")) & (pred["start_ns"] < r["end_ns"])
+        hit = _fault_hits(r, pred)
         f.at[i, "matched"] = bool(hit.any())
         explained |= hit.to_numpy()
         # effects: the jobs it slows shift to a slower regime when it starts

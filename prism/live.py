@@ -34,7 +34,8 @@ class DemoResult:
     ingested: int = 0
     jobs: pd.DataFrame | None = None
     steps: pd.DataFrame | None = None
-    anomalies: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ANOMALY_COLUMNS))
+    # each anomaly as the daemon reported it, with detected_ns: the event time the stream had reached then
+    anomalies: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ANOMALY_COLUMNS + ["detected_ns"]))
     seconds: float = 0.0
 
 
@@ -121,9 +122,14 @@ class LiveDemo:
             source = KafkaSource(self.bootstrap, self.topic, self.group, self.summary_topic, replica_id="demo",
                                  max_poll_interval_ms=10_000, session_timeout_ms=6_000, security=self.security)
 
+            stream = {}  # wall clock and event time at the stream's start: maps "now" to stream time
+
             def on_event(kind, e):
                 if kind == "anomaly":
-                    res.anomalies.loc[len(res.anomalies)] = [e.get(c) for c in ANOMALY_COLUMNS]
+                    now = None
+                    if stream and self.speed > 0:
+                        now = stream["ev0"] + int((time.monotonic() - stream["wall0"]) * self.speed * 1e9)
+                    res.anomalies.loc[len(res.anomalies)] = [e.get(c) for c in ANOMALY_COLUMNS] + [now]
                 self.printer(f"{time.monotonic() - t_start:6.1f}s  {format_event(kind, e)}")
 
             daemon = Daemon(source, monitor, health, on_event=on_event)
@@ -132,6 +138,7 @@ class LiveDemo:
             producer = FlowProducer(self.bootstrap, self.topic, fmt=self.fmt, security=self.security)
             n = len(self.cluster.flows)
             self.printer(f"stream   {n:,} SYNTHETIC flow records at {self.speed:g}x real time into topic {self.topic}")
+            stream.update(ev0=int(self.cluster.flows["start_ns"].min()), wall0=time.monotonic())
             stream_flows(producer, self.cluster.flows, self.speed)
             res.records_sent = producer.records_sent
             # wait until every record is counted and the tail analysed
