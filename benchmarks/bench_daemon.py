@@ -7,6 +7,9 @@ Prints a Markdown table:
   process, windows analysed as it goes; records per wall second and per
   CPU second of the daemon, and its peak RSS (VmHWM, which is per process
   image, so the benchmark's own memory does not leak into it);
+* **floor** -- a bare kafka-python consumer (no group, no decoding) reading
+  the same topic in this process, best of two: the daemon's ingest row
+  shows its time as a multiple of it;
 * **produce-to-metric latency** -- the same cluster streamed at real time;
   for each one-second slice, the time from its send to the daemon's
   ``prism_analysed_until_timestamp_seconds`` passing its end (median, p95).
@@ -72,6 +75,26 @@ def proc_stats(pid: int) -> tuple[float, float]:
     return hwm, cpu
 
 
+def bare_consume(bootstrap, topic, messages: int) -> float:
+    """Seconds a bare kafka-python consumer takes to read ``messages`` messages of ``topic`` (the floor)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
+    try:
+        parts = c.partitions_for_topic(topic)
+        while not parts:
+            time.sleep(0.05)
+            parts = c.partitions_for_topic(topic)
+        c.assign([TopicPartition(topic, p) for p in parts])
+        c.seek_to_beginning()
+        t0, got = time.monotonic(), 0
+        while got < messages:
+            got += sum(len(v) for v in c.poll(timeout_ms=500, max_records=10_000).values())
+        return time.monotonic() - t0
+    finally:
+        c.close()
+
+
 def ingest(bootstrap, cluster, topo_csv, fmt):
     topic = f"ingest-{fmt}-{time.time_ns()}"
     ensure_topic(bootstrap, topic, 4)
@@ -80,6 +103,7 @@ def ingest(bootstrap, cluster, topo_csv, fmt):
     p.flush()
     p.close()
     n = len(cluster.flows)
+    floor = min(bare_consume(bootstrap, topic, p.messages_sent) for _ in range(2))
     port = free_port()
     proc = start_daemon(bootstrap, topic, topo_csv, port)
     try:
@@ -95,7 +119,7 @@ def ingest(bootstrap, cluster, topo_csv, fmt):
         wall = time.monotonic() - t0
         hwm, cpu1 = proc_stats(proc.pid)
         windows = m.get("prism_windows_total", 0)
-        return dict(n=n, wall=wall, cpu=cpu1 - cpu0, rss=hwm, windows=windows, jobs=m.get("prism_jobs", 0))
+        return dict(n=n, wall=wall, cpu=cpu1 - cpu0, rss=hwm, windows=windows, jobs=m.get("prism_jobs", 0), floor=floor)
     finally:
         proc.terminate()
         proc.wait()
@@ -157,11 +181,12 @@ def main():
     print(f"SYNTHETIC '{args.preset}': {len(cluster.flows):,} flows, {gpus:,} GPUs, {rate:,.0f} flows/s of capture; "
           f"daemon flags {' '.join(WINDOW)}\n")
     with LocalBroker() as b:
-        print("| measurement | records | wall s | records/s (wall) | daemon CPU s | records per CPU s | windows | daemon peak RSS |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("| measurement | records | wall s | records/s (wall) | x bare consumer | daemon CPU s | records per CPU s | windows | daemon peak RSS |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for fmt in args.formats.split(","):
             r = ingest(b.bootstrap, cluster, topo_csv, fmt)
-            print(f"| sustained ingest, {fmt} | {r['n']:,} | {r['wall']:.1f} | {r['n'] / r['wall']:,.0f} | {r['cpu']:.1f} | "
+            print(f"| floor: bare kafka-python consumer, {fmt} messages | {r['n']:,} | {r['floor']:.1f} | {r['n'] / r['floor']:,.0f} | 1x | | | | |")
+            print(f"| sustained ingest, {fmt} | {r['n']:,} | {r['wall']:.1f} | {r['n'] / r['wall']:,.0f} | {r['wall'] / r['floor']:.1f}x | {r['cpu']:.1f} | "
                   f"{r['n'] / max(r['cpu'], 1e-9):,.0f} | {r['windows']:.0f} | {r['rss']:,.0f} MiB |")
         lat = latency(b.bootstrap, cluster, topo_csv)
         if len(lat):

@@ -5,6 +5,11 @@ throughput and peak memory for read + job recognition (``--stop-after
 jobs``); then on the first format the replay up to DP/PP pairs, up to
 step timelines, and the full replay with diagnosis and the Chrome trace.
 
+Every replay row also shows its time as a multiple of the **floor**
+measured in the same run: a fresh Python process that only reads the same
+file into an Arrow table with pyarrow (``pq.read_table``, or pyarrow's CSV
+reader), best of three. Both include interpreter start-up and imports.
+
 Every step runs in its own process, started from this small one: Linux keeps
 a process's peak RSS across exec, so a replay forked from a parent that held
 the generated cluster would report the parent's memory as its own.
@@ -38,6 +43,25 @@ print(len(c.flows), c.jobs["ip"].nunique(), gen_s)
 """
 
 
+FLOOR = """
+import sys
+import pyarrow.csv as pc, pyarrow.parquet as pq
+path = sys.argv[1]
+t = pq.read_table(path) if path.endswith(".parquet") else pc.read_csv(path)
+print(t.num_rows)
+"""
+
+
+def pyarrow_floor(path: Path, repeats: int = 3) -> float:
+    """Best wall time of a fresh process reading ``path`` with pyarrow and nothing else."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", FLOOR, str(path)], check=True, capture_output=True)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", help="directory to keep the generated cluster (default: a temporary one)")
@@ -50,9 +74,13 @@ def main() -> int:
     gen = subprocess.run([sys.executable, "-c", GENERATE, str(data), args.preset, ",".join(formats)], check=True, capture_output=True, text=True)
     n, gpus, gen_s = gen.stdout.split()
     n, gpus, gen_s = int(n), int(gpus), float(gen_s)
-    print("| step | wall time | throughput | peak memory |")
-    print("|---|---|---|---|")
-    print(f"| generate `{args.preset}` ({gpus:,} GPUs, {n:,} flows) | {gen_s:.1f} s | {n / gen_s:,.0f} flows/s | |")
+    floors = {fmt: pyarrow_floor(data / f"flows.{fmt}") for fmt in formats}
+    print("| step | wall time | throughput | x pyarrow read | peak memory |")
+    print("|---|---|---|---|---|")
+    print(f"| generate `{args.preset}` ({gpus:,} GPUs, {n:,} flows) | {gen_s:.1f} s | {n / gen_s:,.0f} flows/s | | |")
+    for fmt in formats:
+        print(f"| floor: pyarrow reads flows.{fmt} into an Arrow table (fresh process, best of 3) | {floors[fmt]:.2f} s | "
+              f"{n / floors[fmt]:,.0f} flows/s | 1x | |")
     runs = [(fmt, "jobs") for fmt in formats] + [(formats[0], stop) for stop in ("pairs", "steps", "diagnosis")]
     for fmt, stop in runs:
         path = data / f"flows.{fmt}"
@@ -69,7 +97,7 @@ def main() -> int:
         what = {"jobs": "read + jobs", "pairs": "+ DP/PP pairs", "steps": "+ step timelines", "diagnosis": "+ diagnosis, trace: everything"}[stop]
         print(
             f"| `prism replay --stop-after {stop}` ({what}), {fmt}, {path.stat().st_size / 2**20:,.0f} MiB "
-            f"| {wall:.1f} s | {rows / wall:,.0f} flows/s | {summary['peak_rss_mib']:,.0f} MiB |"
+            f"| {wall:.1f} s | {rows / wall:,.0f} flows/s | {wall / floors[fmt]:.0f}x | {summary['peak_rss_mib']:,.0f} MiB |"
         )
     return 0
 
