@@ -161,6 +161,7 @@ class Daemon:
         self.on_event = on_event
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
+        self.topology_warned = False
 
     def run(self, max_seconds: float | None = None) -> None:
         m, s = self.monitor, self.monitor.s
@@ -217,8 +218,24 @@ class Daemon:
                     self.health.beat()
                     keep_alive(timeout_ms=100)
 
+    #: records ingested before a topology that matched none of them is called suspicious
+    TOPOLOGY_CHECK_RECORDS = 10_000
+
+    def _check_topology(self) -> None:
+        """Warn once when many records came in and none was between two GPU NICs of the topology."""
+        if self.topology_warned:
+            return
+        counts = self.monitor.counters_snapshot().values()
+        ingested = sum(c.get("ingested", 0) for c in counts)
+        foreign = sum(c.get("ignored:non_gpu_address", 0) for c in counts)
+        if ingested >= self.TOPOLOGY_CHECK_RECORDS and foreign == ingested:
+            self.topology_warned = True
+            log.warning("none of the %d records ingested so far is between two GPU NICs of --topology "
+                        "(prism_flows_ignored_total{reason=\"non_gpu_address\"}): is it this cluster's inventory?", ingested)
+
     def _tick(self, final: bool, force: bool = False) -> None:
         view = self._analyse(final, force)
+        self._check_topology()
         if view is None:
             return
         try:

@@ -477,6 +477,30 @@ def test_directory_source_without_kafka(cluster, tmp_path):
         t.join(timeout=20)
 
 
+def test_a_topology_matching_no_flow_is_warned_once(cluster, tmp_path, caplog):
+    """Another cluster's inventory: every record is ignored, and the daemon says so (once) instead of staying silent."""
+    import logging
+
+    from prism.sources import DirectorySource
+    from synthetic.generator import write_flows
+
+    other = Topology.from_frame(pd.DataFrame({"ip": ["192.168.200.1", "192.168.200.2"], "server": ["x1", "x2"]}))
+    monitor = Monitor(other, MonitorSettings(**SETTINGS))
+    d = Daemon(DirectorySource(tmp_path), monitor, Health())
+    write_flows(cluster.flows, tmp_path / "a.parquet")
+    t = threading.Thread(target=d.run, daemon=True)
+    with caplog.at_level(logging.WARNING, logger="prism.daemon"):
+        t.start()
+        try:
+            wait_for(lambda: d.topology_warned, 60, "the topology warning",
+                     progress=lambda: sum(c.get("ingested", 0) for c in monitor.counters_snapshot().values()))
+        finally:
+            d.stop()
+            t.join(timeout=20)
+    warned = [r for r in caplog.records if "between two GPU NICs of --topology" in r.getMessage()]
+    assert len(warned) == 1
+
+
 def test_directory_source_skips_bad_files_and_goes_on(cluster, tmp_path):
     """Each unreadable dump is counted once and named; the dumps after it are read in full."""
     import gzip
