@@ -135,6 +135,14 @@ class LiveDemo:
             daemon = Daemon(source, monitor, health, on_event=on_event)
             thread = threading.Thread(target=daemon.run, name="prism-daemon", daemon=True)
             thread.start()
+            # the daemon is running before the traffic flows, as on a platform: a consumer group that settles
+            # after the stream began starts on a backlog, and its first window sees a partial step
+            wait_until = time.monotonic() + 60
+            while not source.ready and thread.is_alive() and time.monotonic() < wait_until:
+                time.sleep(0.05)
+            if not source.ready:
+                raise RuntimeError("the daemon's consumer group got no partitions within 60 s")
+            self.printer(f"group    the daemon's consumer has its partitions ({time.monotonic() - t_start:.1f} s)")
             producer = FlowProducer(self.bootstrap, self.topic, fmt=self.fmt, security=self.security)
             n = len(self.cluster.flows)
             self.printer(f"stream   {n:,} SYNTHETIC flow records at {self.speed:g}x real time into topic {self.topic}")

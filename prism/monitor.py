@@ -375,7 +375,7 @@ class Monitor:
         first = pd.Series(start[:cut]).groupby(labels[a[:cut]]).min() if cut else pd.Series(dtype=np.int64)
         job_first = first.rename(index=label_names(labels, jobs, self.topology))
         young = set(job_first.index[(end - job_first) < int(self.s.window_s * 1e9) // 2]) if not final else set()
-        self._merge_steps(an.steps[~an.steps["job_id"].isin(young)] if an.steps is not None else None, final)
+        self._merge_steps(an.steps[~an.steps["job_id"].isin(young)] if an.steps is not None else None, final, end)
         self._merge_groups(an.group_lag, an.anomalies, an.steps)
         switches = self._merge_switches()
         self.analysed_to = end
@@ -423,7 +423,10 @@ class Monitor:
         for job_id in [j for j, st in self._jobs.items() if st.view.job_id != j]:
             del self._jobs[job_id]  # absorbed into a bigger job under its new id
 
-    def _merge_steps(self, steps: pd.DataFrame, final: bool) -> None:
+    #: a step is reported once the window reaches this many of the job's median steps past its end
+    SETTLE_STEPS = 0.5
+
+    def _merge_steps(self, steps: pd.DataFrame, final: bool, end: int | None = None) -> None:
         if steps is None or steps.empty:
             return
         cs = self.analysis.cross_step
@@ -433,7 +436,17 @@ class Monitor:
                 continue
             dur = (g["end_ns"] - g["start_ns"]).to_numpy()
             hist = np.array([e - s for _, s, e in st.history]) if st.history else dur
-            tol = 0.25 * float(np.median(hist))
+            median = float(np.median(hist))
+            if not final and end is not None:
+                # A step that ends just before the window's end may not have ended: a straggling stage can
+                # pause the traffic inside a step for longer than the gap between steps, and the window then
+                # cuts the step at the pause. Steps count once and are not revised, so the last one waits for
+                # a window that reaches half a step past it (the next window re-cuts it with what follows).
+                g = g[g["end_ns"].to_numpy() <= end - self.SETTLE_STEPS * median]
+                if g.empty:
+                    continue
+                dur = (g["end_ns"] - g["start_ns"]).to_numpy()
+            tol = 0.25 * median
             new = (g["end_ns"].to_numpy() > st.last_end + tol) & (g["start_ns"].to_numpy() >= st.last_end - tol)
             if not new.any():
                 continue
