@@ -225,9 +225,18 @@ def check_connection(bootstrap_servers: str, security: KafkaSecurity | None = No
 
     security = security or KafkaSecurity()
     if security.protocol in ("SSL", "SASL_SSL"):
-        # kafka-python's TLS handshake has no timeout of its own: TLS against a plaintext port would hang
-        for server in bootstrap_servers.split(","):
-            _tls_probe(server.strip(), security, timeout_s, bootstrap_servers)
+        # kafka-python's TLS handshake has no timeout of its own: TLS against a plaintext port would hang.
+        # One reachable bootstrap server is enough (as for the clients); all failing is an error, with the first reason.
+        failures = []
+        for server in [x.strip() for x in bootstrap_servers.split(",") if x.strip()]:
+            try:
+                _tls_probe(server, security, timeout_s, bootstrap_servers)
+                break
+            except KafkaConnectError as e:
+                failures.append(e)
+        else:
+            if failures:
+                raise failures[0]
     capture = _Capture()
     kafka_log = logging.getLogger("kafka")
     kafka_log.addHandler(capture)

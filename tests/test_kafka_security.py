@@ -206,3 +206,10 @@ def test_daemon_without_credentials_on_a_sasl_broker(sasl_broker, tmp_path):
     r = subprocess.run([sys.executable, "-m", "prism", "daemon", "--topology", str(topo), "--kafka.bootstrap-servers", sasl_broker.bootstrap,
                         "--web.listen-address", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "does it require TLS or SASL" in r.stderr, r.stderr
+
+
+def test_one_reachable_bootstrap_server_is_enough(tls_broker, pki):
+    bootstrap, _ = tls_broker
+    check_connection(f"127.0.0.1:1,{bootstrap}", mtls(pki), CONNECT_TIMEOUT_S)  # the first is down: fine
+    with pytest.raises(KafkaConnectError, match="nothing listens there"):
+        check_connection("127.0.0.1:1,127.0.0.1:2", mtls(pki), CONNECT_TIMEOUT_S)
