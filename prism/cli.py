@@ -385,8 +385,8 @@ def cmd_replay(args) -> int:
         print(f"prism replay: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     summary = res.summary()
-    return finish(args, "replay", {**summary, "out": str(args.out)}, summary.pop("warnings"),
-                  text=lambda: f"{format_summary(res)}\nresults in {args.out}")
+    warnings = summary.pop("warnings")
+    return finish(args, "replay", {**summary, "out": str(args.out)}, warnings, text=lambda: f"{format_summary(res)}\nresults in {args.out}")
 
 
 def cmd_demo_offline(args) -> int:

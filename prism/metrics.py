@@ -13,6 +13,7 @@ alive) and ``/readyz`` (the source is connected and assigned).
 """
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import ssl
@@ -29,6 +30,8 @@ from .monitor import STEP_BUCKETS_S, Monitor, bucket_index
 from .records import REJECT_REASONS
 
 __all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address"]
+
+log = logging.getLogger("prism.web")
 
 _IGNORE_REASONS = ("non_gpu_address", "self_flow", "late")
 _WINDOW_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
@@ -256,6 +259,7 @@ class _Server(ThreadingMixIn, WSGIServer):
         # a failed TLS handshake (no client certificate, a plain-HTTP client) or a client gone mid-request:
         # the client's problem, not ours; socketserver would print a traceback for each
         self.connection_errors += 1
+        log.debug("connection from %s ended in an error", client_address, exc_info=True)
 
 
 class _Server6(_Server):
