@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from .diagnosis import CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser, empty_anomalies
+from .ordering import order_by
 from .parallelism import ParallelismClassifier
 from .timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
 from .topology import Topology
@@ -195,7 +196,7 @@ def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -
         return pd.DataFrame(columns=PHASE_COLUMNS)
     comp = np.where(is_dp, dp_comp[a], pp_comp[a])
     # one sort by (step row, DP or PP, group, start): the groups are runs, aggregated with reduceat
-    o = np.lexsort((start, comp, is_dp, fs))
+    o = order_by([fs, is_dp, comp], start)
     fs, is_dp, comp, a = fs[o], is_dp[o], comp[o], a[o]
     start, end, size = (np.asarray(x, dtype=np.int64)[o] for x in (start, end, size))
     new = np.ones(len(o), dtype=bool)
@@ -275,7 +276,7 @@ def _first_flows(fs, a, b, start, end, steps) -> pd.DataFrame:
     cols = ["job_id", "step", "src", "dst", "start_ns", "end_ns"]
     if len(fs) == 0:
         return pd.DataFrame(columns=cols)
-    o = np.lexsort((start, b, a, fs))
+    o = order_by([fs, a, b], start)
     fs, a, b, start, end = fs[o], a[o], b[o], start[o], end[o]
     new = np.ones(len(fs), dtype=bool)
     new[1:] = (fs[1:] != fs[:-1]) | (a[1:] != a[:-1]) | (b[1:] != b[:-1])

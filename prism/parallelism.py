@@ -59,6 +59,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from .changepoint import BOCD
+from .ordering import order_by
 
 __all__ = ["ParallelismClassifier", "SizeRuleClassifier", "SIGNALS", "UNCERTAIN_BELOW", "pair_steps", "refine_by_dp_components", "pair_episodes"]
 
@@ -298,7 +299,7 @@ class SizeRuleClassifier:
         key = np.minimum(src, dst).astype(np.int64)
         key *= n_nodes
         key += np.maximum(src, dst)
-        order = np.lexsort((start, key))
+        order = order_by([key], start)
         key = key[order]
         forward = forward[order]
         start_s = np.asarray(start)[order]
@@ -568,7 +569,7 @@ class ParallelismClassifier:
         size = np.asarray(size, np.float64)
         n_nodes = int(max(src.max(initial=0), dst.max(initial=0))) + 1
         key = np.minimum(src, dst).astype(np.int64) * n_nodes + np.maximum(src, dst)
-        order = np.lexsort((start, key))
+        order = order_by([key], start)
         key, st, en = key[order], start[order], end[order]
         fwd = (src <= dst)[order]
         sz = size[order]
@@ -729,7 +730,7 @@ def _job_step_counts(jobs: np.ndarray, flow_job: np.ndarray, start: np.ndarray, 
         return out
     m = np.isin(flow_job, jobs)
     fj, s_all, e_all = flow_job[m], start[m], end[m]
-    o = np.lexsort((s_all, fj))
+    o = order_by([fj], s_all)
     fj, s_all, e_all = fj[o], s_all[o], e_all[o]
     bounds = np.flatnonzero(np.diff(fj)) + 1
     for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(fj)]):

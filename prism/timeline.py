@@ -31,6 +31,8 @@ import pandas as pd
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from .ordering import order_by
+
 __all__ = ["StepTimeline", "natural_break", "busy_gaps", "optimizer_gaps", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
 
 STEP_COLUMNS = [
@@ -402,7 +404,7 @@ class StepTimeline:
         collective = is_dp if collective is None else np.asarray(collective, dtype=bool)
         if capture_end is None:
             capture_end = int(start.max()) if len(start) else 0
-        order = np.lexsort((start, job))
+        order = order_by([job], start)
         js = job[order]
         bounds = np.flatnonzero(np.diff(js)) + 1
         firsts = np.concatenate([[0], bounds])
