@@ -138,3 +138,17 @@ def test_order_by_is_lexsort(n, n_keys, presorted, seed):
         start = np.sort(start)
     got = order_by(keys, start)
     assert got.tolist() == np.lexsort((start, *reversed(keys))).tolist()
+
+
+@SETTINGS
+@given(st.integers(0, 300), st.integers(0, 2**32 - 1))
+def test_switch_sums_equal_the_groupby(n, seed):
+    """The switch accounting's per-chunk sums are the three-key groupby's, in the same (first-seen) order."""
+    from prism.diagnosis.switches import KEY, _sum_by_key
+
+    rng = np.random.default_rng(seed)
+    win, pid, src = rng.integers(5, 8, n), rng.integers(0, 6, n), rng.integers(-1, 4, n)
+    nbytes, busy = rng.integers(0, 2**40, n), rng.integers(0, 2**30, n)
+    df = pd.DataFrame({"window": win, "path": pid, "src": src, "bytes": nbytes, "busy_ns": busy})
+    ref = df.groupby(KEY, sort=False).agg(bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"), flows=("bytes", "size"))
+    pd.testing.assert_frame_equal(_sum_by_key(win, pid, src, nbytes, busy), ref, check_index_type=n > 0)
