@@ -284,7 +284,7 @@ def _normalise_addresses(col: pd.Series) -> tuple[pd.Categorical, np.ndarray, np
     """
     codes, uniques = pd.factorize(col, use_na_sentinel=True)
     uniq = pd.Index(uniques).astype(str)
-    stripped = [u.strip() for u in uniq]
+    stripped = [u.strip() for u in uniq.tolist()]  # a list first: iterating an Arrow-backed Index goes element by element
     canon = [normalise_address(u) if u else None for u in stripped]
     is_empty_u = np.array([not u for u in stripped], dtype=bool)
     is_bad_u = np.array([c is None for c in canon], dtype=bool) & ~is_empty_u
