@@ -141,6 +141,8 @@ class LiveDemo:
             while not source.ready and thread.is_alive() and time.monotonic() < wait_until:
                 time.sleep(0.05)
             if not source.ready:
+                if daemon.error is not None:
+                    raise daemon.error
                 raise RuntimeError("the daemon's consumer group got no partitions within 60 s")
             self.printer(f"group    the daemon's consumer has its partitions ({time.monotonic() - t_start:.1f} s)")
             producer = FlowProducer(self.bootstrap, self.topic, fmt=self.fmt, security=self.security)
