@@ -541,6 +541,12 @@ def cmd_daemon(args) -> int:
     from .sources import DirectorySource, KafkaSource
     from .topology import Topology
 
+    import signal
+
+    def exit_while_starting(*_):  # SIGTERM before the loop runs (Kafka still connecting, say): a clean exit
+        raise SystemExit(EXIT_OK)  # the web server's thread is a daemon thread: it ends with the process
+
+    signal.signal(signal.SIGTERM, exit_while_starting)
     try:
         topo = Topology.from_csv(settings["topology"])
     except (FlowFormatError, FileNotFoundError, ValueError) as e:
@@ -569,13 +575,6 @@ def cmd_daemon(args) -> int:
         startup.update(kafka=settings["kafka_bootstrap_servers"], topic=settings["kafka_topic"], group=settings["kafka_group_id"],
                        kafka_security=security.describe())
     log.info("starting", extra={"fields": startup})
-    import signal
-
-    def stop_while_starting(*_):  # SIGTERM before the loop runs (e.g. Kafka still connecting): a clean exit
-        server.stop()
-        raise SystemExit(EXIT_OK)
-
-    signal.signal(signal.SIGTERM, stop_while_starting)
     try:
         if settings.get("source"):
             source = DirectorySource(settings["source"])

@@ -153,7 +153,8 @@ class Daemon:
     monitor : Monitor
     health : prism.metrics.Health
     on_event : callable(kind, dict), optional
-        Called for each new job and anomaly (the demo prints them).
+        Called for each new job and anomaly (the demo prints them);
+        without it they are logged at info level.
     """
 
     def __init__(self, source, monitor: Monitor, health, on_event=None):
@@ -244,9 +245,10 @@ class Daemon:
         except Exception as e:  # noqa: BLE001 - next window publishes again
             log.warning("publishing window state failed: %s", e)
         for kind, e in self._new_events():
-            log.info(format_event(kind, e))
-            if self.on_event is not None:
+            if self.on_event is not None:  # the caller shows events its own way (the demo prints them)
                 self.on_event(kind, e)
+            else:
+                log.info(format_event(kind, e))
 
     def _new_events(self):
         # the monitor's deque is bounded; the daemon drains it each window
