@@ -65,7 +65,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None:
-    """Route every logger (Prism's and its libraries') to one stderr handler in ``fmt``."""
+    """Route every logger (Prism's and its libraries') to one stderr handler in ``fmt`` (replacing the one an earlier call added)."""
     level, fmt = str(level).lower(), str(fmt).lower()
     if level not in LOG_LEVELS:
         raise ValueError(f"--log.level: expected one of {', '.join(LOG_LEVELS)}, got {level!r}")
@@ -73,9 +73,11 @@ def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None
         raise ValueError(f"--log.format: expected one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
+    handler.prism_cli = True
     root = logging.getLogger()
     for h in list(root.handlers):
-        root.removeHandler(h)
+        if getattr(h, "prism_cli", False):  # ours from an earlier call; other handlers (a host program's) stay
+            root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level.upper())
     # kafka-python logs each reconnect attempt at INFO/WARNING with a traceback; its errors still show
