@@ -163,6 +163,7 @@ class Daemon:
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
         self.topology_warned = False
+        self._topology_matched = False  # some record matched: the check is settled for good
 
     def run(self, max_seconds: float | None = None) -> None:
         m, s = self.monitor, self.monitor.s
@@ -224,11 +225,12 @@ class Daemon:
 
     def _check_topology(self) -> None:
         """Warn once when many records came in and none was between two GPU NICs of the topology."""
-        if self.topology_warned:
+        if self.topology_warned or self._topology_matched:
             return
         counts = self.monitor.counters_snapshot().values()
         ingested = sum(c.get("ingested", 0) for c in counts)
         foreign = sum(c.get("ignored:non_gpu_address", 0) for c in counts)
+        self._topology_matched = foreign < ingested
         if ingested >= self.TOPOLOGY_CHECK_RECORDS and foreign == ingested:
             self.topology_warned = True
             log.warning("none of the %d records ingested so far is between two GPU NICs of --topology "

@@ -445,7 +445,6 @@ class Monitor:
                 g = g[g["end_ns"].to_numpy() <= end - self.SETTLE_STEPS * median]
                 if g.empty:
                     continue
-                dur = (g["end_ns"] - g["start_ns"]).to_numpy()
             tol = 0.25 * median
             new = (g["end_ns"].to_numpy() > st.last_end + tol) & (g["start_ns"].to_numpy() >= st.last_end - tol)
             if not new.any():

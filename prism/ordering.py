@@ -41,10 +41,10 @@ def order_by(keys: list, start: np.ndarray) -> np.ndarray:
     n = len(start)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    combined = _combine(keys, n)
-    if combined is not None and (n < 2 or bool(np.all(start[1:] >= start[:-1]))):
-        key, k = combined
-        return _counting_order(key, k)
+    if n < 2 or bool(np.all(start[1:] >= start[:-1])):  # checked first: it is cheaper than combining the keys
+        combined = _combine(keys, n)
+        if combined is not None:
+            return _counting_order(*combined)
     return np.lexsort((start, *reversed([np.asarray(x) for x in keys])))
 
 
