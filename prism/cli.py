@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from . import __version__
+from .allocator import tune_for_batch
 from .argtypes import non_negative_float, positive_float, positive_int
 from .kafkaconf import SECURITY_FLAGS, KafkaConnectError, add_security_flags, check_connection, security_from_args
 from .logs import add_log_flags, setup_logging
@@ -611,6 +612,12 @@ def cmd_daemon(args) -> int:
     return 0
 
 
+# Short-lived commands that allocate and free large arrays: they get the
+# allocator settings of prism.allocator. The daemon and `collect --follow`
+# run for months and keep the defaults, which give memory back after a burst.
+BATCH_COMMANDS = frozenset({"replay", "whatif", "synth", "demo"})
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -619,6 +626,8 @@ def main(argv=None) -> int:
         return EXIT_BAD_INPUT
     if args.command != "daemon":
         setup_logging(args.log_level, args.log_format)
+    if args.command in BATCH_COMMANDS:
+        tune_for_batch()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

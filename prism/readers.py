@@ -43,6 +43,9 @@ MAX_LINE_BYTES = 1 << 20
 #: good lines read one by one after the last bad one before the block parser takes over again
 RESUME_AFTER_LINES = 1000
 _DICT = pa.dictionary(pa.int32(), pa.string())
+#: columns of repeated text (a cluster has thousands of addresses and paths):
+#: read as dictionaries, so validation converts distinct values, not rows
+_TEXT_COLUMNS = ("src", "dst", "switches")
 _FORMATS = {
     ".csv": "csv",
     ".parquet": "parquet",
@@ -65,6 +68,10 @@ _JSON_SCHEMA = pa.schema(
         ("dst_qp", pa.int64()),
     ]
 )
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
 def detect_format(path: str) -> tuple[str, bool]:
@@ -241,7 +248,7 @@ class FlowReader:
                     parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
                     convert_options=pacsv.ConvertOptions(
                         # addresses and paths repeat: dictionary-encode while parsing
-                        column_types={c: _DICT if c in ("src", "dst", "switches") else pa.string() for c in header},
+                        column_types={c: _DICT if c in _TEXT_COLUMNS else pa.string() for c in header},
                         include_columns=[c for c in header if c in FLOW_COLUMNS],
                         strings_can_be_null=False,
                         quoted_strings_can_be_null=False,
@@ -435,6 +442,11 @@ class FlowReader:
                 src = tmp.name
             try:
                 pf = pq.ParquetFile(src)
+                # addresses and paths repeat: read them as the file stores them,
+                # a dictionary, and validate the distinct values only
+                text = [f.name for f in pf.schema_arrow if f.name in _TEXT_COLUMNS and _is_text(f.type)]
+                if text:
+                    pf = pq.ParquetFile(src, read_dictionary=text)
             except (pa.ArrowInvalid, OSError) as e:
                 raise FlowFormatError(f"{self.path}: not a readable Parquet file: {e}") from e
             names = pf.schema_arrow.names

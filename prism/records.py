@@ -275,16 +275,51 @@ def normalise_address(text) -> str | None:
     return out
 
 
-def _normalise_addresses(col: pd.Series) -> tuple[pd.Categorical, np.ndarray, np.ndarray]:
+def _dictionary_text(values) -> tuple[np.ndarray, list, np.ndarray] | None:
+    """(codes, distinct values, invalid per distinct value) of a dictionary-encoded text column, else None.
+
+    Parquet stores repeated strings (addresses, paths) as a dictionary and
+    the reader hands them over as one: the indices are the codes, and only
+    the distinct values are checked and converted, never the rows. Codes
+    are -1 for a missing value (a null index or a null dictionary entry);
+    dictionary entries no row uses are dropped, so the result is what a
+    factorisation of the decoded column gives (up to the order).
+    """
+    if not isinstance(values, (pa.Array, pa.ChunkedArray)) or not pa.types.is_dictionary(values.type):
+        return None
+    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values  # unifies the chunks' dictionaries
+    text, invalid = _as_text(arr.dictionary)
+    if text is None:
+        return None
+    uniq = text.to_pylist()
+    codes = pc.fill_null(arr.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    used = np.bincount(codes[codes >= 0], minlength=len(uniq)) > 0
+    used &= ~arr.dictionary.is_null().to_numpy(zero_copy_only=False)  # a null entry is a missing value
+    keep = np.flatnonzero(used)
+    remap = np.full(len(uniq) + 1, -1, dtype=np.int64)  # the extra slot maps -1 to -1
+    remap[keep] = np.arange(len(keep))
+    return remap[codes], [uniq[i] for i in keep], invalid[keep]
+
+
+def _address_codes(values) -> tuple[np.ndarray, list]:
+    """(codes, distinct raw values as text) of an address column; -1 codes are missing values."""
+    encoded = _dictionary_text(values)
+    if encoded is not None:
+        codes, uniq, invalid = encoded
+        return codes, [_NOT_TEXT if bad else u for u, bad in zip(uniq, invalid)]
+    codes, uniques = pd.factorize(_address_column(values), use_na_sentinel=True)
+    return codes, pd.Index(uniques).astype(str).tolist()  # a list: iterating an Arrow-backed Index goes element by element
+
+
+def _normalise_addresses(values) -> tuple[pd.Categorical, np.ndarray, np.ndarray]:
     """Factorise a column of addresses and normalise each distinct value once.
 
     Returns (categorical of canonical addresses, empty_mask, bad_mask).
     The per-value Python work is over distinct addresses (a cluster has
     thousands), never over rows.
     """
-    codes, uniques = pd.factorize(col, use_na_sentinel=True)
-    uniq = pd.Index(uniques).astype(str)
-    stripped = [u.strip() for u in uniq.tolist()]  # a list first: iterating an Arrow-backed Index goes element by element
+    codes, uniq = _address_codes(values)
+    stripped = [u.strip() for u in uniq]
     canon = [normalise_address(u) if u else None for u in stripped]
     is_empty_u = np.array([not u for u in stripped], dtype=bool)
     is_bad_u = np.array([c is None for c in canon], dtype=bool) & ~is_empty_u
@@ -312,6 +347,23 @@ def _path_text(v):
 
 def _switches_column(values) -> tuple[pd.Series, np.ndarray]:
     """The path column as text (a list of names is joined with ``|``), and the rows that are neither."""
+    encoded = _dictionary_text(values)
+    if encoded is not None:
+        codes, uniq, invalid = encoded
+        bad = np.zeros(len(codes), dtype=bool) if not invalid.any() else (codes >= 0) & invalid[np.maximum(codes, 0)]
+        # what the decoded column gives below: missing and invalid paths are
+        # "", categories unique and in order of first appearance
+        text = ["" if b else u for u, b in zip(uniq, invalid)]
+        if "" not in text:
+            text.append("")
+        codes = np.where(codes < 0, text.index(""), codes)
+        codes = np.where(bad, text.index(""), codes)
+        first, order = pd.factorize(codes)
+        cats = [text[i] for i in order]
+        if len(set(cats)) == len(cats):  # else two entries were one path: decode as below
+            # built as the decoded path builds it (Arrow to pandas), so the dtypes match too
+            cat = pa.DictionaryArray.from_arrays(pa.array(first, pa.int32()), pa.array(cats, pa.string()))
+            return pd.Series(cat.to_pandas()), bad
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
         if (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) and (
@@ -414,7 +466,7 @@ def validate_flows(
 
     addr = {}
     for name in ("src", "dst"):
-        cat, empty, badaddr = _normalise_addresses(_address_column(col(name)))
+        cat, empty, badaddr = _normalise_addresses(col(name))
         mark(empty, "empty_address", name)
         mark(badaddr, "bad_address", name)
         addr[name] = cat
