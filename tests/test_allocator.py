@@ -1,0 +1,46 @@
+"""The batch commands' allocator settings (prism.allocator), each in a fresh interpreter: they are process-wide."""
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import json
+from prism.allocator import tune_for_batch
+applied = tune_for_batch()
+try:
+    from numpy._core.multiarray import _set_madvise_hugepage
+except ImportError:
+    from numpy.core.multiarray import _set_madvise_hugepage
+print(json.dumps({"applied": applied, "hugepage_was": bool(_set_madvise_hugepage(True))}))
+"""
+
+
+def probe(**env) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "NUMPY_MADVISE"))}
+    out = subprocess.run([sys.executable, "-c", PROBE], env={**clean, **env}, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_batch_settings_apply_on_glibc():
+    got = probe()
+    assert got["applied"] == {"malloc": True, "no_hugepage": True}
+    assert got["hugepage_was"] is False  # numpy no longer asks for huge pages
+
+
+def test_an_operators_own_settings_win():
+    got = probe(MALLOC_TRIM_THRESHOLD_="131072", NUMPY_MADVISE_HUGEPAGE="1")
+    assert got["applied"] == {"malloc": False, "no_hugepage": False}
+    assert got["hugepage_was"] is True
+
+
+def test_only_batch_commands_tune():
+    from prism.cli import BATCH_COMMANDS, build_parser
+
+    commands = set(build_parser()._subparsers._group_actions[0].choices)
+    assert BATCH_COMMANDS <= commands
+    assert "daemon" not in BATCH_COMMANDS and "collect" not in BATCH_COMMANDS
