@@ -189,3 +189,39 @@ def test_dictionary_columns_validate_as_their_decoded_values(values, unused, as_
     assert dict(r_enc.counts) == dict(r_plain.counts)
     assert r_enc.examples == r_plain.examples
     pd.testing.assert_frame_equal(got_enc, got_plain)
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(0, 4000), st.sampled_from([None, "spine-1", "leaf-2"]), st.booleans(),
+       st.floats(0.2, 1.0), st.floats(0.3, 0.9))
+def test_switch_diagnosis_equals_the_pandas_reference(seed, n, slow, senders, share, factor):
+    """The vectorised switch diagnosis gives the first (pandas) version's tables and anomalies exactly.
+
+    A small leaf-spine fabric over three windows, one switch slowed to
+    ``factor`` for a ``share`` of its flows (near the thresholds and the
+    vote's majority, or far from them), or none; thin windows and
+    single-switch and empty paths included.
+    """
+    from reference_switches import ReferenceSwitchDiagnoser
+
+    from prism.diagnosis.switches import SwitchBandwidth, SwitchDiagnoser
+
+    rng = np.random.default_rng(seed)
+    leaves, spines = [f"leaf-{i}" for i in range(4)], [f"spine-{i}" for i in range(3)]
+    paths = [f"{a}|{s}|{b}" for a in leaves for b in leaves if a != b for s in spines] + leaves + [""]
+    path = np.array(paths, dtype=object)[rng.integers(0, len(paths), n)]
+    size = rng.integers(1 << 17, 1 << 24, n)
+    rate = rng.normal(40.0, 2.0, n)  # bytes per ns
+    if slow:
+        through = np.array([slow in p.split("|") for p in path], dtype=bool) & (rng.random(n) < share)
+        rate[through] *= factor
+    duration = (size / rate).astype(np.int64)
+    start = np.sort(rng.integers(0, 3 * 10**9, n))
+    src = rng.integers(0, 12, n) if senders else None
+    bw = SwitchBandwidth(window_s=1.0)
+    for lo in range(0, n, 700):  # in chunks, as a replay or the daemon adds them
+        bw.partial_fit(start[lo:lo + 700], duration[lo:lo + 700], size[lo:lo + 700], path[lo:lo + 700], None if src is None else src[lo:lo + 700])
+    settings = dict(min_flows=20, min_sender_flows=3)
+    got, ref = SwitchDiagnoser(**settings).fit(bw), ReferenceSwitchDiagnoser(**settings).fit(bw)
+    pd.testing.assert_frame_equal(got.bandwidth_, ref.bandwidth_)
+    pd.testing.assert_frame_equal(got.anomalies_, ref.anomalies_)

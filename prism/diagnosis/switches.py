@@ -31,6 +31,9 @@ SWITCH_COLUMNS = ["window_start_ns", "kind", "name", "tier", "flows", "bytes", "
 #: Accumulation key: per window, path and sending NIC (few: a NIC sends over few paths).
 KEY = ["window", "path", "src"]
 
+#: pandas' dtype for a column of text (``str`` from pandas 3, object before)
+_TEXT = pd.Series(["text"]).dtype
+
 #: LLMPrism averaged over an hour; five minutes finds a degraded switch
 #: sooner and still averages thousands of flows per switch.
 DEFAULT_WINDOW_S = 300.0
@@ -152,6 +155,61 @@ def _tiers(paths: list[tuple[int, ...]], n_switches: int) -> np.ndarray:
     return np.where(end, "leaf", "spine")
 
 
+def _int_sums(codes: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Exact int64 sums of ``values`` per code: bincount when no partial sum can pass 2**53 (float64 is exact below it)."""
+    values = np.asarray(values, dtype=np.int64)
+    if len(values) == 0 or (values.min() >= 0 and int(values.sum(dtype=np.uint64)) < 2**53):
+        return np.bincount(codes, weights=values, minlength=n).astype(np.int64)
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, codes, values)
+    return out
+
+
+class _Units:
+    """Switches or links, sorted by name, with the paths that cross each.
+
+    The (path, unit) incidence is kept both ways as CSR arrays: path ->
+    units to spread a path's sums over the units it crosses, unit -> paths
+    to explain a flagged unit's paths away.
+    """
+
+    def __init__(self, incidence: list[tuple[int, str, str]], n_paths: int):
+        names = sorted({name for _, name, _ in incidence})
+        self.index = {name: i for i, name in enumerate(names)}
+        tier = {name: t for _, name, t in incidence}
+        self.names = np.array(names, dtype=object)
+        self.tiers = np.array([tier[x] for x in names], dtype=object)
+        p = np.array([pi for pi, _, _ in incidence], dtype=np.int64)
+        v = np.array([self.index[name] for _, name, _ in incidence], dtype=np.int64)
+        by_path = np.argsort(p, kind="stable")
+        self._path_ptr = np.searchsorted(p[by_path], np.arange(n_paths + 1))
+        self._path_units = v[by_path]
+        by_unit = np.argsort(v, kind="stable")
+        self._unit_ptr = np.searchsorted(v[by_unit], np.arange(len(names) + 1))
+        self._unit_paths = p[by_unit]
+
+    @classmethod
+    def switches(cls, paths, names, tiers) -> "_Units":
+        return cls([(p, names[s], tiers[s]) for p, sw in enumerate(paths) for s in sw], len(paths))
+
+    @classmethod
+    def links(cls, paths, names, tiers) -> "_Units":
+        return cls([(p, f"{names[x]}>{names[y]}", f"{tiers[x]}>{tiers[y]}") for p, sw in enumerate(paths) for x, y in zip(sw[:-1], sw[1:])],
+                   len(paths))
+
+    def expand(self, path: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row, unit) for every row and every unit its path crosses."""
+        lo, hi = self._path_ptr[path], self._path_ptr[path + 1]
+        count = hi - lo
+        row = np.repeat(np.arange(len(path)), count)
+        # offsets inside each row's run of units
+        within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        return row, self._path_units[np.repeat(lo, count) + within]
+
+    def paths_through(self, unit: int) -> np.ndarray:
+        return self._unit_paths[self._unit_ptr[unit]:self._unit_ptr[unit + 1]]
+
+
 class SwitchDiagnoser:
     """Flag switches and links whose effective bandwidth is low against their tier.
 
@@ -199,20 +257,20 @@ class SwitchDiagnoser:
         t = bw.table()
         names = np.array(bw.switch_names, dtype=object)
         tiers = _tiers(bw.paths, len(names))
-        # (path, switch) and (path, link) incidence
-        ps = [(p, s) for p, sw in enumerate(bw.paths) for s in sw]
-        pl = [(p, f"{names[x]}>{names[y]}", f"{tiers[x]}>{tiers[y]}", x, y) for p, sw in enumerate(bw.paths) for x, y in zip(sw[:-1], sw[1:])]
-        inc_s = pd.DataFrame(ps, columns=["path", "unit"]).assign(name=lambda d: names[d["unit"]] if len(d) else [], tier=lambda d: tiers[d["unit"]] if len(d) else [])
-        inc_l = pd.DataFrame(pl, columns=["path", "name", "tier", "x", "y"])
+        units = {"switch": _Units.switches(bw.paths, names, tiers), "link": _Units.links(bw.paths, names, tiers)}
         rows, tables = [], []
-        for w, tw in t.groupby("window", sort=True):
-            excluded: set[int] = set()
+        path, src = t["path"].to_numpy(np.int64), t["src"].to_numpy(np.int64)
+        sums = t[["flows", "bytes", "busy_ns"]].to_numpy(np.int64)
+        window = t["window"].to_numpy(np.int64)
+        for w in np.unique(window):
+            in_w = np.flatnonzero(window == w)
+            excluded = np.zeros(len(bw.paths), dtype=bool)
             flagged_sw: set[str] = set()
-            for kind, inc in (("switch", inc_s), ("link", inc_l)):
+            for kind, u in units.items():
                 first = True
                 while True:
-                    live = tw[~tw["path"].isin(excluded)]
-                    stats = self._stats(live, inc)
+                    live = in_w[~excluded[path[in_w]]]
+                    stats = self._stats(path[live], src[live], sums[live], u)
                     if first:
                         tables.append(stats.assign(window_start_ns=int(w) * bw.window_ns, kind=kind))
                         first = False
@@ -226,39 +284,67 @@ class SwitchDiagnoser:
                     rows.append(self._row(kind, worst, int(w) * bw.window_ns, bw.window_ns))
                     if kind == "switch":
                         flagged_sw.add(worst["name"])
-                    excluded |= set(inc.loc[inc["name"] == worst["name"], "path"].tolist())
+                    excluded[u.paths_through(u.index[worst["name"]])] = True
         self.anomalies_ = pd.DataFrame(rows, columns=ANOMALY_COLUMNS) if rows else empty_anomalies()
         cols = SWITCH_COLUMNS
         self.bandwidth_ = pd.concat(tables, ignore_index=True)[cols] if tables else pd.DataFrame(columns=cols)
         return self
 
-    def _stats(self, live: pd.DataFrame, inc: pd.DataFrame) -> pd.DataFrame:
-        m = live.merge(inc[["path", "name", "tier"]], on="path")
-        s = m.groupby(["name", "tier"], as_index=False).agg(flows=("flows", "sum"), bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"))
-        # each sender's own view of the switch, for the vote
-        per = m[m["src"] >= 0].groupby(["name", "tier", "src"], as_index=False).agg(flows=("flows", "sum"), bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"))
-        per = per[per["flows"] >= self.min_sender_flows]
-        per["gbps"] = per["bytes"] / per["busy_ns"].where(per["busy_ns"] > 0)
-        s["gbps"] = s["bytes"] / s["busy_ns"].where(s["busy_ns"] > 0)  # bytes per ns = GB/s
-        tier_flows = s.groupby("tier")["flows"].transform("median")
-        judged = (s["flows"] >= self.min_flows) & (s["flows"] >= self.min_flow_share * tier_flows)
+    def _stats(self, path: np.ndarray, src: np.ndarray, sums: np.ndarray, u: "_Units") -> pd.DataFrame:
+        """One row per unit (switch or link) some of these (path, sender) rows cross, in name order.
+
+        ``sums`` holds the rows' flows, bytes and busy ns. O(rows x path
+        length) numpy work; Python only per tier (two or three).
+        """
+        # every row once per unit its path crosses (the path -> units incidence)
+        row, unit = u.expand(path)
+        present, unit = np.unique(unit, return_inverse=True)  # units in name order
+        n = len(present)
+        flows, nbytes, busy = (_int_sums(unit, sums[row, k], n) for k in range(3))
+        tier = u.tiers[present]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gbps = np.where(busy > 0, nbytes / np.where(busy > 0, busy, 1), np.nan)  # bytes per ns = GB/s
+        s = pd.DataFrame({"name": pd.Series(u.names[present].tolist(), dtype=_TEXT), "tier": pd.Series(tier.tolist(), dtype=_TEXT), "flows": flows, "bytes": nbytes, "busy_ns": busy, "gbps": gbps})
+        tier_names, tier_of = np.unique(tier, return_inverse=True)
+        tier_flows = np.array([np.median(flows[tier_of == k]) for k in range(len(tier_names))])[tier_of]
+        judged = (flows >= self.min_flows) & (flows >= self.min_flow_share * tier_flows)
         if not judged.any():  # too little traffic to compare anything
             return s.assign(tier_median_gbps=np.nan, ratio=np.nan, senders=0, slow_senders=0, slow=False)
-        g = s[judged].groupby("tier")["gbps"]
-        med = g.median()
-        mad = (s.loc[judged, "gbps"] - s.loc[judged, "tier"].map(med)).abs().groupby(s.loc[judged, "tier"]).median()
-        peers = g.size()
-        s["tier_median_gbps"] = s["tier"].map(med)
-        spread = np.maximum(1.4826 * s["tier"].map(mad), self.min_rel_spread * s["tier_median_gbps"])
-        s["ratio"] = s["gbps"] / s["tier_median_gbps"]
-        z = (s["tier_median_gbps"] - s["gbps"]) / spread
-        per["slow"] = per["gbps"].to_numpy(np.float64) <= self.max_ratio * per["tier"].map(med).to_numpy(np.float64) if len(per) else np.zeros(0, bool)
-        votes = per.groupby("name").agg(senders=("slow", "size"), slow_senders=("slow", "sum"))
-        s["senders"] = s["name"].map(votes["senders"]).fillna(0).astype(np.int64)
-        s["slow_senders"] = s["name"].map(votes["slow_senders"]).fillna(0).astype(np.int64)
-        voted = (s["senders"] < 2) | (s["slow_senders"] >= self.min_vote * s["senders"])
-        s["slow"] = judged & (s["tier"].map(peers).fillna(0) >= self.min_peers) & (s["ratio"] <= self.max_ratio) & (z >= self.z) & voted
-        return s
+        med, mad, peers = (np.full(len(tier_names), np.nan) for _ in range(3))
+        for k in range(len(tier_names)):
+            g = gbps[judged & (tier_of == k)]
+            peers[k] = len(g)
+            g = g[~np.isnan(g)]
+            if len(g):
+                med[k] = np.median(g)
+                mad[k] = np.median(np.abs(g - med[k]))
+        tier_median = med[tier_of]
+        spread = np.maximum(1.4826 * mad[tier_of], self.min_rel_spread * tier_median)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = gbps / tier_median
+            z = (tier_median - gbps) / spread
+        # each sender's own view of the unit, for the vote
+        senders, slow_senders = self._votes(row, unit, src, sums, n, med[tier_of])
+        voted = (senders < 2) | (slow_senders >= self.min_vote * senders)
+        with np.errstate(invalid="ignore"):
+            slow = judged & (np.nan_to_num(peers, nan=0)[tier_of] >= self.min_peers) & (ratio <= self.max_ratio) & (z >= self.z) & voted
+        return s.assign(tier_median_gbps=tier_median, ratio=ratio, senders=senders, slow_senders=slow_senders, slow=slow)
+
+    def _votes(self, row, unit, src, sums, n, unit_median):
+        """Per unit: senders with enough flows through it, and those that found it slow."""
+        sent = src[row] >= 0
+        row, unit = row[sent], unit[sent]
+        key = unit * (int(src.max()) + 1 if len(src) else 1) + src[row]
+        keys, pair = np.unique(key, return_inverse=True)
+        flows, nbytes, busy = (_int_sums(pair, sums[row, k], len(keys)) for k in range(3))
+        enough = flows >= self.min_sender_flows
+        owner = unit[np.unique(pair, return_index=True)[1]]  # the unit of each (unit, sender)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gbps = np.where(busy > 0, nbytes / np.where(busy > 0, busy, 1), np.nan)
+            slow = gbps <= self.max_ratio * unit_median[owner]
+        senders = np.bincount(owner[enough], minlength=n).astype(np.int64)
+        slow_senders = np.bincount(owner[enough & slow], minlength=n).astype(np.int64)
+        return senders, slow_senders
 
     @staticmethod
     def _row(kind, r, w0, wlen):
