@@ -212,7 +212,7 @@ class Monitor:
         size = flows["size"].to_numpy()[gpu]
         self.window.add(a, b, start, duration, size)
         self._see_pairs(a, b, start)
-        self.switch_bw.partial_fit(start, duration, size, flows["switches"].to_numpy()[gpu], src=a)
+        self.switch_bw.partial_fit(start, duration, size, flows["switches"].array[gpu], src=a)  # stays categorical: no re-factorising
 
     def _note_disorder(self, start: np.ndarray, partition: str) -> None:
         # A collector batches records per GPU pair and per export interval, so

@@ -225,3 +225,49 @@ def test_switch_diagnosis_equals_the_pandas_reference(seed, n, slow, senders, sh
     got, ref = SwitchDiagnoser(**settings).fit(bw), ReferenceSwitchDiagnoser(**settings).fit(bw)
     pd.testing.assert_frame_equal(got.bandwidth_, ref.bandwidth_)
     pd.testing.assert_frame_equal(got.anomalies_, ref.anomalies_)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 60), st.booleans()), max_size=30), st.integers(0, 2**32 - 1))
+def test_the_deduper_is_a_set_with_a_horizon(ops, seed):
+    """RecordDeduper answers as a set of hashes whose entries expire with their first start time.
+
+    Batches with repeats inside and across them, hash 0 and 1, growth past
+    the table's size, evictions that empty it and evictions that shrink it.
+    """
+    from prism.window import RecordDeduper
+
+    rng = np.random.default_rng(seed)
+    d, model = RecordDeduper(), {}
+    t = 0
+    for size, spread, evict in ops:
+        t += 10
+        hashes = rng.integers(0, max(4, size // 2), size).astype(np.uint64)  # many repeats
+        hashes[rng.random(size) < 0.01] = 0
+        start = t + rng.integers(0, spread + 1, size)
+        got = d.filter(hashes, start)
+        want = np.zeros(size, dtype=bool)
+        for i, (h, s0) in enumerate(zip(hashes.tolist(), start.tolist())):
+            h = h or 1  # 0 marks an empty slot: stored as 1
+            if h not in model:
+                model[h] = s0
+                want[i] = True
+        assert got.tolist() == want.tolist()
+        if evict:
+            before = t - int(rng.integers(0, 40))
+            d.evict(before)
+            model = {h: s0 for h, s0 in model.items() if s0 >= before}
+        assert len(d) == len(model)
+
+
+def test_the_deduper_stays_within_its_bound():
+    from prism.window import RecordDeduper
+
+    d = RecordDeduper(max_records=10_000)
+    for k in range(20):
+        h = np.arange(k * 5000, (k + 1) * 5000, dtype=np.uint64) + 7
+        assert d.filter(h, np.full(5000, k)).all()
+        assert len(d) <= 10_000
+    # the newest are remembered, the oldest forgotten
+    assert not d.filter(np.arange(19 * 5000, 20 * 5000, dtype=np.uint64) + 7, np.full(5000, 20)).any()
+    assert d.filter(np.array([7], np.uint64), np.array([21])).all()
