@@ -4,8 +4,10 @@ The loop: poll the source (which decodes into the monitor), run a window's
 analysis whenever event time has moved ``--window.step`` past the last one
 (or the input has gone quiet with data unanalysed), publish, commit. The
 analysis runs on a worker thread while the loop keeps the source alive
-(a Kafka consumer that stops polling is dropped from its group). The
-metrics server reads the monitor's last view from its own thread.
+(a Kafka consumer that stops polling is dropped from its group) and reads
+and decodes ahead, which the next poll ingests: decoding overlaps the
+analysis. The metrics server reads the monitor's last view from its own
+thread.
 
 Configuration: flags, or a YAML ``--config.file`` with the same keys
 (``kafka.topic: flows``, or nested ``kafka: {topic: flows}``); flags given
@@ -207,8 +209,9 @@ class Daemon:
         between polls (``max.poll.interval``): a consumer that stopped
         polling meanwhile would be dropped from the group, its partitions
         moved, and the replicas rebalanced at every window. The source's
-        ``keep_alive`` polls with its partitions paused; the monitor is not
-        touched until the analysis is done.
+        ``keep_alive`` polls, decoding a bounded amount ahead (then with its
+        partitions paused); the monitor is not touched until the analysis
+        is done.
         """
         keep_alive = getattr(self.source, "keep_alive", None)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prism-analysis") as pool:

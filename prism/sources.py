@@ -133,6 +133,9 @@ class KafkaSource:
         self._rebalanced = False
         self._stash: dict = {}  # revoked partitions' last offset and counts, in case they come back
         self._topic_id = None  # the topic's UUID when first seen; a new one means the topic was re-created
+        self._prefetched: list = []  # decoded during an analysis, not yet ingested (see keep_alive)
+        self._prefetched_records = 0
+        self.read_ahead_dropped = 0  # records decoded ahead then dropped, to be read again (a rebalance)
         self.consumer.subscribe([topic], listener=_Rebalance(self))
 
     # -- summaries topic -------------------------------------------------------
@@ -309,9 +312,24 @@ class KafkaSource:
                 self._revoked.add(tp)  # its counts stay exported until we know it went elsewhere
 
     # -- the daemon's interface -------------------------------------------------
+    #: records decoded ahead while a window is analysed, at most (then the
+    #: partitions are paused): about 50 MB of frames
+    PREFETCH_RECORDS = 500_000
+
     def poll(self, monitor: Monitor, timeout_ms: int = 500) -> int:
-        """Read one batch into ``monitor``; return the number of messages."""
+        """Read one batch into ``monitor``; return the number of messages.
+
+        What :meth:`keep_alive` decoded during the last analysis is ingested
+        first, without reading more, so the loop checks for a due window
+        between the two.
+        """
         self.monitor = monitor
+        if self._prefetched:
+            if not self._rebalanced:
+                decoded = self._take_prefetched()
+                monitor.backlogged = self._backlog({d[0]: True for d in decoded})  # as for a fetched batch, below
+                return self._ingest(monitor, decoded)
+            self._rewind_prefetched()  # fetched around a rebalance: read again once settled
         paused = self.consumer.paused()
         if paused:
             self.consumer.resume(*paused)  # after keep_alive
@@ -323,33 +341,87 @@ class KafkaSource:
         # partitions with unread records (this batch's included) hold the
         # watermark back while the batch is ingested (see Monitor.watermark)
         monitor.backlogged = self._backlog(batch)
-        n = 0
+        return self._ingest(monitor, self._decode(batch))
+
+    def _decode(self, batch: dict) -> list:
+        """``(partition, frames, reject counts, first offset, next offset)`` per partition of a fetched batch."""
+        out = []
         for tp, recs in batch.items():
             if not recs:
                 continue
-            part = self.partition_name(tp)
             rejects = RejectCounter()
             msgs = ((r.value, r.headers, f"{tp.topic}[{tp.partition}]@{r.offset}") for r in recs)
-            for flows in decode_messages(msgs, rejects, f"{tp.topic}[{tp.partition}]@{recs[0].offset}-{recs[-1].offset}", self.max_message_bytes):
+            frames = decode_messages(msgs, rejects, f"{tp.topic}[{tp.partition}]@{recs[0].offset}-{recs[-1].offset}", self.max_message_bytes)
+            out.append((tp, frames, rejects.counts, recs[0].offset, recs[-1].offset + 1, len(recs)))
+        return out
+
+    def _ingest(self, monitor: Monitor, decoded: list) -> int:
+        n = 0
+        for tp, frames, rejects, _, next_offset, messages in decoded:
+            part = self.partition_name(tp)
+            for flows in frames:
                 monitor.ingest(flows, part)
-            monitor.reject(rejects.counts, part)
-            self.positions[tp] = recs[-1].offset + 1
-            n += len(recs)
+            monitor.reject(rejects, part)
+            self.positions[tp] = next_offset
+            n += messages
         monitor.backlogged = self._backlog({})
         self.read_summaries()
         return n
 
     def keep_alive(self, timeout_ms: int = 100) -> None:
-        """Poll with every partition paused: the group keeps this consumer while a window is analysed.
+        """Poll while a window is analysed, so the group keeps this consumer.
 
-        Nothing is read: records come back only for a partition assigned
-        during this call (not yet paused), and go back (a seek to their
-        first offset) to be read by the next :meth:`poll`.
+        Up to :attr:`PREFETCH_RECORDS` records are fetched and decoded
+        meanwhile (decoding overlaps the analysis), and ingested by the next
+        :meth:`poll`; the monitor is not touched. Their offsets count as read
+        only then: a commit after this window does not include them. Past
+        the bound, or around a rebalance, every partition is paused and
+        nothing is kept: records that come back anyway (a partition assigned
+        during this call) go back (a seek to their first offset) to be read
+        by the next :meth:`poll`.
         """
+        if not self._rebalanced and self._prefetched_records < self.PREFETCH_RECORDS:
+            paused = self.consumer.paused()
+            if paused:
+                self.consumer.resume(*paused)
+            batch = dict(self.consumer.poll(timeout_ms=timeout_ms))
+            if self._topic_recreated():
+                self._prefetched.clear()  # positions and fetch offsets are reset: read all again
+                self._prefetched_records = 0
+                return
+            if self._rebalanced:  # assigned or revoked meanwhile: settle before reading on
+                for tp, recs in batch.items():
+                    if recs and tp in self.consumer.assignment():
+                        self.consumer.seek(tp, recs[0].offset)
+                self._rewind_prefetched()
+                return
+            decoded = self._decode(batch)
+            self._prefetched.extend(decoded)
+            self._prefetched_records += _records(decoded)
+            return
         self.consumer.pause(*self.consumer.assignment())
         for tp, recs in self.consumer.poll(timeout_ms=timeout_ms).items():
             if recs:
                 self.consumer.seek(tp, recs[0].offset)
+
+    def _take_prefetched(self) -> list:
+        owned = set(self.consumer.assignment())
+        out = [d for d in self._prefetched if d[0] in owned]  # a revoked partition's records are its new owner's
+        self.read_ahead_dropped += self._prefetched_records - _records(out)
+        self._prefetched, self._prefetched_records = [], 0
+        return out
+
+    def _rewind_prefetched(self) -> None:
+        """Drop what was decoded ahead; its partitions (those still ours) read again from its first offset."""
+        first = {}
+        for tp, _, _, offset, _, _ in self._prefetched:
+            first.setdefault(tp, offset)
+        owned = set(self.consumer.assignment())
+        for tp, offset in first.items():
+            if tp in owned:
+                self.consumer.seek(tp, offset)
+        self.read_ahead_dropped += self._prefetched_records
+        self._prefetched, self._prefetched_records = [], 0
 
     def _backlog(self, batch: dict) -> set:
         """Assigned partitions with records not yet ingested (high watermark unknown: assume so)."""
@@ -416,6 +488,11 @@ class KafkaSource:
             self.producer.close(timeout=5)
         except Exception:  # noqa: BLE001
             pass
+
+
+def _records(decoded: list) -> int:
+    """Flow records in :meth:`KafkaSource._decode` output."""
+    return sum(len(f) for d in decoded for f in d[1])
 
 
 try:

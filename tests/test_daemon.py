@@ -454,6 +454,71 @@ def test_slow_analysis_keeps_the_group(broker, topic, cluster):
         d.stop()
 
 
+class GatedTick:
+    """Holds the monitor's first analysis until released (no sleeps: the test decides when)."""
+
+    def __init__(self, monitor):
+        self.entered, self.gate = threading.Event(), threading.Event()
+        self.tick = monitor.tick
+        monitor.tick = self
+
+    def __call__(self, *args, **kwargs):
+        if not self.gate.is_set():
+            self.entered.set()
+            assert self.gate.wait(120), "never released"
+        return self.tick(*args, **kwargs)
+
+
+def test_records_read_during_an_analysis_are_ingested_after_it_once(broker, topic, cluster):
+    """While a window is analysed the consumer reads and decodes ahead; the monitor and the offsets wait for the analysis."""
+    n = produce(broker, topic, cluster.flows, fmt="arrow")
+    d = RunningDaemon(broker, topic, cluster)
+    gated = GatedTick(d.monitor)
+    try:
+        wait_for(gated.entered.is_set, 120, "the first analysis", progress=d.progress)
+        ingested, positions = d.total("prism_flows_ingested_total"), dict(d.source.positions)
+        wait_for(lambda: d.source._prefetched_records > 0, 60, "records decoded during the analysis")
+        # nothing reached the monitor, and no offset moved: a commit now would not include them
+        assert d.total("prism_flows_ingested_total") == ingested < n
+        assert d.source.positions == positions
+        gated.gate.set()
+        wait_for(lambda: d.settled(n), 120, "every record ingested and analysed", progress=d.progress)
+        assert d.total("prism_flows_ingested_total") == n
+        assert d.total("prism_flows_duplicate_total") == 0
+    finally:
+        gated.gate.set()
+        d.stop()
+
+
+def test_a_rebalance_during_an_analysis_drops_what_was_read_ahead(broker, topic, cluster):
+    """A replica joins while the first one analyses with records decoded ahead: they are read again, by whoever owns them now."""
+    n = produce(broker, topic, cluster.flows, fmt="arrow")
+    group, summary = f"g2-{topic}", f"s2-{topic}"
+    r1 = RunningDaemon(broker, topic, cluster, group=group, summary=summary, replica="r1")
+    gated = GatedTick(r1.monitor)
+    r2 = None
+    try:
+        wait_for(gated.entered.is_set, 120, "r1's first analysis", progress=r1.progress)
+        wait_for(lambda: r1.source._prefetched_records > 0, 60, "records decoded during the analysis")
+        r2 = RunningDaemon(broker, topic, cluster, group=group, summary=summary, replica="r2")
+        wait_for(lambda: len(r2.source.consumer.assignment()) == 2, 120, "r2 to take half the partitions")
+        gated.gate.set()
+
+        def both():
+            return r1.total("prism_flows_ingested_total") + r2.total("prism_flows_ingested_total")
+
+        wait_for(lambda: both() >= n and len(r1.source.consumer.assignment()) == 2, 120, "every record", progress=both)
+        wait_for(lambda: r1.settled(0) and r2.settled(0), 60, "both replicas' analyses", progress=lambda: (r1.progress(), r2.progress()))
+        assert r1.source.read_ahead_dropped > 0  # the rebalance came while r1 held records read ahead
+        assert both() == n  # none lost, none counted twice
+        assert r1.total("prism_flows_duplicate_total") + r2.total("prism_flows_duplicate_total") == 0
+    finally:
+        gated.gate.set()
+        for d in (r1, r2):
+            if d is not None:
+                d.stop()
+
+
 def test_directory_source_without_kafka(cluster, tmp_path):
     from prism.sources import DirectorySource
 
