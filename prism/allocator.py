@@ -22,7 +22,7 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["tune_for_batch"]
+__all__ = ["tune_for_batch", "release_free_memory"]
 
 # mallopt(3) parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -52,14 +52,32 @@ def tune_for_batch() -> dict[str, bool]:
     return applied
 
 
-def _set_glibc_thresholds() -> bool:
-    name = ctypes.util.find_library("c")
-    if not name:
+def release_free_memory() -> bool:
+    """Give the heap's free pages back to the kernel (glibc ``malloc_trim``); False where unavailable.
+
+    Many chunk-sized arrays freed at once (a replay joining its read
+    chunks into whole columns) leave holes in the heap that no larger
+    array can use; their pages would count in the peak until the end.
+    """
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
         return False
+    trim.argtypes = (ctypes.c_size_t,)
+    trim(0)
+    return True
+
+
+def _libc():
+    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl has no mallopt
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+def _set_glibc_thresholds() -> bool:
+    mallopt = getattr(_libc(), "mallopt", None)  # musl has none
+    if mallopt is None:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .allocator import release_free_memory
 from .analyze import Analysis, Settings, analyse
 from .diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
 from .diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
@@ -200,6 +201,7 @@ class _GpuFlows:
             cols.append(np.concatenate([p[i] for p in self.parts]))
             for p in self.parts:
                 p[i] = None
+            release_free_memory()  # the chunks' pages: holes no whole column fits in
         self.parts = []
         return cols
 

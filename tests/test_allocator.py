@@ -44,3 +44,26 @@ def test_only_batch_commands_tune():
     commands = set(build_parser()._subparsers._group_actions[0].choices)
     assert BATCH_COMMANDS <= commands
     assert "daemon" not in BATCH_COMMANDS and "collect" not in BATCH_COMMANDS
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_freed_chunks_go_back_to_the_kernel():
+    """release_free_memory hands back the pages of many small freed arrays (a replay's read chunks)."""
+    probe = """
+import numpy as np
+from prism.allocator import release_free_memory, tune_for_batch
+tune_for_batch()  # the replay's settings: freed memory is kept unless released
+def rss():
+    return int([l for l in open("/proc/self/status") if l.startswith("VmRSS:")][0].split()[1]) // 1024
+chunks = [np.ones(1 << 18) for _ in range(400)]  # 800 MiB in 2 MiB arrays
+keep = np.ones(1 << 10)  # allocated last: the heap's top stays in use
+held = rss()
+del chunks
+kept = rss()
+release_free_memory()
+print(held, kept, rss())
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    held, kept, released = map(int, out.stdout.split())
+    assert kept > held - 100  # without it, the freed chunks stay resident
+    assert released < held - 600
