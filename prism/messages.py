@@ -245,7 +245,10 @@ def encode_jsonl(flows: pd.DataFrame) -> bytes:
     """JSON Lines bytes of a flow frame (the columns it has)."""
     if len(flows) == 0:
         return b""
-    return flows.to_json(orient="records", lines=True).encode() + b"\n"
+    text = flows.to_json(orient="records", lines=True).encode()
+    # pandas >= 2 ends the last line itself: a second newline would be a
+    # blank line in every message
+    return text if text.endswith(b"\n") else text + b"\n"
 
 
 def encode_arrow(flows: pd.DataFrame) -> bytes:

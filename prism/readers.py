@@ -538,20 +538,35 @@ class FlowReader:
         """
         nlines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
         has_blank = b"\n\n" in block or block.startswith(b"\n") or b"\n\r\n" in block
-        if not has_blank:
-            try:
-                t = pajson.read_json(
-                    io.BytesIO(block),
-                    parse_options=pajson.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="ignore"),
-                    read_options=pajson.ReadOptions(block_size=max(len(block), 1 << 20)),
-                )
+        kept = None  # line index of each row, where blank lines sit between rows
+        clean = block
+        if has_blank:
+            # blank lines are not rows: parse the others on the fast path too
+            # (a producer that ends each message with an empty line sends one per message)
+            lines = block.split(b"\n")
+            kept = np.array([i for i, text in enumerate(lines) if text.strip()], dtype=np.int64)
+            clean = b"\n".join(lines[i] for i in kept) + b"\n"
+        try:
+            t = pajson.read_json(
+                io.BytesIO(clean),
+                parse_options=pajson.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="ignore"),
+                read_options=pajson.ReadOptions(block_size=max(len(clean), 1 << 20)),
+            ) if kept is None or len(kept) else None
+            if t is not None:
                 t.validate(full=True)  # JSON is UTF-8: a line that is not goes to the slow path (malformed_row)
-                if t.num_rows == nlines:
-                    for sub in _slices(t, self.chunk_rows):
+            if t is not None and t.num_rows == (nlines if kept is None else len(kept)):
+                done = 0  # lines consumed so far
+                for lo, sub in _offset_slices(t, self.chunk_rows):
+                    if kept is None:
                         yield sub, None, None, sub.num_rows
-                    return
-            except pa.ArrowInvalid:
-                pass  # some line is not clean: parse line by line below
+                        continue
+                    last = lo + sub.num_rows == t.num_rows
+                    upto = nlines if last else int(kept[lo + sub.num_rows - 1]) + 1
+                    yield sub, None, kept[lo:lo + sub.num_rows] - done, upto - done
+                    done = upto
+                return
+        except pa.ArrowInvalid:
+            pass  # some line is not clean: parse line by line below
         yield (*self._json_lines_slow(block), nlines)
 
     def _json_lines_slow(self, block: bytes):
@@ -586,6 +601,12 @@ def _present_columns(table) -> list[str]:
     if isinstance(table, pa.Table):
         return [c for c in table.column_names if table.column(c).null_count < table.num_rows]
     return [c for c in table.columns if table[c].notna().any()]
+
+
+def _offset_slices(table: pa.Table, n: int):
+    """(first row, slice) of at most ``n`` rows each."""
+    for lo in range(0, table.num_rows, max(n, 1)):
+        yield lo, table.slice(lo, n)
 
 
 def _slices(table: pa.Table, n: int):

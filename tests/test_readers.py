@@ -271,3 +271,40 @@ def test_bad_rows_across_blocks_cost_only_themselves_and_the_block_parser_resume
     assert got["start_ns"].tolist() == want and reader.rows_read == n
     assert rejects.total == 3
     assert sorted(int(e.split(":line ")[1].split(":")[0]) for e in rejects.examples["malformed_row"]) == [101, 5001, 15001]
+
+
+@pytest.mark.parametrize("chunk_rows", [7, 1 << 18])
+def test_blank_lines_keep_json_lines_on_the_fast_path_and_the_line_numbers(sample, tmp_path, chunk_rows, monkeypatch):
+    """Blank lines between records (one per message, from some producers) are skipped without the per-line parser.
+
+    The rows, and the line numbers that examples of rejected rows name, are
+    those of the same lines without the blanks' shift.
+    """
+    flows = sample.head(40).copy()
+    flows.loc[13, "size"] = -5  # a rejected row: its example names its line
+    lines = flows.to_json(orient="records", lines=True).strip().split("\n")
+    text = ""
+    for i, line in enumerate(lines):
+        text += line + "\n" + ("\n" if i % 3 == 0 else "") + ("\r\n" if i == 20 else "")
+    path = tmp_path / "blank.jsonl"
+    path.write_text("\n" + text)
+    want_line = 1 + 13 + len([i for i in range(13) if i % 3 == 0]) + 1  # the leading blank, rows 0-12 and their blanks, then row 13
+
+    from prism.readers import FlowReader as Reader
+
+    def no_slow_path(self, block):
+        raise AssertionError("the per-line parser ran")
+
+    monkeypatch.setattr(Reader, "_json_lines_slow", no_slow_path)
+    rejects = RejectCounter()
+    got = pd.concat(list(Reader(str(path), rejects=rejects, chunk_rows=chunk_rows)), ignore_index=True)
+    assert dict(rejects.counts) == {"negative_size": 1}
+    assert rejects.examples["negative_size"][0].startswith(f"{path}:line {want_line}:")
+    pd.testing.assert_frame_equal(_canon(got), _canon(flows.drop(index=13)))
+
+
+def test_messages_end_in_one_newline(sample):
+    from prism.messages import encode_jsonl
+
+    m = encode_jsonl(sample.head(5))
+    assert m.endswith(b"}\n") and m.count(b"\n") == 5
