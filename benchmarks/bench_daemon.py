@@ -7,6 +7,10 @@ Prints a Markdown table:
   process, windows analysed as it goes; records per wall second and per
   CPU second of the daemon, and its peak RSS (VmHWM, which is per process
   image, so the benchmark's own memory does not leak into it);
+* **analysis at every step** -- the monitor alone (no Kafka, input decoded
+  beforehand) with a window at every step of event time: a backlog is
+  analysed in fewer, longer windows, so this is the cost per record when
+  keeping up at 1x real time;
 * **floor** -- a bare kafka-python consumer (no group, no decoding) reading
   the same topic in this process, best of two: the daemon's ingest row
   shows its time as a multiple of it;
@@ -125,6 +129,33 @@ def ingest(bootstrap, cluster, topo_csv, fmt):
         proc.wait()
 
 
+def every_step(cluster, topo_csv, batch: int = 36_000):
+    """The monitor alone, a window at every ``--window.step`` of event time, as at 1x real time.
+
+    A backlog is analysed in fewer, longer strides (the daemon reads ahead
+    while a window is analysed, so the next one covers more): this row is
+    the cost per record when every step gets its window. Input decoded
+    beforehand (not timed), one thread.
+    """
+    import pyarrow as pa
+
+    from prism.monitor import Monitor, MonitorSettings
+    from prism.records import RejectCounter, validate_flows
+    from prism.topology import Topology
+
+    flows = cluster.flows.sort_values("start_ns", kind="stable")
+    frames = [validate_flows(pa.Table.from_pandas(flows.iloc[i:i + batch], preserve_index=False), RejectCounter(), "bench")
+              for i in range(0, len(flows), batch)]
+    m = Monitor(Topology.from_csv(topo_csv), MonitorSettings(window_s=10, step_s=2, lateness_s=0.5, switch_window_s=5))
+    t0 = time.process_time()
+    for f in frames:
+        m.ingest(f)
+        if m.due():
+            m.tick()
+    m.tick(final=True)
+    return dict(n=len(flows), cpu=time.process_time() - t0, windows=m.view.ticks)
+
+
 def latency(bootstrap, cluster, topo_csv):
     topic = f"latency-{time.time_ns()}"
     ensure_topic(bootstrap, topic, 4)
@@ -188,6 +219,8 @@ def main():
             print(f"| floor: bare kafka-python consumer, {fmt} messages | {r['n']:,} | {r['floor']:.1f} | {r['n'] / r['floor']:,.0f} | 1x | | | | |")
             print(f"| sustained ingest, {fmt} | {r['n']:,} | {r['wall']:.1f} | {r['n'] / r['wall']:,.0f} | {r['wall'] / r['floor']:.1f}x | {r['cpu']:.1f} | "
                   f"{r['n'] / max(r['cpu'], 1e-9):,.0f} | {r['windows']:.0f} | {r['rss']:,.0f} MiB |")
+        r = every_step(cluster, topo_csv)
+        print(f"| analysis at every window step (no Kafka, decoded input) | {r['n']:,} | | | | {r['cpu']:.1f} | {r['n'] / r['cpu']:,.0f} | {r['windows']} | |")
         lat = latency(b.bootstrap, cluster, topo_csv)
         if len(lat):
             print(f"\nproduce-to-metric latency at 1x real time ({len(lat)} one-second slices): median {np.median(lat):.2f} s, "

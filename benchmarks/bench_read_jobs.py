@@ -15,7 +15,7 @@ Every step runs in its own process, started from this small one: Linux keeps
 a process's peak RSS across exec, so a replay forked from a parent that held
 the generated cluster would report the parent's memory as its own.
 
-    python benchmarks/bench_read_jobs.py [--data DIR] [--formats parquet,csv]
+    python benchmarks/bench_read_jobs.py [--data DIR] [--formats parquet,csv] [--duration S] [--repeats N]
 """
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ from pathlib import Path
 from synthetic import preset
 from synthetic.generator import write_flows
 out, name, formats = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
+duration = float(sys.argv[4]) if len(sys.argv) > 4 else None
 t = time.perf_counter()
-c = preset(name).generate()
+c = preset(name, duration_s=duration).generate()
 gen_s = time.perf_counter() - t
 c.write(out)
 for fmt in formats:
@@ -68,12 +69,14 @@ def main() -> int:
     ap.add_argument("--data", help="directory to keep the generated cluster (default: a temporary one)")
     ap.add_argument("--preset", default="large")
     ap.add_argument("--formats", default="parquet,csv", help="comma-separated flow formats to time")
+    ap.add_argument("--duration", type=float, help="seconds of capture to generate (default: the preset's; 'large' gives 10M flows at 29.4)")
     ap.add_argument("--repeats", type=int, default=3, help="replays per row; the best wall time and the largest peak memory are shown")
     args = ap.parse_args()
     data = Path(args.data or tempfile.mkdtemp(prefix="prism-bench-"))
     data.mkdir(parents=True, exist_ok=True)
     formats = args.formats.split(",")
-    gen = subprocess.run([sys.executable, "-c", GENERATE, str(data), args.preset, ",".join(formats)], check=True, capture_output=True, text=True)
+    gen = subprocess.run([sys.executable, "-c", GENERATE, str(data), args.preset, ",".join(formats)] + ([str(args.duration)] if args.duration else []),
+                         check=True, capture_output=True, text=True)
     n, gpus, gen_s = gen.stdout.split()
     n, gpus, gen_s = int(n), int(gpus), float(gen_s)
     floors = {fmt: pyarrow_floor(data / f"flows.{fmt}") for fmt in formats}
