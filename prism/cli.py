@@ -69,7 +69,7 @@ def _add_replay(sub):
     )
     p.add_argument("--plots", action="store_true", help="also write steps.png (step time per job, anomalies marked) and switches.png (bandwidth heat map)")
     p.add_argument(
-        "--switch-window", type=float, default=None, metavar="SECONDS",
+        "--switch-window", type=positive_float, default=None, metavar="SECONDS",
         help="window of the switch bandwidth comparison, aligned to the epoch (default: 300; LLMPrism used 3600)",
     )
     p.set_defaults(func=cmd_replay)
@@ -377,9 +377,6 @@ def cmd_replay(args) -> int:
     try:
         topo = Topology.from_csv(args.topology)
         kw = {"switch_window_s": args.switch_window} if args.switch_window else {}
-        if args.switch_window is not None and args.switch_window <= 0:
-            print("prism replay: error: --switch-window must be > 0 seconds", file=sys.stderr)
-            return EXIT_BAD_INPUT
         progress = False if args.output == "json" and args.progress is None else args.progress
         res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=progress, stop_after=args.stop_after, plots=args.plots, **kw)
     except (FlowFormatError, FileNotFoundError) as e:

@@ -67,8 +67,11 @@ def test_plots_read_in_real_time_with_every_anomaly_marked(tiny_dir, tmp_path):
     assert labels and labels[0] == first.strftime("%H:%M:%S" if res.switch_window_ns < 60e9 else "%H:%M") and len(labels) <= 13
 
 
-def test_replay_rejects_a_bad_switch_window(tiny_dir, tmp_path, capsys):
-    assert main(["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--out", str(tmp_path), "--switch-window", "-5"]) == 2
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf", "soon"])
+def test_replay_rejects_a_bad_switch_window(tiny_dir, tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as e:  # argparse's usage error
+        main(["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--out", str(tmp_path), "--switch-window", value])
+    assert e.value.code == 2
     assert "--switch-window" in capsys.readouterr().err
 
 
