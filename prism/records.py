@@ -431,13 +431,16 @@ def validate_flows(
         return table.column(name) if isinstance(table, pa.Table) else table[name]
 
     reason = np.zeros(n, dtype=np.int8)  # 0 = ok, else 1 + index in REJECT_REASONS
-    bad_field = np.full(n, "", dtype=object)
+    fields = [""]  # the field each mark() names, by index: an int8 per row, not an object array
+    bad_field = np.zeros(n, dtype=np.int8)
 
     def mark(mask, reason_name, field_name):
         code = REJECT_REASONS.index(reason_name) + 1
         sel = mask & (reason == 0)
         reason[sel] = code
-        bad_field[sel] = field_name
+        if field_name not in fields:
+            fields.append(field_name)
+        bad_field[sel] = fields.index(field_name)
 
     if malformed_rows is not None:
         mark(np.asarray(malformed_rows, dtype=bool), "malformed_row", "")
@@ -487,7 +490,7 @@ def validate_flows(
         for code, cnt in zip(codes, counts):
             rname = REJECT_REASONS[code - 1]
             idx = int(np.flatnonzero(reason == code)[0])
-            fname = bad_field[idx]
+            fname = fields[bad_field[idx]]
             if line_numbers is not None:
                 where = f"{source}:{line_step} {int(line_numbers[idx])}"
             elif first_line is not None:

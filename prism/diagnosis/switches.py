@@ -66,6 +66,7 @@ class SwitchBandwidth:
         self.switch_names: list[str] = []
         self._parts: list[pd.DataFrame] = []
         self._table: pd.DataFrame | None = None
+        self._known = pd.Index([], dtype=object)  # path texts in id order
 
     def _path_id(self, text: str) -> int:
         pid = self.path_ids.get(text)
@@ -87,8 +88,13 @@ class SwitchBandwidth:
         if len(start) == 0:
             return self
         cat = pd.Categorical(switches)
-        # the path strings of this chunk (few) -> global path ids
-        lut = np.array([self._path_id(c) for c in cat.categories], dtype=np.int64)
+        # the path strings of this chunk (few) -> global path ids: one hashed
+        # lookup, and Python work only for paths not seen before
+        lut = self._known.get_indexer(cat.categories).astype(np.int64)
+        if (lut < 0).any():
+            for i in np.flatnonzero(lut < 0):
+                lut[i] = self._path_id(cat.categories[i])
+            self._known = pd.Index(list(self.path_ids), dtype=object)
         codes = cat.codes
         big = np.asarray(size) >= self.min_bytes
         self.skipped_ += int((~big).sum())
@@ -135,9 +141,7 @@ def _sum_by_key(win, pid, sender, nbytes, busy) -> pd.DataFrame:
     key = ((win - w0) * n_path + pid) * n_src + (sender + 1)
     codes, uniq = pd.factorize(key)
     n = len(uniq)
-    sums = np.zeros((2, n), dtype=np.int64)
-    np.add.at(sums[0], codes, nbytes)
-    np.add.at(sums[1], codes, busy)
+    sums = np.stack([_int_sums(codes, nbytes, n), _int_sums(codes, busy, n)])
     flows = np.bincount(codes, minlength=n).astype(np.int64)
     uniq = np.asarray(uniq, dtype=np.int64)
     src = uniq % n_src - 1
