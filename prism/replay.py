@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .allocator import release_free_memory
-from .analyze import Analysis, Settings, analyse
+from .analyze import Analysis, Settings, analyse_by_jobs
 from .diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
 from .diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
 from .jobs import JobRecognizer
@@ -267,7 +267,7 @@ def replay(
     stages.begin("read", t_start)
     if gpu_flows is not None:
         a, b, start, duration, size = gpu_flows.columns()
-        res.analysis = analyse(
+        res.analysis = analyse_by_jobs(
             a, b, start, duration, size, recognizer.labels(), res.jobs, topology,
             capture_end=res.last_start_ns or 0, switch_bw=switch_bw, settings=settings, stop_after=stop_after,
             on_stage=stages.begin,
