@@ -142,12 +142,7 @@ def analyse(
     server_of = topology.nics["server"].to_numpy()
     lag = s.cross_group.fit(first, out.steps, server_of)
     out.group_lag = lag.lag_
-    found = [s.cross_step.fit(out.steps).predict(), lag.predict()]
-    if switch_bw is not None:
-        sd = s.switches.fit(switch_bw)
-        found.append(sd.predict())
-        out.switch_bandwidth = sd.bandwidth_
-    out.anomalies = _in_time_order(found)
+    _add_anomalies(out, [s.cross_step.fit(out.steps).predict(), lag.predict()], switch_bw, s)
     return out
 
 
@@ -220,13 +215,17 @@ def _combine(parts: list[Analysis], switch_bw, s: Settings, stop_after: str) -> 
     lag = [p.group_lag for p in parts if p.group_lag is not None and len(p.group_lag.columns)]
     # the cross-group diagnosis orders its rows by job id, not by job label
     out.group_lag = pd.concat(lag, ignore_index=True).sort_values(["job_id", "server", "step"], kind="stable").reset_index(drop=True) if lag else pd.DataFrame()
-    found = [p.anomalies for p in parts if p.anomalies is not None]
+    _add_anomalies(out, [p.anomalies for p in parts if p.anomalies is not None], switch_bw, s)
+    return out
+
+
+def _add_anomalies(out: Analysis, found: list[pd.DataFrame], switch_bw, s: Settings) -> None:
+    """The jobs' anomalies and the fabric's (one switch diagnosis over all flows) into ``out``."""
     if switch_bw is not None:
         sd = s.switches.fit(switch_bw)
-        found.append(sd.predict())
+        found = found + [sd.predict()]
         out.switch_bandwidth = sd.bandwidth_
     out.anomalies = _in_time_order(found)
-    return out
 
 
 def _in_time_order(found: list[pd.DataFrame]) -> pd.DataFrame:
