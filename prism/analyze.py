@@ -166,6 +166,8 @@ def analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, capture
     """
     max_flows = JOB_BATCH_FLOWS if max_flows is None else int(max_flows)
     job = labels[a]
+    if len(job) <= max_flows:  # one batch: the flows as given, not regrouped
+        return analyse(a, b, start, duration, size, labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
     order = order_by([job], np.arange(len(job), dtype=np.int64))
     cols = [a, b, start, duration, size]
     for c in cols:
