@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 
 __all__ = ["tune_for_batch", "release_free_memory"]
@@ -67,8 +68,9 @@ def release_free_memory() -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
 def _libc():
-    name = ctypes.util.find_library("c")
+    name = ctypes.util.find_library("c")  # runs ldconfig: once per process
     try:
         return ctypes.CDLL(name) if name else None
     except OSError:

@@ -166,24 +166,24 @@ def analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, capture
     """
     max_flows = JOB_BATCH_FLOWS if max_flows is None else int(max_flows)
     job = labels[a]
-    if len(job) <= max_flows:  # one batch: the flows as given, not regrouped
-        return analyse(a, b, start, duration, size, labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
-    order = order_by([job], np.arange(len(job), dtype=np.int64))
-    cols = [a, b, start, duration, size]
-    for c in cols:
-        c[:] = c[order]  # one column at a time: one temporary column, not five
-    job = job[order]
-    del order
-    uniq, first = np.unique(job, return_index=True)
-    bounds = np.append(first, len(job))
+    # flows per label (-1: no job) in label order: where each job's run will start once grouped
+    counts = np.bincount(job + 1)
+    uniq = np.flatnonzero(counts) - 1
+    bounds = np.concatenate([[0], np.cumsum(counts[uniq + 1])])
     # consecutive jobs (in label order, as one run reports them) up to max_flows a batch
     batches, lo = [], 0
     for k in range(1, len(uniq) + 1):
         if k == len(uniq) or bounds[k + 1] - bounds[lo] > max_flows:
             batches.append((lo, k))
             lo = k
-    if len(batches) <= 1:
+    if len(batches) <= 1:  # one batch: the flows as given, not regrouped
         return analyse(a, b, start, duration, size, labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
+    order = order_by([job], np.arange(len(job), dtype=np.int64))
+    del job
+    cols = [a, b, start, duration, size]
+    for c in cols:
+        c[:] = c[order]  # one column at a time: one temporary column, not five
+    del order
     job_label = labels[topology.ips.get_indexer(jobs["ip"])]
     parts = []
     stage = on_stage or (lambda name: None)

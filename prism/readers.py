@@ -609,11 +609,6 @@ def _offset_slices(table: pa.Table, n: int):
         yield lo, table.slice(lo, n)
 
 
-def _slices(table: pa.Table, n: int):
-    for off in range(0, table.num_rows, n):
-        yield table.slice(off, n)
-
-
 def read_flows(paths, chunk_rows: int = DEFAULT_CHUNK_ROWS, rejects: RejectCounter | None = None) -> Iterator[pd.DataFrame]:
     """Stream validated chunks from several files in order.
 

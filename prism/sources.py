@@ -135,7 +135,7 @@ class KafkaSource:
         self._topic_id = None  # the topic's UUID when first seen; a new one means the topic was re-created
         self._prefetched: list = []  # decoded during an analysis, not yet ingested (see keep_alive)
         self._prefetched_records = 0
-        self.read_ahead_dropped = 0  # records decoded ahead then dropped, to be read again (a rebalance)
+        self.read_ahead_dropped = 0  # records decoded ahead then dropped, to be read again (a rebalance, a re-created topic)
         self.consumer.subscribe([topic], listener=_Rebalance(self))
 
     # -- summaries topic -------------------------------------------------------
@@ -344,7 +344,7 @@ class KafkaSource:
         return self._ingest(monitor, self._decode(batch))
 
     def _decode(self, batch: dict) -> list:
-        """``(partition, frames, reject counts, first offset, next offset)`` per partition of a fetched batch."""
+        """``(partition, frames, reject counts, first offset, next offset, messages)`` per partition of a fetched batch."""
         out = []
         for tp, recs in batch.items():
             if not recs:
@@ -386,8 +386,7 @@ class KafkaSource:
                 self.consumer.resume(*paused)
             batch = dict(self.consumer.poll(timeout_ms=timeout_ms))
             if self._topic_recreated():
-                self._prefetched.clear()  # positions and fetch offsets are reset: read all again
-                self._prefetched_records = 0
+                self._drop_prefetched()  # positions and fetch offsets are reset: read all again
                 return
             if self._rebalanced:  # assigned or revoked meanwhile: settle before reading on
                 for tp, recs in batch.items():
@@ -420,6 +419,9 @@ class KafkaSource:
         for tp, offset in first.items():
             if tp in owned:
                 self.consumer.seek(tp, offset)
+        self._drop_prefetched()
+
+    def _drop_prefetched(self) -> None:
         self.read_ahead_dropped += self._prefetched_records
         self._prefetched, self._prefetched_records = [], 0
 
