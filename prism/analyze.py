@@ -18,7 +18,7 @@ from .parallelism import ParallelismClassifier
 from .timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
 from .topology import Topology
 
-__all__ = ["Analysis", "Settings", "analyse", "analyse_by_jobs", "label_names"]
+__all__ = ["Analysis", "Settings", "analyse", "analyse_by_jobs", "analyse_job_batches", "label_names", "plan_job_batches"]
 
 
 @dataclass
@@ -150,6 +150,39 @@ def analyse(
 JOB_BATCH_FLOWS = 2_000_000
 
 
+def plan_job_batches(flows_per_label: np.ndarray, max_flows: int | None = None) -> list[np.ndarray]:
+    """Batches of whole jobs: consecutive job labels, at most ``max_flows`` flows a batch.
+
+    Parameters
+    ----------
+    flows_per_label : int array
+        Flows per job label, indexed by label + 1 (index 0: flows of no job).
+    max_flows : int, optional
+        Default :data:`JOB_BATCH_FLOWS`. A job bigger than it is a batch alone.
+
+    Returns
+    -------
+    list of int arrays
+        The labels of each batch, in label order (the order one run reports
+        jobs in). Labels without flows are left out.
+
+    Examples
+    --------
+    >>> [b.tolist() for b in plan_job_batches(np.array([0, 3, 2, 0, 5]), max_flows=5)]
+    [[0, 1], [3]]
+    """
+    max_flows = JOB_BATCH_FLOWS if max_flows is None else int(max_flows)
+    counts = np.asarray(flows_per_label)
+    uniq = np.flatnonzero(counts) - 1
+    bounds = np.concatenate([[0], np.cumsum(counts[uniq + 1])])
+    batches, lo = [], 0
+    for k in range(1, len(uniq) + 1):
+        if k == len(uniq) or bounds[k + 1] - bounds[lo] > max_flows:
+            batches.append(uniq[lo:k])
+            lo = k
+    return batches
+
+
 def analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, capture_end, switch_bw=None, settings=None,
                     stop_after="diagnosis", on_stage=None, max_flows: int | None = None) -> Analysis:
     """:func:`analyse`, run over batches of whole jobs of at most ``max_flows`` flows (default :data:`JOB_BATCH_FLOWS`).
@@ -164,19 +197,10 @@ def analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, capture
     The column arrays are reordered in place (the caller's copies are
     consumed: no second set of columns is held).
     """
-    max_flows = JOB_BATCH_FLOWS if max_flows is None else int(max_flows)
     job = labels[a]
-    # flows per label (-1: no job) in label order: where each job's run will start once grouped
-    counts = np.bincount(job + 1)
-    uniq = np.flatnonzero(counts) - 1
-    bounds = np.concatenate([[0], np.cumsum(counts[uniq + 1])])
-    # consecutive jobs (in label order, as one run reports them) up to max_flows a batch
-    batches, lo = [], 0
-    for k in range(1, len(uniq) + 1):
-        if k == len(uniq) or bounds[k + 1] - bounds[lo] > max_flows:
-            batches.append((lo, k))
-            lo = k
-    if len(batches) <= 1:  # one batch: the flows as given, not regrouped
+    counts = np.bincount(job + 1)  # flows per label (-1: no job)
+    plan = plan_job_batches(counts, max_flows)
+    if len(plan) <= 1:  # one batch: the flows as given, not regrouped
         return analyse(a, b, start, duration, size, labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
     order = order_by([job], np.arange(len(job), dtype=np.int64))
     del job
@@ -184,20 +208,40 @@ def analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, capture
     for c in cols:
         c[:] = c[order]  # one column at a time: one temporary column, not five
     del order
+
+    def batches():  # the grouped flows run job after job, in label order, as the plan does
+        f0 = 0
+        for batch_labels in plan:
+            f1 = f0 + int(counts[batch_labels + 1].sum())
+            yield batch_labels, [c[f0:f1] for c in cols]
+            f0 = f1
+
+    return analyse_job_batches(batches(), labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
+
+
+def analyse_job_batches(batches, labels, jobs, topology, capture_end, switch_bw=None, settings=None,
+                        stop_after="diagnosis", on_stage=None) -> Analysis:
+    """:func:`analyse` over each batch of whole jobs, combined into what one run over all of them gives.
+
+    Parameters
+    ----------
+    batches : iterable of (labels, columns)
+        Per batch (from :func:`plan_job_batches`, at least one): its job
+        labels and its flows' ``a, b, start, duration, size`` columns, each
+        job's flows together and in their capture order. Consumed one at a
+        time: a batch's columns can be read when it is reached (see
+        :class:`prism.spill.SpilledFlows`).
+    labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage
+        As for :func:`analyse`; the switch diagnosis runs once, over
+        ``switch_bw``, after the batches.
+    """
     job_label = labels[topology.ips.get_indexer(jobs["ip"])]
     parts = []
-    stage = on_stage or (lambda name: None)
-    seen: set = set()
-
-    def once(name):  # a stage is reported when the first batch begins it
-        if name not in seen:
-            seen.add(name)
-            stage(name)
-
-    for lo, hi in batches:
-        f0, f1 = bounds[lo], bounds[hi]
-        batch_jobs = jobs[np.isin(job_label, uniq[lo:hi])]
-        parts.append(analyse(*(c[f0:f1] for c in cols), labels, batch_jobs, topology, capture_end, None, settings, stop_after, once))
+    for batch_labels, cols in batches:
+        batch_jobs = jobs[np.isin(job_label, batch_labels)]
+        # each batch runs every stage: on_stage is called per batch (a stage's time is the sum over batches)
+        parts.append(analyse(*cols, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage))
+        del cols
     return _combine(parts, switch_bw, settings or Settings(), stop_after)
 
 

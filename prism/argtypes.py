@@ -1,7 +1,7 @@
 """argparse types shared by the command lines: numbers with their range checked.
 
->>> positive_int("3"), positive_float("0.5"), non_negative_float("0")
-(3, 0.5, 0.0)
+>>> positive_int("3"), non_negative_int("0"), positive_float("0.5"), non_negative_float("0")
+(3, 0, 0.5, 0.0)
 >>> positive_int("0")
 Traceback (most recent call last):
 ...
@@ -10,19 +10,38 @@ argparse.ArgumentTypeError: must be >= 1, got 0
 from __future__ import annotations
 
 import argparse
+import os
 
-__all__ = ["positive_int", "positive_float", "non_negative_float"]
+__all__ = ["positive_int", "non_negative_int", "positive_float", "non_negative_float", "existing_directory"]
 
 
-def positive_int(text: str) -> int:
-    """argparse type: a whole number >= 1."""
+def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    return _whole(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    return _whole(text, 0)
+
+
+def existing_directory(text: str) -> str:
+    """argparse type: a directory that exists and can be written to."""
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory")
+    if not os.access(text, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} is not writable")
+    return text
 
 
 def _finite(text: str, least: float, strict: bool) -> float:

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from . import __version__
 from .allocator import tune_for_batch
-from .argtypes import non_negative_float, positive_float, positive_int
+from .argtypes import existing_directory, non_negative_float, non_negative_int, positive_float, positive_int
 from .kafkaconf import SECURITY_FLAGS, KafkaConnectError, add_security_flags, check_connection, security_from_args
 from .logs import add_log_flags, setup_logging
 from .output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, add_output_flags, finish
 from .readers import DEFAULT_CHUNK_ROWS
+from .spill import DEFAULT_SPILL_ABOVE
 
 
 def _add_synth(sub):
@@ -72,6 +73,14 @@ def _add_replay(sub):
         "--switch-window", type=positive_float, default=None, metavar="SECONDS",
         help="window of the switch bandwidth comparison, aligned to the epoch (default: 300; LLMPrism used 3600)",
     )
+    p.add_argument(
+        "--spill-above", type=non_negative_int, default=DEFAULT_SPILL_ABOVE, metavar="FLOWS",
+        help="GPU flows held in memory (32 B each) at most; past it they are written to --spill-dir and analysed a "
+        "batch of whole jobs at a time, with the same results, so memory no longer grows with the capture "
+        "(0: always; default: %(default)s)",
+    )
+    p.add_argument("--spill-dir", type=existing_directory, default=None, metavar="DIR",
+                   help="where spilled flows go, up to 64 B per GPU flow (default: the system's temporary directory, $TMPDIR)")
     p.set_defaults(func=cmd_replay)
 
 
@@ -378,7 +387,8 @@ def cmd_replay(args) -> int:
         topo = Topology.from_csv(args.topology)
         kw = {"switch_window_s": args.switch_window} if args.switch_window else {}
         progress = False if args.output == "json" and args.progress is None else args.progress
-        res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=progress, stop_after=args.stop_after, plots=args.plots, **kw)
+        res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=progress, stop_after=args.stop_after, plots=args.plots,
+                     spill_above=args.spill_above, spill_dir=args.spill_dir, **kw)
     except (FlowFormatError, FileNotFoundError) as e:
         print(f"prism replay: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -33,13 +33,14 @@ import numpy as np
 import pandas as pd
 
 from .allocator import release_free_memory
-from .analyze import Analysis, Settings, analyse_by_jobs
+from .analyze import Analysis, Settings, analyse_by_jobs, analyse_job_batches, plan_job_batches
 from .diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
 from .diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
 from .jobs import JobRecognizer
 from .parallelism import UNCERTAIN_BELOW
 from .readers import DEFAULT_CHUNK_ROWS, FlowReader
 from .records import RejectCounter
+from .spill import DEFAULT_SPILL_ABOVE, SpilledFlows
 from .timeline import PHASE_COLUMNS, STEP_COLUMNS
 from .topology import Topology
 
@@ -78,6 +79,7 @@ class ReplayResult:
     job_spans: pd.DataFrame | None = None  # job_id, first_ns, last_ns, flows
     analysis: Analysis | None = None
     switch_window_ns: int | None = None
+    flows_spilled: int = 0  # GPU flows written to disk and analysed a batch of jobs at a time
     seconds: float = 0.0  # reading and analysis (not writing the outputs)
     stage_seconds: dict = field(default_factory=dict)  # read, pairs, steps, phases, diagnosis, write
 
@@ -123,6 +125,7 @@ class ReplayResult:
             "flows_ignored": int(sum(self.ignored.values())),
             "ignored_by_reason": {k: int(v) for k, v in sorted(self.ignored.items())},
             "flows_gpu": self.flows_gpu,
+            "flows_spilled": self.flows_spilled,
             "bytes_gpu": self.bytes_gpu,
             "first_ns": self.first_ns,
             "last_ns": self.last_ns,
@@ -182,15 +185,33 @@ STAGES = ("jobs", "pairs", "steps", "diagnosis")
 
 
 class _GpuFlows:
-    """Compact columns of the GPU flows the per-pair analyses need (32 B/flow)."""
+    """Compact columns of the GPU flows the per-pair analyses need (32 B/flow).
+
+    Held in memory up to ``spill_above`` flows; past it, written to disk
+    (:class:`prism.spill.SpilledFlows`) and read back a batch of whole jobs
+    at a time, so the capture's length does not bound what can be replayed.
+    """
 
     N_COLUMNS = 5  # a, b, start, duration, size
 
-    def __init__(self):
+    def __init__(self, n_nics: int, spill_above: int | None = None, spill_dir=None):
         self.parts: list[list] = []
+        self.n_nics, self.spill_above, self.spill_dir = n_nics, spill_above, spill_dir
+        self.spilled: SpilledFlows | None = None
+        self._n = 0
 
     def add(self, a, b, start, duration, size):
+        if self.spilled is not None:
+            self.spilled.add(a, b, start, duration, size)
+            return
         self.parts.append([a.astype(np.int32), b.astype(np.int32), start, duration, size])
+        self._n += len(a)
+        if self.spill_above is not None and self._n > self.spill_above:
+            self.spilled = SpilledFlows(self.n_nics, self.spill_dir)
+            for part in self.parts:
+                self.spilled.add(*part)
+            self.parts = []
+            release_free_memory()
 
     def columns(self):
         """The columns, concatenated; each column's chunks are freed once joined."""
@@ -205,6 +226,16 @@ class _GpuFlows:
         self.parts = []
         return cols
 
+    def analyse(self, labels, jobs, topology, **kw) -> Analysis:
+        """:func:`prism.analyze.analyse_by_jobs` over the flows, from memory or from disk."""
+        if self.spilled is None:
+            return analyse_by_jobs(*self.columns(), labels, jobs, topology, **kw)
+        with self.spilled as spilled:
+            plan = plan_job_batches(spilled.flows_per_label(labels))
+            if len(plan) <= 1:  # one batch: the flows as given, as in memory
+                return analyse_by_jobs(*spilled.read_all(), labels, jobs, topology, **kw)
+            return analyse_job_batches(spilled.job_batches(labels, plan), labels, jobs, topology, **kw)
+
 
 def replay(
     paths,
@@ -216,6 +247,8 @@ def replay(
     settings: Settings | None = None,
     switch_window_s: float = DEFAULT_WINDOW_S,
     plots: bool = False,
+    spill_above: int | None = DEFAULT_SPILL_ABOVE,
+    spill_dir: str | Path | None = None,
 ) -> ReplayResult:
     """Read flow dumps, run the analyses, and write the output contract.
 
@@ -239,6 +272,12 @@ def replay(
         Window of the switch-level bandwidth comparison.
     plots : bool
         Also write PNG plots (needs ``out_dir``).
+    spill_above : int or None
+        GPU flows held in memory at most; past it they are written to
+        ``spill_dir`` (32 B a flow, twice) and analysed a batch of whole jobs
+        at a time, with the same results. None: never spill.
+    spill_dir : path, optional
+        Where spilled flows go (default: the system's temporary directory).
     """
     from tqdm.auto import tqdm
 
@@ -248,7 +287,7 @@ def replay(
     res = ReplayResult(files=[str(p) for p in paths])
     recognizer = JobRecognizer(topology)
     activity = _NicActivity(len(topology))
-    gpu_flows = _GpuFlows() if stop_after != "jobs" else None
+    gpu_flows = _GpuFlows(len(topology), spill_above, spill_dir) if stop_after != "jobs" else None
     switch_bw = SwitchBandwidth(switch_window_s) if stop_after == "diagnosis" else None
     res.switch_window_ns = switch_bw.window_ns if switch_bw is not None else None
     for path in paths:
@@ -266,13 +305,11 @@ def replay(
     stages = _StageClock(res.stage_seconds, progress)
     stages.begin("read", t_start)
     if gpu_flows is not None:
-        a, b, start, duration, size = gpu_flows.columns()
-        res.analysis = analyse_by_jobs(
-            a, b, start, duration, size, recognizer.labels(), res.jobs, topology,
-            capture_end=res.last_start_ns or 0, switch_bw=switch_bw, settings=settings, stop_after=stop_after,
-            on_stage=stages.begin,
+        res.flows_spilled = len(gpu_flows.spilled) if gpu_flows.spilled is not None else 0
+        res.analysis = gpu_flows.analyse(
+            recognizer.labels(), res.jobs, topology, capture_end=res.last_start_ns or 0, switch_bw=switch_bw,
+            settings=settings, stop_after=stop_after, on_stage=stages.begin,
         )
-        del a, b, start, duration, size
     stages.end()
     res.seconds = time.perf_counter() - t_start
     if out_dir is not None:

@@ -3,6 +3,7 @@ import pandas as pd
 import pytest
 
 import prism.analyze
+import prism.spill
 from prism.replay import replay
 from prism.topology import Topology
 from synthetic import preset
@@ -24,9 +25,21 @@ def test_job_batches_equal_one_run(cluster, tmp_path, monkeypatch):
     topo = Topology.from_csv(tmp_path / "topology.csv")
     runs = {}
     job_flows = c.flows.groupby(c.jobs.set_index("ip")["job_id"].reindex(c.flows["src"].astype(str)).to_numpy()).size()
-    for name, budget in (("one run", 10**12), ("each job alone", 1), ("a few jobs a batch", int(job_flows.max()) + 1)):
+    few = int(job_flows.max()) + 1
+    monkeypatch.setattr(prism.spill, "SLICE_ROWS", len(c.flows) // 5)  # the spilled file is scattered in several slices
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    for name, budget, spill_above in (
+        ("one run", 10**12, None), ("each job alone", 1, None), ("a few jobs a batch", few, None),
+        # spilled to disk from the first chunk, or from the third (chunks held so far are written then)
+        ("one run, spilled", 10**12, 0), ("each job alone, spilled", 1, 0), ("a few jobs a batch, spilled", few, len(c.flows) // 3),
+    ):
         monkeypatch.setattr(prism.analyze, "JOB_BATCH_FLOWS", budget)
-        runs[name] = replay([str(tmp_path / "flows.parquet")], topo, progress=False).analysis
+        res = replay([str(tmp_path / "flows.parquet")], topo, progress=False, chunk_rows=max(len(c.flows) // 8, 1),
+                     spill_above=spill_above, spill_dir=spill)
+        assert res.flows_spilled == (0 if spill_above is None else res.flows_gpu)
+        assert not any(spill.iterdir())  # the spilled files are removed
+        runs[name] = res.analysis
     one = runs.pop("one run")
     assert len(one.steps) and len(one.anomalies)  # something to compare
     for name, got in runs.items():

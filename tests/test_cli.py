@@ -181,7 +181,32 @@ def test_daemon_refuses_bad_settings_before_starting(tmp_path, data_dir, capsys,
     assert match in capsys.readouterr().err
 
 
+def test_replay_spilled_to_disk_writes_the_same_files(tiny_dir, tmp_path):
+    """--spill-above 0: every GPU flow goes to --spill-dir and comes back a batch at a time; the files are the same."""
+    args = [str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--quiet"]
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    assert main(["replay", *args, "--out", str(tmp_path / "mem")]) == 0
+    assert main(["replay", *args, "--out", str(tmp_path / "disk"), "--spill-above", "0", "--spill-dir", str(spill)]) == 0
+    for name in [*OUTPUT_COLUMNS, "switches.csv", "timeline.json"]:
+        assert (tmp_path / "disk" / name).read_bytes() == (tmp_path / "mem" / name).read_bytes(), name
+    summary = json.loads((tmp_path / "disk" / "summary.json").read_text())
+    assert summary["flows_spilled"] == summary["flows_gpu"] > 0
+    assert json.loads((tmp_path / "mem" / "summary.json").read_text())["flows_spilled"] == 0
+    assert not any(spill.iterdir())
+
+
+@pytest.mark.parametrize("value, match", [("missing", "not a directory"), ("file", "not a directory")])
+def test_replay_spill_dir_must_be_a_directory(tiny_dir, tmp_path, capsys, value, match):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        main(["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--out", str(tmp_path / "o"),
+              "--spill-dir", str(tmp_path / value)])
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["replay", "X", "--topology", "T", "--out", "O", "--chunk-rows", "0"],
+                                  ["replay", "X", "--topology", "T", "--out", "O", "--spill-above", "-1"],
                                   ["collect", "X", "--out", "o.csv", "--batch-packets", "0"],
                                   ["collect", "X", "--out", "o.csv", "--settle", "-1"],
                                   ["demo", "--speed", "-2"], ["synth", "--out", "O", "--duration", "nan"]])

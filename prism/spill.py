@@ -1,0 +1,170 @@
+"""GPU flow columns kept on disk, read back a batch of whole jobs at a time.
+
+``prism replay`` holds 32 bytes per GPU flow until the capture is read
+(jobs are known only then: they are components over all GPU pairs). A
+capture bigger than ``--spill-above`` flows is written here instead, and
+read back one batch of whole jobs at a time, so the replay's peak memory
+is bounded by the batch, not by the capture's length:
+
+1. :meth:`SpilledFlows.add` appends each chunk's flows to one file
+   (32-byte records, in capture order);
+2. :meth:`SpilledFlows.job_batches` scatters that file, a slice at a time,
+   into one file per batch of jobs (:func:`prism.analyze.plan_job_batches`),
+   keeping the capture order within each;
+3. each batch's file is read when the analysis reaches it, its flows
+   grouped by job (a stable sort), and deleted.
+
+The batches are the ones :func:`prism.analyze.analyse_by_jobs` analyses in
+memory, in the same order, so the results are the same (tested equal).
+Disk: 64 bytes per GPU flow at most (the file and the batch files), in a
+temporary directory removed by :meth:`SpilledFlows.close`.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["SpilledFlows", "RECORD", "DEFAULT_SPILL_ABOVE"]
+
+#: GPU flows ``prism replay`` holds in memory (32 B each, 640 MB) before
+#: spilling them here: above it, peak memory no longer grows with the capture
+DEFAULT_SPILL_ABOVE = 20_000_000
+
+#: one GPU flow on disk: the columns the per-pair analyses read (32 bytes)
+RECORD = np.dtype([("a", "<i4"), ("b", "<i4"), ("start", "<i8"), ("duration", "<i8"), ("size", "<i8")])
+COLUMNS = RECORD.names
+#: records read at a time when scattering the file into batches
+SLICE_ROWS = 1 << 20
+
+
+class SpilledFlows:
+    """GPU flows appended to a file, read back per batch of whole jobs.
+
+    Parameters
+    ----------
+    n_nics : int
+        NICs in the topology (flows are counted per source NIC as they are
+        written, so batches are planned without reading the file again).
+    directory : path, optional
+        Where the temporary directory goes (default: the system's temporary
+        directory, ``TMPDIR``).
+    slice_rows : int, optional
+        Records read at a time when scattering into batches (memory:
+        ``slice_rows`` x 32 bytes, twice); default :data:`SLICE_ROWS`.
+
+    Examples
+    --------
+    >>> s = SpilledFlows(n_nics=3)
+    >>> s.add(np.array([0, 2]), np.array([1, 1]), np.array([5, 6]), np.array([1, 1]), np.array([10, 20]))
+    >>> len(s), s.flows_per_nic.tolist()
+    (2, [1, 0, 1])
+    >>> [c.tolist() for c in s.read_all()][2]
+    [5, 6]
+    >>> s.close()
+    """
+
+    def __init__(self, n_nics: int, directory: str | Path | None = None, slice_rows: int | None = None):
+        self.dir = Path(tempfile.mkdtemp(prefix="prism-spill-", dir=directory))
+        self.path = self.dir / "flows.bin"
+        self._file = open(self.path, "wb")
+        self.slice_rows = int(SLICE_ROWS if slice_rows is None else slice_rows)
+        self.flows_per_nic = np.zeros(n_nics, dtype=np.int64)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def bytes_on_disk(self) -> int:
+        return sum(p.stat().st_size for p in self.dir.iterdir())
+
+    def add(self, a, b, start, duration, size) -> None:
+        """Append one chunk's flows (column arrays of equal length)."""
+        rec = np.empty(len(a), dtype=RECORD)
+        for name, col in zip(COLUMNS, (a, b, start, duration, size)):
+            rec[name] = col
+        rec.tofile(self._file)
+        self.flows_per_nic += np.bincount(np.asarray(a), minlength=len(self.flows_per_nic))
+        self._n += len(a)
+
+    def _records(self, path: Path):
+        """The records of a file, ``slice_rows`` at a time."""
+        with open(path, "rb") as f:
+            while True:
+                rec = np.fromfile(f, dtype=RECORD, count=self.slice_rows)
+                if len(rec) == 0:
+                    return
+                yield rec
+
+    @staticmethod
+    def _columns(rec: np.ndarray) -> list[np.ndarray]:
+        return [np.ascontiguousarray(rec[name]) for name in COLUMNS]
+
+    def read_all(self) -> list[np.ndarray]:
+        """All flows as ``a, b, start, duration, size`` columns, in capture order."""
+        self._file.flush()
+        return self._columns(np.fromfile(self.path, dtype=RECORD))
+
+    def job_batches(self, labels: np.ndarray, plan: list[np.ndarray]):
+        """Yield ``(batch labels, columns)`` per batch of ``plan``, each job's flows together.
+
+        Parameters
+        ----------
+        labels : int array
+            Job label per NIC (-1: no job).
+        plan : list of int arrays
+            :func:`prism.analyze.plan_job_batches` over
+            :meth:`flows_per_label`.
+
+        The columns are those :func:`prism.analyze.analyse_by_jobs` slices
+        out of the grouped capture. Complexity: the file is read twice and
+        written once (O(flows) I/O); memory O(slice_rows + largest batch).
+        """
+        from .ordering import order_by  # compiled with numba: loaded when used, not when the CLI starts
+
+        self._file.flush()
+        batch_of = np.full(int(labels.max(initial=-1)) + 2, -1, dtype=np.int64)  # by label + 1
+        for i, batch_labels in enumerate(plan):
+            batch_of[np.asarray(batch_labels) + 1] = i
+        paths = [self.dir / f"batch-{i}.bin" for i in range(len(plan))]
+        for rec in self._records(self.path):
+            bid = batch_of[labels[rec["a"]] + 1]
+            if (bid < 0).any():
+                raise ValueError("a spilled flow's job is in no batch of the plan")
+            o = np.argsort(bid, kind="stable")  # capture order kept within each batch
+            rec, bid = rec[o], bid[o]
+            cuts = np.searchsorted(bid, np.arange(len(plan) + 1))
+            for i in np.flatnonzero(np.diff(cuts)):
+                with open(paths[i], "ab") as f:
+                    rec[cuts[i]:cuts[i + 1]].tofile(f)
+            del rec, bid, o
+        for batch_labels, path in zip(plan, paths):
+            if not path.exists():  # a batch is planned from flow counts: it has flows
+                raise ValueError(f"{path.name}: a planned batch of jobs has no spilled flows")
+            cols = self._columns(np.fromfile(path, dtype=RECORD))
+            path.unlink()
+            job = labels[cols[0]]
+            order = order_by([job], np.arange(len(job), dtype=np.int64))
+            for c in cols:
+                c[:] = c[order]
+            del job, order
+            yield batch_labels, cols
+
+    def flows_per_label(self, labels: np.ndarray) -> np.ndarray:
+        """Flows per job label, indexed by label + 1 (as :func:`prism.analyze.plan_job_batches` takes them)."""
+        return np.bincount(labels + 1, weights=self.flows_per_nic, minlength=1).astype(np.int64)
+
+    def close(self) -> None:
+        """Remove the files."""
+        if not self._file.closed:
+            self._file.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
