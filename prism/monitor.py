@@ -356,6 +356,10 @@ class Monitor:
             # catching up (a backlog, one big poll): reach back to half a window
             # before the last analysis, so no step falls between two windows
             begin = min(begin, self.analysed_to - win_ns // 2)
+        elif self.min_start is not None:
+            # the first window: everything read so far (starting on a backlog,
+            # the first polls can hold more than a window: its steps count too)
+            begin = min(begin, self.min_start)
         self.window.evict(begin)
         self.dedupe.evict(begin - lateness)
         self.switch_bw.forget_before(begin)

@@ -395,8 +395,8 @@ def test_two_replicas_equal_one(broker, topic, cluster):
     r1 = RunningDaemon(broker, topic, cluster, group=group, summary=summary, replica="r1")
     r2 = RunningDaemon(broker, topic, cluster, group=group, summary=summary, replica="r2")
     try:
-        # every daemon runs before the traffic, as in a deployment: the groups are settled (one that joins
-        # late starts on a backlog, and steps older than its first window are not reported)
+        # every daemon runs before the traffic, as in a deployment: the groups are settled (so each replica's
+        # partitions are its own from the first record, and the counts below add up)
         wait_for(lambda: len(r1.source.consumer.assignment()) == 2 and len(r2.source.consumer.assignment()) == 2
                  and len(one.source.consumer.assignment()) == 4, 180, "the groups to settle")
         n = produce(broker, topic, cluster.flows, fmt="arrow")
