@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from .ipc_headers import declared_rows
 from .readers import FlowReader
 from .records import FLOW_COLUMNS, REQUIRED_COLUMNS, RejectCounter, empty_flows, validate_flows
 
@@ -196,11 +197,16 @@ def _decode_arrow(value: bytes, rejects: RejectCounter, source: str) -> pd.DataF
 
 
 def read_arrow(value: bytes, rejects: RejectCounter, source: str) -> pa.Table | None:
-    """The table of an Arrow IPC stream message, or None (counted) if unreadable."""
+    """The table of an Arrow IPC stream message, or None (counted) if unreadable or too large."""
+    declared = declared_rows(value)  # from the headers: nothing decompressed yet
+    if declared is not None and max(declared) > MAX_MESSAGE_ROWS:
+        rejects.add("oversized_message", 1, f"{source}: declares more than {MAX_MESSAGE_ROWS:,} records "
+                    f"({declared.rows:,} records, {declared.dictionary_entries:,} dictionary entries)")
+        return None
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(value))
         batches, rows = [], 0
-        for batch in reader:  # one batch decompressed at a time: stop at the bound, not after the whole stream
+        for batch in reader:  # headers the check above could not read: stop at the bound, one batch at a time
             rows += batch.num_rows
             if rows > MAX_MESSAGE_ROWS:
                 rejects.add("oversized_message", 1, f"{source}: decodes to more than {MAX_MESSAGE_ROWS:,} records")

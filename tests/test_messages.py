@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import prism.messages as messages
-from prism.messages import decode_messages, encode_arrow, encode_jsonl
+from prism.messages import DEFAULT_MAX_MESSAGE_BYTES, decode_messages, encode_arrow, encode_jsonl
 from prism.records import RejectCounter
 
 
@@ -100,3 +100,25 @@ def test_a_message_decoding_to_too_many_records_is_refused(monkeypatch):
     rc = RejectCounter()
     assert sum(map(len, decode_messages(batch, rc, "t[0]@0-2"))) == 200
     assert rc.as_dict() == {"oversized_message": 1} and "more than 150 records" in rc.examples["oversized_message"][0]
+
+
+def test_a_compressed_bomb_is_refused_from_its_headers(monkeypatch):
+    """A few MB of zstd declaring 2M records: refused before pyarrow decompresses anything."""
+    n = 2_000_000
+    one = pa.Table.from_pandas(good(1, 0), preserve_index=False)
+    t = one.take(np.zeros(n, dtype=np.int64))  # the same valid record 2M times
+    t = pa.table({c: t[c].dictionary_encode() if pa.types.is_large_string(t[c].type) else t[c] for c in t.column_names})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+        w.write_table(t)
+    bomb = sink.getvalue().to_pybytes()
+    assert len(bomb) < min(DEFAULT_MAX_MESSAGE_BYTES, t.nbytes // 20)  # within the byte limit, a twentieth of what it decodes to
+
+    def no_decoding(*a, **k):
+        raise AssertionError("the bomb was opened")
+
+    monkeypatch.setattr(pa.ipc, "open_stream", no_decoding)
+    rc = RejectCounter()
+    assert decode_messages([(bomb, [], "t[0]@0")], rc, "t[0]@0") == []
+    assert rc.as_dict() == {"oversized_message": 1}
+    assert "declares more than 1,000,000 records (2,000,000 records" in rc.examples["oversized_message"][0]
