@@ -17,7 +17,7 @@ from .kafkaconf import SECURITY_FLAGS, KafkaConnectError, add_security_flags, ch
 from .logs import add_log_flags, setup_logging
 from .output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, add_output_flags, finish
 from .readers import DEFAULT_CHUNK_ROWS
-from .spill import DEFAULT_SPILL_ABOVE
+from .spill import DEFAULT_SPILL_ABOVE, SpillError
 
 
 def _add_synth(sub):
@@ -389,6 +389,9 @@ def cmd_replay(args) -> int:
         progress = False if args.output == "json" and args.progress is None else args.progress
         res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=progress, stop_after=args.stop_after, plots=args.plots,
                      spill_above=args.spill_above, spill_dir=args.spill_dir, **kw)
+    except SpillError as e:  # the disk, not the input
+        print(f"prism replay: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except (FlowFormatError, FileNotFoundError) as e:
         print(f"prism replay: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -226,15 +226,20 @@ class _GpuFlows:
         self.parts = []
         return cols
 
+    def close(self) -> None:
+        self.parts = []
+        if self.spilled is not None:
+            self.spilled.close()
+
     def analyse(self, labels, jobs, topology, **kw) -> Analysis:
         """:func:`prism.analyze.analyse_by_jobs` over the flows, from memory or from disk."""
         if self.spilled is None:
             return analyse_by_jobs(*self.columns(), labels, jobs, topology, **kw)
-        with self.spilled as spilled:
-            plan = plan_job_batches(spilled.flows_per_label(labels))
-            if len(plan) <= 1:  # one batch: the flows as given, as in memory
-                return analyse_by_jobs(*spilled.read_all(), labels, jobs, topology, **kw)
-            return analyse_job_batches(spilled.job_batches(labels, plan), labels, jobs, topology, **kw)
+        spilled = self.spilled
+        plan = plan_job_batches(spilled.flows_per_label(labels))
+        if len(plan) <= 1:  # one batch: the flows as given, as in memory
+            return analyse_by_jobs(*spilled.read_all(), labels, jobs, topology, **kw)
+        return analyse_job_batches(spilled.job_batches(labels, plan), labels, jobs, topology, **kw)
 
 
 def replay(
@@ -290,26 +295,30 @@ def replay(
     gpu_flows = _GpuFlows(len(topology), spill_above, spill_dir) if stop_after != "jobs" else None
     switch_bw = SwitchBandwidth(switch_window_s) if stop_after == "diagnosis" else None
     res.switch_window_ns = switch_bw.window_ns if switch_bw is not None else None
-    for path in paths:
-        reader = FlowReader(path, chunk_rows=chunk_rows, rejects=res.rejects)
-        total = reader.bytes_total or None
-        with tqdm(total=total, unit="B", unit_scale=True, desc=Path(str(path)).name, disable=(None if progress is None else not progress), leave=False) as bar:
-            for chunk in reader:
-                _consume(chunk, topology, recognizer, activity, res, gpu_flows, switch_bw)
-                if total:
-                    bar.update(reader.bytes_done - bar.n)
-                bar.set_postfix(rows=f"{reader.rows_read:,}", refresh=False)
-        res.rows_read += reader.rows_read
-    res.jobs = recognizer.predict()
-    res.job_spans = _job_spans(res.jobs, topology, activity)
-    stages = _StageClock(res.stage_seconds, progress)
-    stages.begin("read", t_start)
-    if gpu_flows is not None:
-        res.flows_spilled = len(gpu_flows.spilled) if gpu_flows.spilled is not None else 0
-        res.analysis = gpu_flows.analyse(
-            recognizer.labels(), res.jobs, topology, capture_end=res.last_start_ns or 0, switch_bw=switch_bw,
-            settings=settings, stop_after=stop_after, on_stage=stages.begin,
-        )
+    try:
+        for path in paths:
+            reader = FlowReader(path, chunk_rows=chunk_rows, rejects=res.rejects)
+            total = reader.bytes_total or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=Path(str(path)).name, disable=(None if progress is None else not progress), leave=False) as bar:
+                for chunk in reader:
+                    _consume(chunk, topology, recognizer, activity, res, gpu_flows, switch_bw)
+                    if total:
+                        bar.update(reader.bytes_done - bar.n)
+                    bar.set_postfix(rows=f"{reader.rows_read:,}", refresh=False)
+            res.rows_read += reader.rows_read
+        res.jobs = recognizer.predict()
+        res.job_spans = _job_spans(res.jobs, topology, activity)
+        stages = _StageClock(res.stage_seconds, progress)
+        stages.begin("read", t_start)
+        if gpu_flows is not None:
+            res.flows_spilled = len(gpu_flows.spilled) if gpu_flows.spilled is not None else 0
+            res.analysis = gpu_flows.analyse(
+                recognizer.labels(), res.jobs, topology, capture_end=res.last_start_ns or 0, switch_bw=switch_bw,
+                settings=settings, stop_after=stop_after, on_stage=stages.begin,
+            )
+    finally:
+        if gpu_flows is not None:
+            gpu_flows.close()  # a spill's files go, whatever stopped the replay
     stages.end()
     res.seconds = time.perf_counter() - t_start
     if out_dir is not None:

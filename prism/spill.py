@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SpilledFlows", "RECORD", "DEFAULT_SPILL_ABOVE"]
+__all__ = ["SpilledFlows", "SpillError", "RECORD", "DEFAULT_SPILL_ABOVE"]
 
 #: GPU flows ``prism replay`` holds in memory (32 B each, 640 MB) before
 #: spilling them here: above it, peak memory no longer grows with the capture
@@ -38,6 +39,25 @@ RECORD = np.dtype([("a", "<i4"), ("b", "<i4"), ("start", "<i8"), ("duration", "<
 COLUMNS = RECORD.names
 #: records read at a time when scattering the file into batches
 SLICE_ROWS = 1 << 20
+
+
+class SpillError(OSError):
+    """The spill directory could not be written or read (full, gone, not allowed): the message says where."""
+
+
+@contextmanager
+def _spill_io(where):
+    try:
+        yield
+    except SpillError:
+        raise
+    except OSError as e:
+        try:
+            free = f"{shutil.disk_usage(where).free / 2**20:,.0f} MiB free there"
+        except OSError:
+            free = "no such directory"
+        raise SpillError(f"spilling GPU flows to {where}: {e.strerror or e}; {free} (the spill takes up to 64 B a GPU flow: "
+                         f"give --spill-dir a directory with room, or a larger --spill-above)") from e
 
 
 class SpilledFlows:
@@ -67,9 +87,11 @@ class SpilledFlows:
     """
 
     def __init__(self, n_nics: int, directory: str | Path | None = None, slice_rows: int | None = None):
-        self.dir = Path(tempfile.mkdtemp(prefix="prism-spill-", dir=directory))
+        with _spill_io(directory or tempfile.gettempdir()):
+            self.dir = Path(tempfile.mkdtemp(prefix="prism-spill-", dir=directory))
         self.path = self.dir / "flows.bin"
-        self._file = open(self.path, "wb")
+        with _spill_io(self.dir):
+            self._file = open(self.path, "wb")
         self.slice_rows = int(SLICE_ROWS if slice_rows is None else slice_rows)
         self.flows_per_nic = np.zeros(n_nics, dtype=np.int64)
         self._n = 0
@@ -77,16 +99,13 @@ class SpilledFlows:
     def __len__(self) -> int:
         return self._n
 
-    @property
-    def bytes_on_disk(self) -> int:
-        return sum(p.stat().st_size for p in self.dir.iterdir())
-
     def add(self, a, b, start, duration, size) -> None:
         """Append one chunk's flows (column arrays of equal length)."""
         rec = np.empty(len(a), dtype=RECORD)
         for name, col in zip(COLUMNS, (a, b, start, duration, size)):
             rec[name] = col
-        rec.tofile(self._file)
+        with _spill_io(self.dir):
+            rec.tofile(self._file)
         self.flows_per_nic += np.bincount(np.asarray(a), minlength=len(self.flows_per_nic))
         self._n += len(a)
 
@@ -105,8 +124,9 @@ class SpilledFlows:
 
     def read_all(self) -> list[np.ndarray]:
         """All flows as ``a, b, start, duration, size`` columns, in capture order."""
-        self._file.flush()
-        return self._columns(np.fromfile(self.path, dtype=RECORD))
+        with _spill_io(self.dir):
+            self._file.flush()
+            return self._columns(np.fromfile(self.path, dtype=RECORD))
 
     def job_batches(self, labels: np.ndarray, plan: list[np.ndarray]):
         """Yield ``(batch labels, columns)`` per batch of ``plan``, each job's flows together.
@@ -125,27 +145,30 @@ class SpilledFlows:
         """
         from .ordering import order_by  # compiled with numba: loaded when used, not when the CLI starts
 
-        self._file.flush()
+        with _spill_io(self.dir):
+            self._file.flush()
         batch_of = np.full(int(labels.max(initial=-1)) + 2, -1, dtype=np.int64)  # by label + 1
         for i, batch_labels in enumerate(plan):
             batch_of[np.asarray(batch_labels) + 1] = i
         paths = [self.dir / f"batch-{i}.bin" for i in range(len(plan))]
-        for rec in self._records(self.path):
-            bid = batch_of[labels[rec["a"]] + 1]
-            if (bid < 0).any():
-                raise ValueError("a spilled flow's job is in no batch of the plan")
-            o = np.argsort(bid, kind="stable")  # capture order kept within each batch
-            rec, bid = rec[o], bid[o]
-            cuts = np.searchsorted(bid, np.arange(len(plan) + 1))
-            for i in np.flatnonzero(np.diff(cuts)):
-                with open(paths[i], "ab") as f:
-                    rec[cuts[i]:cuts[i + 1]].tofile(f)
-            del rec, bid, o
+        with _spill_io(self.dir):
+            for rec in self._records(self.path):
+                bid = batch_of[labels[rec["a"]] + 1]
+                if (bid < 0).any():
+                    raise ValueError("a spilled flow's job is in no batch of the plan")
+                o = np.argsort(bid, kind="stable")  # capture order kept within each batch
+                rec, bid = rec[o], bid[o]
+                cuts = np.searchsorted(bid, np.arange(len(plan) + 1))
+                for i in np.flatnonzero(np.diff(cuts)):
+                    with open(paths[i], "ab") as f:
+                        rec[cuts[i]:cuts[i + 1]].tofile(f)
+                del rec, bid, o
         for batch_labels, path in zip(plan, paths):
             if not path.exists():  # a batch is planned from flow counts: it has flows
                 raise ValueError(f"{path.name}: a planned batch of jobs has no spilled flows")
-            cols = self._columns(np.fromfile(path, dtype=RECORD))
-            path.unlink()
+            with _spill_io(self.dir):
+                cols = self._columns(np.fromfile(path, dtype=RECORD))
+                path.unlink()
             job = labels[cols[0]]
             order = order_by([job], np.arange(len(job), dtype=np.int64))
             for c in cols:

@@ -1,9 +1,12 @@
 """Flows spilled to disk come back as the in-memory batches of whole jobs."""
+import builtins
+
 import numpy as np
 import pytest
 
 import prism.spill
 from prism.analyze import plan_job_batches
+from prism.cli import main
 from prism.ordering import order_by
 from prism.spill import SpilledFlows
 
@@ -52,3 +55,17 @@ def test_a_flow_of_no_planned_batch_is_an_error(tmp_path):
         labels = np.array([0, 0, 1, 1])
         with pytest.raises(ValueError, match="no batch"):
             list(s.job_batches(labels, [np.array([0])]))  # label 1's flow is in no batch
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_nothing(tiny_dir, tmp_path, monkeypatch, capsys):
+    """Writing the spill fails (ENOSPC from /dev/full): the replay says where and why, exits 1, and removes its directory."""
+    real_open = builtins.open
+    monkeypatch.setattr(prism.spill, "open", lambda path, mode="r": real_open("/dev/full", mode) if "w" in mode else real_open(path, mode), raising=False)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    rc = main(["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--out", str(tmp_path / "o"),
+               "--spill-above", "0", "--spill-dir", str(spill)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert f"spilling GPU flows to {spill}" in err and "MiB free there" in err and "--spill-dir" in err
+    assert not any(spill.iterdir())
