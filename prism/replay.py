@@ -189,7 +189,7 @@ class _GpuFlows:
 
     Held in memory up to ``spill_above`` flows; past it, written to disk
     (:class:`prism.spill.SpilledFlows`) and read back a batch of whole jobs
-    at a time, so the capture's length does not bound what can be replayed.
+    at a time, so memory follows the largest job, not the whole capture.
     """
 
     N_COLUMNS = 5  # a, b, start, duration, size
@@ -270,7 +270,8 @@ def replay(
         Show a progress bar (default: when stderr is a terminal).
     stop_after : {"jobs", "pairs", "steps", "diagnosis"}
         Last analysis to run. ``"jobs"`` keeps memory at O(chunk_rows +
-        distinct GPU pairs); the later ones keep 32 bytes per GPU flow.
+        distinct GPU pairs); the later ones keep 32 bytes per GPU flow
+        (on disk past ``spill_above``).
     settings : Settings, optional
         Analysis settings (default: :class:`prism.analyze.Settings()`).
     switch_window_s : float

@@ -140,8 +140,9 @@ class SpilledFlows:
             :meth:`flows_per_label`.
 
         The columns are those :func:`prism.analyze.analyse_by_jobs` slices
-        out of the grouped capture. Complexity: the file is read twice and
-        written once (O(flows) I/O); memory O(slice_rows + largest batch).
+        out of the grouped capture. Complexity: each flow was written once
+        by :meth:`add`, and is read, written to its batch's file and read
+        again here (O(flows) I/O); memory O(slice_rows + largest batch).
         """
         from .ordering import order_by  # compiled with numba: loaded when used, not when the CLI starts
 
