@@ -1,0 +1,58 @@
+"""KafkaSource's read-ahead bookkeeping, with a stand-in consumer.
+
+The broker tests (tests/test_daemon.py) run read-ahead through a real
+rebalance, where kafka-python's eager protocol re-seeks every re-assigned
+partition anyway; these check the bookkeeping itself: what is dropped is
+read again from its first offset by this consumer if it still owns the
+partition, and by nobody here if it does not.
+"""
+import pandas as pd
+from kafka.structs import TopicPartition
+
+from prism.sources import KafkaSource
+
+
+class Consumer:
+    """The three calls the read-ahead bookkeeping makes."""
+
+    def __init__(self, owned):
+        self.owned, self.seeks = set(owned), []
+
+    def assignment(self):
+        return set(self.owned)
+
+    def seek(self, tp, offset):
+        self.seeks.append((tp, offset))
+
+
+def _source(owned, prefetched):
+    src = KafkaSource.__new__(KafkaSource)  # no broker: only the read-ahead state is used
+    src.consumer = Consumer(owned)
+    src._prefetched = prefetched
+    src._prefetched_records = sum(len(f) for d in prefetched for f in d[1])
+    src.read_ahead_dropped = 0
+    return src
+
+
+T0, T1, T2 = (TopicPartition("flows", p) for p in range(3))
+
+
+def _decoded(tp, first, n_messages, records):
+    # (partition, frames, reject counts, first offset, next offset, messages), as KafkaSource._decode gives
+    return (tp, [pd.DataFrame({"start_ns": range(records)})], {}, first, first + n_messages, n_messages)
+
+
+def test_rewind_seeks_each_owned_partition_back_to_its_first_read_ahead_offset():
+    src = _source({T0, T1}, [_decoded(T0, 100, 5, 40), _decoded(T2, 7, 2, 10), _decoded(T0, 105, 3, 20), _decoded(T1, 0, 1, 5)])
+    src._rewind_prefetched()
+    assert sorted(src.consumer.seeks) == [(T0, 100), (T1, 0)]  # T2 went to another consumer: it reads it from the committed offset
+    assert src.read_ahead_dropped == 75
+    assert src._prefetched == [] and src._prefetched_records == 0
+
+
+def test_taking_read_ahead_keeps_only_the_partitions_still_owned():
+    src = _source({T0}, [_decoded(T0, 100, 5, 40), _decoded(T1, 3, 2, 10)])
+    taken = src._take_prefetched()
+    assert [d[0] for d in taken] == [T0]
+    assert src.read_ahead_dropped == 10 and src.consumer.seeks == []
+    assert src._prefetched == [] and src._prefetched_records == 0
