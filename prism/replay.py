@@ -81,7 +81,7 @@ class ReplayResult:
     switch_window_ns: int | None = None
     flows_spilled: int = 0  # GPU flows written to disk and analysed a batch of jobs at a time
     seconds: float = 0.0  # reading and analysis (not writing the outputs)
-    stage_seconds: dict = field(default_factory=dict)  # read, pairs, steps, phases, diagnosis, write
+    stage_seconds: dict = field(default_factory=dict)  # read, [spill,] pairs, steps, phases, diagnosis, write
 
     @property
     def pairs(self) -> pd.DataFrame | None:
@@ -239,7 +239,7 @@ class _GpuFlows:
         plan = plan_job_batches(spilled.flows_per_label(labels))
         if len(plan) <= 1:  # one batch: the flows as given, as in memory
             return analyse_by_jobs(*spilled.read_all(), labels, jobs, topology, **kw)
-        return analyse_job_batches(spilled.job_batches(labels, plan), labels, jobs, topology, **kw)
+        return analyse_job_batches(spilled.job_batches(labels, plan, kw.get("on_stage")), labels, jobs, topology, **kw)
 
 
 def replay(

@@ -128,7 +128,7 @@ class SpilledFlows:
             self._file.flush()
             return self._columns(np.fromfile(self.path, dtype=RECORD))
 
-    def job_batches(self, labels: np.ndarray, plan: list[np.ndarray]):
+    def job_batches(self, labels: np.ndarray, plan: list[np.ndarray], on_stage=None):
         """Yield ``(batch labels, columns)`` per batch of ``plan``, each job's flows together.
 
         Parameters
@@ -138,6 +138,10 @@ class SpilledFlows:
         plan : list of int arrays
             :func:`prism.analyze.plan_job_batches` over
             :meth:`flows_per_label`.
+        on_stage : callable(str), optional
+            Called with ``"spill"`` before the scatter and before each
+            batch is read back (progress, and the time it takes, for the
+            caller: see :func:`prism.analyze.analyse`).
 
         The columns are those :func:`prism.analyze.analyse_by_jobs` slices
         out of the grouped capture. Complexity: each flow was written once
@@ -146,6 +150,8 @@ class SpilledFlows:
         """
         from .ordering import order_by  # compiled with numba: loaded when used, not when the CLI starts
 
+        stage = on_stage or (lambda name: None)
+        stage("spill")
         with _spill_io(self.dir):
             self._file.flush()
         batch_of = np.full(int(labels.max(initial=-1)) + 2, -1, dtype=np.int64)  # by label + 1
@@ -167,6 +173,7 @@ class SpilledFlows:
         for batch_labels, path in zip(plan, paths):
             if not path.exists():  # a batch is planned from flow counts: it has flows
                 raise ValueError(f"{path.name}: a planned batch of jobs has no spilled flows")
+            stage("spill")
             with _spill_io(self.dir):
                 cols = self._columns(np.fromfile(path, dtype=RECORD))
                 path.unlink()

@@ -38,6 +38,8 @@ def test_job_batches_equal_one_run(cluster, tmp_path, monkeypatch):
         res = replay([str(tmp_path / "flows.parquet")], topo, progress=False, chunk_rows=max(len(c.flows) // 8, 1),
                      spill_above=spill_above, spill_dir=spill)
         assert res.flows_spilled == (0 if spill_above is None else res.flows_gpu)
+        # scattered and read back by batch: its own stage (progress and time); one batch is read whole
+        assert ("spill" in res.stage_seconds) == (spill_above is not None and budget < 10**12)
         assert not any(spill.iterdir())  # the spilled files are removed
         runs[name] = res.analysis
     one = runs.pop("one run")
