@@ -286,16 +286,26 @@ def _tls_probe(server: str, security: KafkaSecurity, timeout_s: float, bootstrap
             tls.sendall(struct.pack(">i", len(header)) + header)
             # TLS 1.3 servers check the client certificate after the handshake: a refusal arrives on this read
             if len(tls.recv(4)) < 4:
-                fail("the connection closed after the TLS handshake",
-                     "the broker may require a client certificate (--kafka.tls.cert-file) or refuse ours")
+                fail("the connection closed after the TLS handshake", _closed_hint(security))
     except socket.timeout:
         fail(f"no answer to the TLS handshake within {timeout_s:g} s", "is this a TLS listener? check the port and --kafka.security-protocol")
+    except ssl.SSLEOFError as e:
+        # The server's "certificate required" alert and its close race: under load the close can arrive first, as a bare EOF
+        fail(f"{type(e).__name__}: {e}", _closed_hint(security))
     except ssl.SSLError as e:
         fail(f"{type(e).__name__}: {e}")
     except OSError as e:
-        fail(f"{type(e).__name__}: {e}", "the broker closed the TLS connection: does it require a client certificate (--kafka.tls.cert-file)?")
+        fail(f"{type(e).__name__}: {e}", _closed_hint(security))
     finally:
         raw.close()
+
+
+def _closed_hint(security: KafkaSecurity) -> str:
+    """What a TLS connection the broker closed without a reason most likely means, given our own settings."""
+    if security.cert_file is None:
+        return ("the broker closed the TLS connection without a reason; it most likely requires a client certificate: "
+                "give --kafka.tls.cert-file and --kafka.tls.key-file")
+    return "the broker closed the TLS connection without a reason; it may refuse our client certificate (--kafka.tls.cert-file): is it signed by the broker's client CA?"
 
 
 _REASON = re.compile(r"(?:Connection (?:lost|failed)|Bootstrap (?:connection|attempt) to \S+ failed): (.*?)(?: \(backoff [^)]*\))?$")
@@ -308,8 +318,9 @@ def _explain(bootstrap: str, security: KafkaSecurity, error: Exception, messages
     text = "\n".join(messages + [reason])
     hint = next((h for key, h in _HINTS if key in text), None)
     sasl = security.protocol.startswith("SASL_")
-    if hint is None and sasl and security.sasl_mechanism.startswith("SCRAM") and reason in ("'v'", "KeyError: 'v'"):
-        # kafka-python's SCRAM client fails on the server's "e=<error>" final message (no "v=" signature)
+    if hint is None and sasl and security.sasl_mechanism.startswith("SCRAM") and {"'v'", "KeyError: 'v'"} & {*reasons, reason}:
+        # kafka-python's SCRAM client fails on the server's "e=<error>" final message (no "v=" signature). It retries
+        # until the deadline, so on a loaded machine its last attempt may end in a timeout instead: any refusal counts.
         reason, hint = "the broker ended the SCRAM exchange with an error", "SASL authentication failed: check --kafka.sasl.username and the password"
     if hint is None and ("disconnected" in reason or "reset by peer" in reason or "EOF" in reason):
         hint = (f"the broker closed the connection during SASL: does it offer {security.sasl_mechanism} (--kafka.sasl.mechanism)?" if sasl else

@@ -124,6 +124,41 @@ def test_tls_failures_are_clear_and_quick(tls_broker, pki, case, expect):
     assert bootstrap in str(info.value)
 
 
+@pytest.mark.parametrize("when", ["during the handshake", "after the handshake"])
+@pytest.mark.parametrize("client, expect", [(False, "most likely requires a client certificate"), (True, "may refuse our client certificate")])
+def test_tls_close_without_alert_is_explained(pki, when, client, expect):
+    """A broker that drops the connection without a TLS alert (what a loaded stunnel does when it refuses a
+    client: its close can overtake its "certificate required" alert) gets a hint that fits our settings."""
+    import socket
+    import ssl
+    import threading
+
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(pki / "server.pem", pki / "server.key")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve():
+        conn, _ = listener.accept()
+        if when == "during the handshake":
+            conn.recv(1024)  # the ClientHello; no answer, no alert
+            conn.close()
+            return
+        with server_ctx.wrap_socket(conn, server_side=True) as tls:
+            tls.recv(4)  # the client's request arrives; the server closes without close_notify or an alert
+            socket.socket(fileno=tls.detach()).close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(KafkaConnectError, match=expect) as info:
+            check_connection(f"127.0.0.1:{port}", mtls(pki, client=client), CONNECT_TIMEOUT_S)
+        assert "--kafka.tls" in str(info.value)
+    finally:
+        t.join(timeout=CONNECT_TIMEOUT_S)
+        listener.close()
+
+
 def test_tls_against_a_plaintext_port_does_not_hang(tls_broker, pki):
     """kafka-python's handshake has no timeout; the check's own does."""
     _, broker = tls_broker  # the broker's own (plaintext) port
@@ -179,6 +214,23 @@ def test_password_from_file_or_environment_never_shown(tmp_path):
     assert e.client_options()["sasl_plain_password"] == "s3cret-from-env"
     for shown in (repr(s), s.describe(), repr(e), e.describe()):
         assert "s3cret" not in shown
+
+
+def test_scram_refusal_recognised_when_the_last_attempt_timed_out():
+    """kafka-python retries a refused SCRAM exchange until the deadline; on a loaded machine its last attempt ends
+    in a timeout. The refusal seen earlier is the reason (log lines recorded from kafka-python 3.0 against Tansu)."""
+    from prism.kafkaconf import _explain
+
+    refused = ["Exchanging credentials in the clear during Sasl Authentication",
+               "<KafkaConnection node_id=bootstrap-0 broker_version=(3, 9) (disconnected)>: Connection lost: 'v'",
+               "Bootstrap connection to bootstrap-0 failed: 'v' (backoff 0.04 secs)"]
+    timed_out = ["<KafkaConnection node_id=bootstrap-0 broker_version=(3, 9) (disconnected)>: Connection lost: SASL Authentication timed out",
+                 "Bootstrap connection to bootstrap-0 failed: SASL Authentication timed out (backoff 0.97 secs)",
+                 "Bootstrap failed: KafkaTimeoutError: Unable to bootstrap from 127.0.0.1:9092"]
+    security = KafkaSecurity("SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512", username="nobody", password="wrong")
+    error = TimeoutError("Unable to bootstrap from 127.0.0.1:9092")
+    assert "SASL authentication failed" in _explain("127.0.0.1:9092", security, error, refused + timed_out)
+    assert "SASL authentication failed" not in _explain("127.0.0.1:9092", security, error, timed_out)  # a timeout alone is no refusal
 
 
 @pytest.fixture(scope="module")
