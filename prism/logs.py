@@ -82,6 +82,10 @@ def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None
     root.setLevel(level.upper())
     # kafka-python logs each reconnect attempt at INFO/WARNING with a traceback; its errors still show
     logging.getLogger("kafka").setLevel(max(root.level, logging.WARNING) if level != "debug" else logging.DEBUG)
+    # kafka-python 3's network thread warns "Task ... ran for 0.2s ... blocking the event loop" whenever one of its steps
+    # takes over 0.1 s of wall time. In Prism that is the analysis holding the GIL on a busy machine, not a stuck client;
+    # the operator's signal is prism_consumer_lag_records. Shown with --log.level debug.
+    logging.getLogger("kafka.net.selector").setLevel(logging.ERROR if level != "debug" else logging.DEBUG)
 
 
 def add_log_flags(parser, defaults: bool = True) -> None:
