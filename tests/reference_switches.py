@@ -38,7 +38,15 @@ class ReferenceSwitchDiagnoser(SwitchDiagnoser):
                         bad = bad[[not (set(e) & flagged_sw) for e in ends]]
                     if bad.empty:
                         break
-                    worst = bad.sort_values("ratio").iloc[0]
+                    # first the candidate still slow on the paths avoiding the others (2), then one with too few such flows
+                    # to judge (1), then one healthy there (0); the lowest ratio breaks ties
+                    evidence = []
+                    for name in bad["name"]:
+                        others = set(inc.loc[inc["name"].isin(set(bad["name"]) - {name}), "path"].tolist())
+                        own = self._stats(tw[~tw["path"].isin(excluded | others)], inc)
+                        own = own[own["name"] == name]
+                        evidence.append(1 if own.empty or not bool(own["judged"].iloc[0]) else 2 if bool(own["slow"].iloc[0]) else 0)
+                    worst = bad.assign(evidence=evidence).sort_values(["evidence", "ratio"], ascending=[False, True], kind="stable").iloc[0]
                     rows.append(self._row(kind, worst, int(w) * bw.window_ns, bw.window_ns))
                     if kind == "switch":
                         flagged_sw.add(worst["name"])
@@ -59,7 +67,8 @@ class ReferenceSwitchDiagnoser(SwitchDiagnoser):
         tier_flows = s.groupby("tier")["flows"].transform("median")
         judged = (s["flows"] >= self.min_flows) & (s["flows"] >= self.min_flow_share * tier_flows)
         if not judged.any():  # too little traffic to compare anything
-            return s.assign(tier_median_gbps=np.nan, ratio=np.nan, senders=0, slow_senders=0, slow=False)
+            return s.assign(tier_median_gbps=np.nan, ratio=np.nan, senders=0, slow_senders=0, slow=False, judged=False)
+        s["judged"] = judged
         g = s[judged].groupby("tier")["gbps"]
         med = g.median()
         mad = (s.loc[judged, "gbps"] - s.loc[judged, "tier"].map(med)).abs().groupby(s.loc[judged, "tier"]).median()

@@ -1,5 +1,6 @@
 """Diagnosers, one class at a time, on small hand-made inputs."""
 import numpy as np
+import pytest
 import pandas as pd
 
 from prism.diagnosis import ANOMALY_COLUMNS, CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser
@@ -105,6 +106,42 @@ def test_switch_degraded_spine_explains_its_leaves():
     # without explaining away, every leaf would look slower than its peers... but not below the bar
     tab = d.bandwidth_
     assert set(tab.loc[tab["kind"] == "switch", "tier"]) == {"leaf", "spine"}
+
+
+def _confounded_bw(slow: str):
+    """Leaves with busy local traffic (which crosses no spine), and leaf-5, whose every path crosses spine-1.
+
+    ``slow='spine'``: spine-1 is degraded, so leaf-5's flows are as slow as the spine's (slower here).
+    ``slow='leaf'``: leaf-5 is degraded, so spine-1, whose traffic is mostly leaf-5's, looks slow too (slower than
+    leaf-5 against its tier: the leaves' median is pulled down by their traffic to leaf-5, the spines' is not).
+    """
+    rng = np.random.default_rng(5)
+    leaves, spines = [f"leaf-{i}" for i in range(6)], [f"spine-{i}" for i in range(4)]
+    paths = [f"{a}|{s}|{b}" for a in leaves for b in leaves if a != b for s in spines if "leaf-5" not in (a, b)]
+    paths += [f"{a}|spine-1|{b}" for a in leaves for b in leaves if a != b and "leaf-5" in (a, b) for _ in range(12)]
+    paths += [leaf for leaf in leaves[:5] for _ in range(20)]  # local traffic (weighted): the leaves' median is a healthy leaf
+    k = rng.integers(0, len(paths), 30 * len(paths))
+    path = np.array(paths, dtype=object)[k]
+    size = np.full(len(k), 4 << 20)
+    dur = (size / 50.0 * rng.lognormal(0, 0.02, len(k))).astype(np.int64)
+    via_leaf = np.array(["leaf-5" in p for p in path])
+    via_spine = np.array(["|spine-1|" in p for p in path])
+    if slow == "spine":
+        dur = np.where(via_spine, (dur / np.where(via_leaf, 0.15, 0.2)).astype(np.int64), dur)
+    else:
+        dur = np.where(via_leaf, (dur / 0.2).astype(np.int64), dur)
+    bw = SwitchBandwidth(window_s=60)
+    bw.partial_fit(np.sort(rng.integers(0, 50_000_000_000, len(k))), dur, size, pd.Categorical(path))
+    return bw
+
+
+@pytest.mark.parametrize("slow, subject", [("spine", "spine-1"), ("leaf", "leaf-5")])
+def test_switch_explains_a_confounded_unit_by_the_one_with_more_traffic(slow, subject):
+    """When one switch's flows all cross another slow one, both look slow, and the lower ratio is no guide (the leaf
+    case blamed spine-1 before). The one whose own traffic, avoiding the other, is still slow is flagged; the other
+    is explained by it."""
+    a = SwitchDiagnoser().fit(_confounded_bw(slow)).predict()
+    assert a["subject"].tolist() == [subject], a["explanation"].tolist()
 
 
 def test_switch_quiet_when_healthy():

@@ -7,9 +7,12 @@ compared with the switches of its own tier in the same window: its tier is
 read off the paths, the ends of a path being leaves and the middle spines.
 
 Flows cross several switches, so one degraded spine also slows the flows of
-every leaf it serves. Diagnosis therefore explains away: it flags the worst
+every leaf it serves. Diagnosis therefore explains away: it flags one slow
 switch of a window, drops the paths through it, recomputes, and stops when
-nothing is significantly slow. Links (consecutive switches of a path,
+nothing is significantly slow. Which one first: the one whose own traffic
+(the paths avoiding the other slow candidates) is still slow; a leaf whose
+every flow crosses a degraded spine has no such traffic, and is explained by
+the spine however the ratios fall. Links (consecutive switches of a path,
 directed) are then judged the same way over the paths left.
 
 Accumulation is per (window, path): the number of distinct paths is small
@@ -284,15 +287,44 @@ class SwitchDiagnoser:
                         bad = bad[[not (set(e) & flagged_sw) for e in ends]]
                     if bad.empty:
                         break
-                    worst = bad.sort_values("ratio").iloc[0]
-                    rows.append(self._row(kind, worst, int(w) * bw.window_ns, bw.window_ns))
+                    first_bad = self._first_to_flag(bad, in_w, excluded, path, src, sums, u)
+                    rows.append(self._row(kind, first_bad, int(w) * bw.window_ns, bw.window_ns))
                     if kind == "switch":
-                        flagged_sw.add(worst["name"])
-                    excluded[u.paths_through(u.index[worst["name"]])] = True
+                        flagged_sw.add(first_bad["name"])
+                    excluded[u.paths_through(u.index[first_bad["name"]])] = True
         self.anomalies_ = pd.DataFrame(rows, columns=ANOMALY_COLUMNS) if rows else empty_anomalies()
         cols = SWITCH_COLUMNS
         self.bandwidth_ = pd.concat(tables, ignore_index=True)[cols] if tables else pd.DataFrame(columns=cols)
         return self
+
+    def _first_to_flag(self, bad: pd.DataFrame, in_w, excluded, path, src, sums, u: "_Units") -> pd.Series:
+        """Which of several slow units to flag first: the one its own traffic convicts.
+
+        A unit whose every flow also crosses another slow unit (a leaf whose
+        flows all take a degraded spine) looks as slow as that unit, so the
+        lower ratio is no guide. Each candidate is judged again on its
+        exclusive traffic, the paths that avoid the other candidates: slow
+        there (convicted) ranks first, too few flows there to judge (no
+        evidence either way) next, healthy there (acquitted) last; the lowest
+        ratio breaks ties. One more pass of the statistics per candidate.
+        """
+        if len(bad) == 1:
+            return bad.iloc[0]
+        paths_of = {name: u.paths_through(u.index[name]) for name in bad["name"]}
+        evidence = []
+        for name in bad["name"]:
+            alone = excluded.copy()
+            for other, paths in paths_of.items():
+                if other != name:
+                    alone[paths] = True
+            live = in_w[~alone[path[in_w]]]
+            own = self._stats(path[live], src[live], sums[live], u)
+            own = own[own["name"] == name]
+            if own.empty or not bool(own["judged"].iloc[0]):
+                evidence.append(1)
+            else:
+                evidence.append(2 if bool(own["slow"].iloc[0]) else 0)
+        return bad.assign(evidence=evidence).sort_values(["evidence", "ratio"], ascending=[False, True], kind="stable").iloc[0]
 
     def _stats(self, path: np.ndarray, src: np.ndarray, sums: np.ndarray, u: "_Units") -> pd.DataFrame:
         """One row per unit (switch or link) some of these (path, sender) rows cross, in name order.
@@ -313,7 +345,7 @@ class SwitchDiagnoser:
         tier_flows = np.array([np.median(flows[tier_of == k]) for k in range(len(tier_names))])[tier_of]
         judged = (flows >= self.min_flows) & (flows >= self.min_flow_share * tier_flows)
         if not judged.any():  # too little traffic to compare anything
-            return s.assign(tier_median_gbps=np.nan, ratio=np.nan, senders=0, slow_senders=0, slow=False)
+            return s.assign(tier_median_gbps=np.nan, ratio=np.nan, senders=0, slow_senders=0, slow=False, judged=False)
         med, mad, peers = (np.full(len(tier_names), np.nan) for _ in range(3))
         for k in range(len(tier_names)):
             g = gbps[judged & (tier_of == k)]
@@ -332,7 +364,7 @@ class SwitchDiagnoser:
         voted = (senders < 2) | (slow_senders >= self.min_vote * senders)
         with np.errstate(invalid="ignore"):
             slow = judged & (np.nan_to_num(peers, nan=0)[tier_of] >= self.min_peers) & (ratio <= self.max_ratio) & (z >= self.z) & voted
-        return s.assign(tier_median_gbps=tier_median, ratio=ratio, senders=senders, slow_senders=slow_senders, slow=slow)
+        return s.assign(tier_median_gbps=tier_median, ratio=ratio, senders=senders, slow_senders=slow_senders, slow=slow, judged=judged)
 
     def _votes(self, row, unit, src, sums, n, unit_median):
         """Per unit: senders with enough flows through it, and those that found it slow."""
