@@ -40,6 +40,7 @@ class ReferenceSwitchDiagnoser(SwitchDiagnoser):
                         break
                     # first the candidate still slow on the paths avoiding the others (2), then one with too few such flows
                     # to judge (1), then one healthy there (0); the lowest ratio breaks ties
+                    bad = bad.nsmallest(self.MAX_CANDIDATES, "ratio")
                     evidence = []
                     for name in bad["name"]:
                         others = set(inc.loc[inc["name"].isin(set(bad["name"]) - {name}), "path"].tolist())

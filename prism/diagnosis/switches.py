@@ -297,6 +297,9 @@ class SwitchDiagnoser:
         self.bandwidth_ = pd.concat(tables, ignore_index=True)[cols] if tables else pd.DataFrame(columns=cols)
         return self
 
+    #: slow units compared on their exclusive traffic in one round (see ``_first_to_flag``)
+    MAX_CANDIDATES = 16
+
     def _first_to_flag(self, bad: pd.DataFrame, in_w, excluded, path, src, sums, u: "_Units") -> pd.Series:
         """Which of several slow units to flag first: the one its own traffic convicts.
 
@@ -306,10 +309,13 @@ class SwitchDiagnoser:
         exclusive traffic, the paths that avoid the other candidates: slow
         there (convicted) ranks first, too few flows there to judge (no
         evidence either way) next, healthy there (acquitted) last; the lowest
-        ratio breaks ties. One more pass of the statistics per candidate.
+        ratio breaks ties. One more pass of the statistics per candidate, for
+        the ``MAX_CANDIDATES`` lowest ratios at most (the rest wait for a later
+        round), so a window with many slow units stays linear in them.
         """
         if len(bad) == 1:
             return bad.iloc[0]
+        bad = bad.nsmallest(self.MAX_CANDIDATES, "ratio")
         paths_of = {name: u.paths_through(u.index[name]) for name in bad["name"]}
         evidence = []
         for name in bad["name"]:
