@@ -289,11 +289,9 @@ def _tls_probe(server: str, security: KafkaSecurity, timeout_s: float, bootstrap
                 fail("the connection closed after the TLS handshake", _closed_hint(security))
     except socket.timeout:
         fail(f"no answer to the TLS handshake within {timeout_s:g} s", "is this a TLS listener? check the port and --kafka.security-protocol")
-    except ssl.SSLEOFError as e:
-        # The server's "certificate required" alert and its close race: under load the close can arrive first, as a bare EOF
-        fail(f"{type(e).__name__}: {e}", _closed_hint(security))
     except ssl.SSLError as e:
-        fail(f"{type(e).__name__}: {e}")
+        # The server's "certificate required" alert and its close race: under load the close can arrive first, as a bare EOF
+        fail(f"{type(e).__name__}: {e}", _closed_hint(security) if isinstance(e, ssl.SSLEOFError) else None)
     except OSError as e:
         fail(f"{type(e).__name__}: {e}", _closed_hint(security))
     finally:

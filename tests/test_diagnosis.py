@@ -1,7 +1,7 @@
 """Diagnosers, one class at a time, on small hand-made inputs."""
 import numpy as np
-import pytest
 import pandas as pd
+import pytest
 
 from prism.diagnosis import ANOMALY_COLUMNS, CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser
 from prism.diagnosis.cross_group import pipeline_stages
@@ -136,7 +136,7 @@ def _confounded_bw(slow: str):
 
 
 @pytest.mark.parametrize("slow, subject", [("spine", "spine-1"), ("leaf", "leaf-5")])
-def test_switch_explains_a_confounded_unit_by_the_one_with_more_traffic(slow, subject):
+def test_switch_explains_a_confounded_unit_by_exclusive_traffic(slow, subject):
     """When one switch's flows all cross another slow one, both look slow, and the lower ratio is no guide (the leaf
     case blamed spine-1 before). The one whose own traffic, avoiding the other, is still slow is flagged; the other
     is explained by it."""
