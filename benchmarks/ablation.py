@@ -26,7 +26,9 @@ from prism.jobs import JobRecognizer  # noqa: E402
 from prism.parallelism import SIGNALS, ParallelismClassifier, SizeRuleClassifier  # noqa: E402
 from prism.topology import Topology  # noqa: E402
 
-SA = Path(__file__).resolve().parents[2] / "shared" / "data" / "straggler-analysis"
+from synthetic.fromtrace import shared_data_dir  # noqa: E402
+
+SA = shared_data_dir() / "straggler-analysis"
 
 CONFIGS = {
     "LLMPrism size rule + refinement": lambda: SizeRuleClassifier.paper(refine=True),

@@ -35,7 +35,9 @@ from prism.whatif.graph import ExecutionGraph, simulate  # noqa: E402
 from prism.whatif.optrace import OpGraph, observed_step_times, read_op_trace  # noqa: E402
 from prism.whatif.scenarios import apply_op_scenarios, parse_scenario  # noqa: E402
 
-SA = Path(__file__).resolve().parents[2] / "shared" / "data" / "straggler-analysis"
+from synthetic.fromtrace import shared_data_dir  # noqa: E402
+
+SA = shared_data_dir() / "straggler-analysis"
 
 
 def real_traces() -> None:

@@ -24,7 +24,9 @@ from prism.evaluation import score_cluster  # noqa: E402
 from prism.replay import replay  # noqa: E402
 from prism.topology import Topology  # noqa: E402
 
-SA = Path(__file__).resolve().parents[2] / "shared" / "data" / "straggler-analysis"
+from synthetic.fromtrace import shared_data_dir  # noqa: E402
+
+SA = shared_data_dir() / "straggler-analysis"
 
 
 def run_one(cluster, tmp, name, **replay_kw) -> dict:

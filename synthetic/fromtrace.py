@@ -38,6 +38,7 @@ synthetic generator's.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,9 +48,23 @@ import pandas as pd
 from .fabric import Fabric
 from .generator import EPOCH_NS, GeneratedCluster, _Columns, storage_noise, truth_frames
 
-__all__ = ["TraceJob", "Straggler", "with_straggler", "trace_cluster", "read_trace_job", "collector_view", "CollectorNoise"]
+__all__ = ["shared_data_dir", "TraceJob", "Straggler", "with_straggler", "trace_cluster", "read_trace_job", "collector_view", "CollectorNoise"]
 
 MiB = 1 << 20
+
+#: environment variable naming the real-data directory (``shared/data``)
+SHARED_DATA_ENV = "PRISM_SHARED_DATA"
+
+
+def shared_data_dir() -> Path:
+    """The real captures and traces: ``$PRISM_SHARED_DATA``, else ``../shared/data`` beside the checkout.
+
+    The tests and benchmarks that use real data skip or leave it out when
+    the directory is missing; the variable lets a checkout anywhere (a CI
+    workspace, a temporary clone) find it.
+    """
+    env = os.environ.get(SHARED_DATA_ENV)
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @dataclass

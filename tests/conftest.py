@@ -5,7 +5,6 @@ import pytest
 from synthetic import preset
 
 DATA = Path(__file__).parent / "data"
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 @pytest.fixture(scope="session")

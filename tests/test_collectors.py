@@ -15,12 +15,13 @@ from collectors.assemble import FlowAssembler, SwitchMap
 from collectors.collect import Collector, FileSink
 from collectors.decode import STATUS, decode_packets, packet_frame
 from collectors.pcapfile import CaptureFormatError, capture_from_bytes, read_capture
+from synthetic.fromtrace import shared_data_dir
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED = shared_data_dir()
 
 ERSPAN = SHARED / "erspan"
 ROCE = SHARED / "roce" / "pcapplusplus"
-needs_shared = pytest.mark.skipif(not ERSPAN.is_dir(), reason="../shared/data not present")
+needs_shared = pytest.mark.skipif(not ERSPAN.is_dir(), reason=f"{SHARED} not present (PRISM_SHARED_DATA names the real-data directory)")
 
 
 def frame(path) -> pd.DataFrame:

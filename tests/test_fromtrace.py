@@ -1,4 +1,5 @@
 """Flows DERIVED FROM the real StragglerAnalysis op traces: the analyses on real timing."""
+
 from pathlib import Path
 
 import numpy as np
@@ -8,10 +9,10 @@ import pytest
 from prism.evaluation import score_cluster
 from prism.replay import replay
 from prism.topology import Topology
-from synthetic.fromtrace import CollectorNoise, Straggler, collector_view, read_trace_job, trace_cluster, with_straggler
+from synthetic.fromtrace import CollectorNoise, Straggler, collector_view, read_trace_job, shared_data_dir, trace_cluster, with_straggler
 
-SA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "straggler-analysis"
-needs_sa = pytest.mark.skipif(not SA.is_dir(), reason="../shared/data/straggler-analysis not present")
+SA = shared_data_dir() / "straggler-analysis"
+needs_sa = pytest.mark.skipif(not SA.is_dir(), reason=f"{SA} not present (PRISM_SHARED_DATA names the real-data directory)")
 
 
 def _replay(cluster, tmp_path):
@@ -83,3 +84,11 @@ def test_straggler_in_real_timing_is_named(tmp_path):
     assert row["pair_acc"] == 1.0
     assert row["faults_found"] == 2, r.analysis.anomalies[["kind", "subject", "explanation"]].to_string()
     assert row["anomalies_unexplained"] == 0, r.analysis.anomalies[["kind", "subject", "explanation"]].to_string()
+
+
+def test_the_real_data_directory_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("PRISM_SHARED_DATA", str(tmp_path))
+    assert shared_data_dir() == tmp_path
+    monkeypatch.delenv("PRISM_SHARED_DATA")
+    # the default: beside the checkout, where the workspace keeps it
+    assert shared_data_dir() == Path(__file__).resolve().parents[2] / "shared" / "data"

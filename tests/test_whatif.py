@@ -13,9 +13,10 @@ from prism.cli import main
 from prism.whatif.graph import ExecutionGraph, GraphCycleError, simulate
 from prism.whatif.optrace import OpGraph, observed_step_times, read_op_trace
 from prism.whatif.scenarios import apply_op_scenarios, parse_scenario
+from synthetic.fromtrace import shared_data_dir
 
-SA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "straggler-analysis"
-needs_sa = pytest.mark.skipif(not SA.is_dir(), reason="../shared/data/straggler-analysis not present")
+SA = shared_data_dir() / "straggler-analysis"
+needs_sa = pytest.mark.skipif(not SA.is_dir(), reason=f"{SA} not present (PRISM_SHARED_DATA names the real-data directory)")
 
 
 def test_a_synchronisation_waits_for_its_last_member_and_gaps_add():
