@@ -216,12 +216,18 @@ def read_arrow(value: bytes, rejects: RejectCounter, source: str) -> pa.Table | 
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as e:
         rejects.add("malformed_message", 1, f"{source}: not an Arrow IPC stream ({str(e).splitlines()[0][:120]})")
         return None
-    for c in REQUIRED_COLUMNS:
-        if c not in table.column_names:
-            # a missing column is a missing field in every row: validation
-            # counts each row under the reason the field implies
-            table = table.append_column(c, pa.nulls(table.num_rows, pa.string()))
-    return table.select([c for c in table.column_names if c in FLOW_COLUMNS])
+    names = table.schema.names  # built anew at each access: once per message, not per column
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
+    for c in missing:
+        # a missing column is a missing field in every row: validation
+        # counts each row under the reason the field implies
+        table = table.append_column(c, pa.nulls(table.num_rows, pa.string()))
+    if missing or not _FLOW_COLUMN_SET.issuperset(names):
+        table = table.select([c for c in table.schema.names if c in _FLOW_COLUMN_SET])
+    return table
+
+
+_FLOW_COLUMN_SET = frozenset(FLOW_COLUMNS)
 
 
 def validate_arrow(tables: list, rejects: RejectCounter, source: str) -> pd.DataFrame:

@@ -122,3 +122,16 @@ def test_a_compressed_bomb_is_refused_from_its_headers(monkeypatch):
     assert decode_messages([(bomb, [], "t[0]@0")], rc, "t[0]@0") == []
     assert rc.as_dict() == {"oversized_message": 1}
     assert "declares more than 1,000,000 records (2,000,000 records" in rc.examples["oversized_message"][0]
+
+
+def test_arrow_columns_in_any_order_extra_or_missing_decode_as_json_lines_does():
+    g = good(20)
+    extra = {"vlan": np.arange(20), **{c: g[c].to_numpy() for c in reversed(g.columns)}}  # unknown column first, order reversed
+    no_path = {c: g[c].to_numpy() for c in g.columns if c != "switches"}
+    for columns, lines in ((extra, g), (no_path, g.drop(columns="switches"))):
+        arrow_rc, jsonl_rc = RejectCounter(), RejectCounter()
+        (a,) = decode_messages([(arrow_message(columns), [], "t[0]@0")], arrow_rc, "t")
+        (j,) = decode_messages([(encode_jsonl(lines), [], "t[0]@0")], jsonl_rc, "t")
+        assert "vlan" not in a.columns and set(a.columns) <= set(j.columns)  # JSON Lines adds the optional columns empty
+        pd.testing.assert_frame_equal(a.astype(str), j[list(a.columns)].astype(str))
+        assert arrow_rc.as_dict() == jsonl_rc.as_dict()
