@@ -231,6 +231,23 @@ def test_a_line_too_long_for_memory_is_skipped_in_json_lines(tmp_path):
     assert rejects.as_dict() == {"malformed_row": 1} and "line 6: longer than" in rejects.examples["malformed_row"][0]
 
 
+def test_long_lines_within_the_limit_stay_on_the_fast_path(tmp_path, monkeypatch):
+    from prism.readers import MAX_LINE_BYTES
+
+    def no_slow_path(*_):
+        raise AssertionError("a block of valid lines went to the per-line parser")
+
+    monkeypatch.setattr(FlowReader, "_json_lines_slow", no_slow_path)
+    good = '{"start_ns":%d,"duration_ns":5,"src":"10.0.0.1","dst":"10.0.0.2","size":64,"switches":"l","note":"%s"}'
+    pad = "x" * (MAX_LINE_BYTES - len(good) - 10)  # just under the limit, with an ignored field
+    # three lines at the limit between ordinary ones: a block of 7 MiB, parsed in pieces
+    body = [good % (i, pad if i in (5_000, 15_000, 25_000) else "") for i in range(40_000)]
+    (tmp_path / "f.jsonl").write_text("\n".join(body) + "\n")
+    rejects = RejectCounter()
+    got = pd.concat(list(FlowReader(str(tmp_path / "f.jsonl"), rejects=rejects, chunk_rows=100_000)), ignore_index=True)
+    assert got["start_ns"].tolist() == list(range(40_000)) and rejects.as_dict() == {}
+
+
 @pytest.mark.parametrize("content, match", [
     (b"\n" + "\n".join(_lines()).encode() + b"\n", "the first line is blank"),
     (b'{"START_NS":1,"DURATION_NS":2,"SRC":"10.0.0.1","DST":"10.0.0.2","SIZE":3,"SWITCHES":"l"}\n', "names are lowercase"),
