@@ -291,13 +291,19 @@ def label_names(labels, jobs, topology) -> dict:
 def _shapes(p: pd.DataFrame, labels, comps: dict, names: dict, jobs) -> pd.DataFrame:
     """``job_id, dp, pp, gpus, tp, dp_exact`` per job.
 
-    PP is the usual pipeline length. DP is the largest DP ring seen: a ring
-    whose members partly share a server passes through NVLink there, and the
+    PP is the usual pipeline length (the most common; of equally common
+    ones, the shortest). DP is the largest DP ring seen: a ring whose
+    members partly share a server passes through NVLink there, and the
     network shows it in pieces (open paths of one-way ring edges instead of
     a cycle); ``dp_exact`` is False then, and DP is a lower bound.
+
+    Per component and per job in numpy (a pandas groupby per statistic cost
+    the daemon 30 ms a window).
     """
     gpus = jobs.groupby("job_id").size()
-    out = pd.DataFrame(index=gpus.index).assign(dp=1, pp=1, dp_exact=True)
+    ids = gpus.index
+    dp, pp = np.ones(len(ids), dtype=np.int64), np.ones(len(ids), dtype=np.int64)
+    dp_exact = np.ones(len(ids), dtype=bool)
     dp_mask = p["dp"].to_numpy()
     for kind, m in (("dp", dp_mask), ("pp", ~dp_mask)):
         a, b = p["a"].to_numpy()[m], p["b"].to_numpy()[m]
@@ -305,19 +311,29 @@ def _shapes(p: pd.DataFrame, labels, comps: dict, names: dict, jobs) -> pd.DataF
             continue
         comp = comps[kind]
         nodes = np.unique(np.concatenate([a, b]))
-        c = pd.DataFrame({"comp": comp[nodes], "job": labels[nodes]}).groupby("comp").agg(job=("job", "first"), size=("job", "size"))
-        e = pd.DataFrame({"comp": comp[a], "one_way": p["one_way"].to_numpy()[m]}).groupby("comp").agg(edges=("one_way", "size"), one_way=("one_way", "all"))
-        c = c.join(e)
-        c["job_id"] = c["job"].map(names)
+        comp_ids, node_comp, size = np.unique(comp[nodes], return_inverse=True, return_counts=True)
+        first = np.full(len(comp_ids), len(nodes))
+        np.minimum.at(first, node_comp, np.arange(len(nodes)))  # each component's lowest node names its job
+        job = ids.get_indexer(pd.Series(labels[nodes[first]]).map(names))  # -1: a label no job of ``jobs`` has
+        keep = job >= 0
         if kind == "pp":
-            out.loc[:, "pp"] = c.groupby("job_id")["size"].agg(lambda x: int(x.mode().iloc[0])).reindex(out.index).fillna(1).astype(int)
+            # per job, the most common pipeline length; ties: the shortest
+            radix = int(size.max()) + 1
+            key, count = np.unique(job[keep] * radix + size[keep], return_counts=True)
+            jk, sk = key // radix, key % radix
+            o = np.lexsort((sk, -count, jk))
+            top = o[np.r_[True, jk[o][1:] != jk[o][:-1]]] if len(o) else o
+            pp[jk[top]] = sk[top]
         else:
-            ring = ((c["edges"] == c["size"]) & (c["size"] >= 3)) | ((c["size"] == 2) & ~c["one_way"])
-            out.loc[:, "dp"] = c.groupby("job_id")["size"].max().reindex(out.index).fillna(1).astype(int)
-            out.loc[:, "dp_exact"] = ring.groupby(c["job_id"]).all().reindex(out.index).fillna(True).astype(bool)
-    out["gpus"] = gpus
-    out["tp"] = (out["gpus"] // (out["dp"] * out["pp"])).clip(lower=1)
-    return out.rename_axis("job_id").reset_index()
+            pair_comp = np.searchsorted(comp_ids, comp[a])
+            edges = np.bincount(pair_comp, minlength=len(comp_ids))
+            two_way = np.bincount(pair_comp, weights=~p["one_way"].to_numpy()[m], minlength=len(comp_ids)) > 0
+            ring = ((edges == size) & (size >= 3)) | ((size == 2) & two_way)
+            np.maximum.at(dp, job[keep], size[keep])
+            np.logical_and.at(dp_exact, job[keep], ring[keep])
+    counts = gpus.to_numpy()
+    return pd.DataFrame({"job_id": ids, "dp": dp, "pp": pp, "dp_exact": dp_exact, "gpus": counts,
+                         "tp": np.maximum(counts // (dp * pp), 1)})
 
 
 def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -> pd.DataFrame:

@@ -1,10 +1,12 @@
-"""Analysing whole jobs in batches gives what one run over every flow gives."""
+"""Analysing whole jobs in batches gives what one run over every flow gives; job shapes."""
+import numpy as np
 import pandas as pd
 import pytest
 
 import prism.analyze
 import prism.spill
 from prism.replay import replay
+from prism.timeline import parallel_groups
 from prism.topology import Topology
 from synthetic import preset
 from synthetic.scenarios import scenario_cluster
@@ -47,3 +49,64 @@ def test_job_batches_equal_one_run(cluster, tmp_path, monkeypatch):
     for name, got in runs.items():
         for frame in FRAMES:
             pd.testing.assert_frame_equal(getattr(got, frame), getattr(one, frame), obj=f"{name}: {frame}")
+
+
+def _reference_shapes(p, labels, comps, names, jobs):
+    """The shapes with pandas, one groupby per statistic (what the numpy version must give)."""
+    gpus = jobs.groupby("job_id").size()
+    out = pd.DataFrame(index=gpus.index).assign(dp=1, pp=1, dp_exact=True)
+    dp_mask = p["dp"].to_numpy()
+    for kind, m in (("dp", dp_mask), ("pp", ~dp_mask)):
+        a, b = p["a"].to_numpy()[m], p["b"].to_numpy()[m]
+        if len(a) == 0:
+            continue
+        comp = comps[kind]
+        nodes = np.unique(np.concatenate([a, b]))
+        c = pd.DataFrame({"comp": comp[nodes], "job": labels[nodes]}).groupby("comp").agg(job=("job", "first"), size=("job", "size"))
+        e = pd.DataFrame({"comp": comp[a], "one_way": p["one_way"].to_numpy()[m]}).groupby("comp").agg(edges=("one_way", "size"), one_way=("one_way", "all"))
+        c = c.join(e)
+        c["job_id"] = c["job"].map(names)
+        if kind == "pp":
+            out.loc[:, "pp"] = c.groupby("job_id")["size"].agg(lambda x: int(x.mode().iloc[0])).reindex(out.index).fillna(1).astype(int)
+        else:
+            ring = ((c["edges"] == c["size"]) & (c["size"] >= 3)) | ((c["size"] == 2) & ~c["one_way"])
+            out.loc[:, "dp"] = c.groupby("job_id")["size"].max().reindex(out.index).fillna(1).astype(int)
+            out.loc[:, "dp_exact"] = ring.groupby(c["job_id"]).all().reindex(out.index).fillna(True).astype(bool)
+    out["gpus"] = gpus
+    out["tp"] = (out["gpus"] // (out["dp"] * out["pp"])).clip(lower=1)
+    return out.rename_axis("job_id").reset_index()
+
+
+def _pairs(edges, dp, one_way=False):
+    a, b = np.array([e[0] for e in edges]), np.array([e[1] for e in edges])
+    return pd.DataFrame({"a": a, "b": b, "dp": np.full(len(a), dp), "one_way": np.full(len(a), one_way)})
+
+
+def test_shapes_count_rings_and_pipelines():
+    # job 0 on NICs 0-11: a closed DP ring 0-1-2, an open one 3-4-5 (one-way edges: NVLink inside),
+    # pipelines 0-6-7-8, 1-9-10-11 (4 stages) and 2-3 (2): PP is the usual length, 4
+    p = pd.concat([_pairs([(0, 1), (1, 2), (2, 0)], True), _pairs([(3, 4), (4, 5)], True, one_way=True),
+                   _pairs([(0, 6), (6, 7), (7, 8), (1, 9), (9, 10), (10, 11), (2, 3)], False)], ignore_index=True)
+    dp = p["dp"].to_numpy()
+    comps = {k: parallel_groups(p["a"].to_numpy()[m], p["b"].to_numpy()[m], 12) for k, m in (("dp", dp), ("pp", ~dp))}
+    jobs = pd.DataFrame({"job_id": "job-a", "ip": [f"10.0.0.{i}" for i in range(24)]})  # 24 GPUs seen
+    got = prism.analyze._shapes(p, np.zeros(12, dtype=np.int64), comps, {0: "job-a"}, jobs).iloc[0]
+    assert (got["dp"], got["pp"], got["gpus"], got["tp"], bool(got["dp_exact"])) == (3, 4, 24, 2, False)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_shapes_equal_the_pandas_reference(seed):
+    """Random pair graphs, labels without a job, jobs without pairs, ties between pipeline lengths."""
+    rng = np.random.default_rng(seed)
+    for _ in range(250):
+        n, k = int(rng.integers(4, 60)), int(rng.integers(1, 80))
+        a, b = rng.integers(0, n, k), rng.integers(0, n, k)
+        a, b = a[a != b], b[a != b]
+        dp = rng.random(len(a)) < 0.5
+        p = pd.DataFrame({"a": a, "b": b, "dp": dp, "one_way": rng.random(len(a)) < 0.5})
+        comps = {"dp": parallel_groups(a[dp], b[dp], n), "pp": parallel_groups(a[~dp], b[~dp], n)}
+        labels = rng.integers(-1, 4, n)
+        names = {x: f"job-{x}" for x in range(4) if rng.random() < 0.9}
+        ids = [names[x] for x in labels if x in names] + (["job-9"] if rng.random() < 0.3 else [])
+        jobs = pd.DataFrame({"job_id": ids, "ip": range(len(ids))})
+        pd.testing.assert_frame_equal(prism.analyze._shapes(p, labels, comps, names, jobs), _reference_shapes(p, labels, comps, names, jobs))

@@ -192,3 +192,16 @@ def test_slow_sender_is_not_a_slow_switch():
     slow = SwitchDiagnoser().fit(_senders_bw(slow_spine="spine-2")).predict()
     assert slow["subject"].tolist() == ["spine-2"]
     assert "senders" in slow["explanation"].iloc[0]
+
+
+def test_most_common_value_per_group_equals_value_counts():
+    """The stage-0 vote without a Python call per pipeline: what pandas' value_counts().idxmax() gives, ties included."""
+    from prism.diagnosis.cross_group import _most_common
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(rng.integers(1, 60))
+        g, v = rng.integers(0, 5, n), rng.integers(0, 6, n)
+        want = pd.DataFrame({"g": g, "v": v}).groupby("g")["v"].agg(lambda s: s.value_counts().idxmax())
+        got = _most_common(g, v)
+        assert got.index.tolist() == want.index.tolist() and got.tolist() == want.tolist()

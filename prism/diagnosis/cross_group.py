@@ -69,7 +69,7 @@ def pipeline_stages(first_flows: pd.DataFrame) -> pd.DataFrame:
     comp = parallel_groups(a, b, n)
     ff = first_flows.assign(pipeline=comp[a])
     opener = ff.loc[ff.groupby(["job_id", "step", "pipeline"])["start_ns"].idxmin()]
-    stage0 = opener.groupby("pipeline")["src"].agg(lambda s: s.value_counts().idxmax())
+    stage0 = _most_common(opener["pipeline"].to_numpy(), opener["src"].to_numpy())
     job_of = ff.groupby("pipeline")["job_id"].first()
     und = pd.DataFrame({"x": np.minimum(a, b), "y": np.maximum(a, b), "pipeline": comp[a]}).drop_duplicates()
     adj: dict[int, list[int]] = {}
@@ -94,6 +94,23 @@ def pipeline_stages(first_flows: pd.DataFrame) -> pd.DataFrame:
         for i, node in enumerate(chain):
             rows.append((node, job_of[pl], int(pl), i, P, chain[i - 1] if i else -1, chain[i + 1] if i + 1 < P else -1))
     return pd.DataFrame(rows, columns=cols)
+
+
+def _most_common(group: np.ndarray, value: np.ndarray) -> pd.Series:
+    """The most frequent value per group (ties: the one seen first), indexed by group in ascending order.
+
+    What ``groupby(group).agg(lambda s: s.value_counts().idxmax())`` gives,
+    without a Python call per group (one per pipeline and window in the
+    daemon).
+
+    >>> _most_common(np.array([1, 1, 1, 0]), np.array([5, 6, 6, 7])).to_dict()
+    {0: 7, 1: 6}
+    """
+    pairs = pd.DataFrame({"g": group, "v": value}).groupby(["g", "v"], sort=False).size()  # first-seen order
+    g, v, n = pairs.index.get_level_values(0).to_numpy(), pairs.index.get_level_values(1).to_numpy(), pairs.to_numpy()
+    o = np.lexsort((-n, g))  # by group, most frequent first; stable: ties keep first-seen order
+    first = np.r_[True, g[o][1:] != g[o][:-1]]
+    return pd.Series(v[o][first], index=g[o][first])
 
 
 class StageLagDiagnoser:
