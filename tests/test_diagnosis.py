@@ -205,3 +205,33 @@ def test_most_common_value_per_group_equals_value_counts():
         want = pd.DataFrame({"g": g, "v": v}).groupby("g")["v"].agg(lambda s: s.value_counts().idxmax())
         got = _most_common(g, v)
         assert got.index.tolist() == want.index.tolist() and got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cross_step_equals_the_python_reference(seed):
+    """Random jobs with slow runs of every length (single slow steps, regimes, a slow tail), any window and regime length."""
+    from reference_cross_step import ReferenceCrossStepDiagnoser
+
+    rng = np.random.default_rng(seed)
+    kinds = set()
+    for t in range(60):
+        jobs = []
+        for j in range(int(rng.integers(1, 4))):
+            n = int(rng.integers(1, 300))
+            d = rng.normal(100e6, rng.choice([0.2e6, 2e6, 8e6]), n)
+            for _ in range(int(rng.integers(0, 6))):
+                i, length = int(rng.integers(0, n)), int(rng.integers(1, 6)) if rng.random() < 0.7 else n
+                d[i:i + length] *= rng.choice([1.2, 1.5, 2.0])
+            jobs.append(pd.DataFrame({"job_id": f"j{j}", "step": np.arange(n) + 3, "start_ns": np.cumsum(d).astype(np.int64), "duration_ns": d.round()}))
+        steps = pd.concat(jobs, ignore_index=True).sample(frac=1, random_state=t)  # any row order
+        kw = dict(window=int(rng.integers(1, 20)), regime_steps=int(rng.integers(1, 5)))
+        want, got = ReferenceCrossStepDiagnoser(**kw).fit(steps), CrossStepDiagnoser(**kw).fit(steps)
+        pd.testing.assert_frame_equal(got.predict(), want.predict())
+        pd.testing.assert_frame_equal(got.baseline_, want.baseline_)
+        kinds |= set(got.predict()["kind"])
+    assert kinds == {"slow_step", "regime_change"}  # both kinds were compared
+
+
+def test_cross_step_window_must_hold_a_step():
+    with pytest.raises(ValueError, match="window"):
+        CrossStepDiagnoser(window=0)
