@@ -232,8 +232,9 @@ def test_switch_diagnosis_equals_the_pandas_reference(seed, n, slow, senders, sh
 def test_the_deduper_is_a_set_with_a_horizon(ops, seed):
     """RecordDeduper answers as a set of hashes whose entries expire with their first start time.
 
-    Batches with repeats inside and across them, hash 0 and 1, growth past
-    the table's size, evictions that empty it and evictions that shrink it.
+    Batches with repeats inside and across them, hash 0 and 1, runs that
+    wrap around the table's end, growth past the table's size, evictions
+    that empty it, that shrink it and that delete in place.
     """
     from prism.window import RecordDeduper
 
@@ -243,6 +244,8 @@ def test_the_deduper_is_a_set_with_a_horizon(ops, seed):
     for size, spread, evict in ops:
         t += 10
         hashes = rng.integers(0, max(4, size // 2), size).astype(np.uint64)  # many repeats
+        wrap = rng.random(size) < 0.5  # home slots at the end of a 4096-slot table: runs wrap around to its start
+        hashes[wrap] = (hashes[wrap] << np.uint64(12)) | np.uint64(4064) | rng.integers(0, 32, int(wrap.sum())).astype(np.uint64)
         hashes[rng.random(size) < 0.01] = 0
         start = t + rng.integers(0, spread + 1, size)
         got = d.filter(hashes, start)
