@@ -23,6 +23,7 @@ reported again, the cross-step diagnosis runs over each job's step history
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import time
 from collections import Counter, defaultdict, deque
@@ -38,12 +39,19 @@ from .parallelism import UNCERTAIN_BELOW
 from .topology import Topology
 from .window import FlowWindow, RecordDeduper, record_hashes
 
+log = logging.getLogger("prism.monitor")
+
 __all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "STEP_BUCKETS_S", "bucket_index"]
 
 #: Step-duration histogram buckets (seconds): LLM steps run from tenths of
 #: a second (small models) to minutes.
 STEP_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 _CROSS_STEP_KINDS = ("slow_step", "regime_change")
+
+
+def _iso(ns: int) -> str:
+    """Event time as UTC ISO 8601 with milliseconds (for logs)."""
+    return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat(timespec="milliseconds")
 
 
 def bucket_index(bounds, value: float) -> int:
@@ -390,8 +398,12 @@ class Monitor:
             analysed_to_ns=end, lateness_ns=lateness, ticks=self._ticks,
         )
         self.view = view
+        seconds = time.perf_counter() - t0
         with self.lock:
-            self.tick_seconds.append(time.perf_counter() - t0)
+            self.tick_seconds.append(seconds)
+        # what each window covered (--log.level debug): how far a backlog's windows stride
+        log.debug("window analysed", extra={"fields": {"from": _iso(begin), "to": _iso(end), "flows": cut, "jobs": len(self._jobs),
+                                                       "final": final, "seconds": round(seconds, 3)}})
         return view
 
     def _merge_jobs(self, jobs: pd.DataFrame, an, end: int) -> None:

@@ -76,3 +76,15 @@ def test_a_backlog_read_at_once_counts_every_step(cluster):
         truth = cluster.steps.groupby("job_id")["start_ns"].min()
         assert len(first) == len(truth)
         assert (first.to_numpy() - truth.min() < 1e9).all()  # steps from the capture's first second are reported
+
+
+def test_each_window_is_logged_at_debug(cluster, caplog):
+    """``--log.level debug`` shows what each window covered: how far a backlog's windows stride."""
+    flows = cluster.flows.sort_values("start_ns", kind="stable")
+    with caplog.at_level("DEBUG", logger="prism.monitor"):
+        _, m = steps_by_job(cluster, [flows.iloc[i : i + 2000] for i in range(0, len(flows), 2000)], ())
+    windows = [r.fields for r in caplog.records if r.getMessage() == "window analysed"]
+    assert len(windows) == m.view.ticks > 1
+    assert windows[-1]["final"] and not windows[0]["final"]
+    assert sum(w["flows"] for w in windows) >= len(flows)  # windows overlap: every flow is in one or more
+    assert windows[-1]["to"] == pd.Timestamp(int(flows["start_ns"].max()), unit="ns", tz="UTC").isoformat(timespec="milliseconds")
