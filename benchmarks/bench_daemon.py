@@ -57,13 +57,15 @@ def scrape(port: int) -> dict:
     return out
 
 
-def start_daemon(bootstrap, topic, topo_csv, port):
+def start_daemon(bootstrap, topic, topo_csv, port, group=None, cwd=None):
+    """A ``prism daemon`` process on ``topic`` (its own consumer group); ``cwd`` picks the checkout whose ``prism`` runs."""
     import subprocess
 
+    group = group or f"bench-{topic}"
     cmd = [sys.executable, "-m", "prism", "daemon", "--topology", str(topo_csv), "--kafka.bootstrap-servers", bootstrap,
-           "--kafka.topic", topic, "--kafka.group-id", f"bench-{topic}", "--kafka.summary-topic", f"sum-{topic}",
+           "--kafka.topic", topic, "--kafka.group-id", group, "--kafka.summary-topic", f"sum-{group}",
            "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "warning", *WINDOW]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
 
 
 def proc_stats(pid: int) -> tuple[float, float]:
@@ -99,19 +101,31 @@ def bare_consume(bootstrap, topic, messages: int) -> float:
         c.close()
 
 
-def ingest(bootstrap, cluster, topo_csv, fmt):
+def fill_topic(bootstrap, cluster, fmt) -> tuple[str, int]:
+    """A new topic holding the cluster's flows (as fast as possible); returns (topic, messages)."""
     topic = f"ingest-{fmt}-{time.time_ns()}"
     ensure_topic(bootstrap, topic, 4)
     p = FlowProducer(bootstrap, topic, fmt=fmt)
     stream_flows(p, cluster.flows, speed=0)
     p.flush()
     p.close()
-    n = len(cluster.flows)
-    floor = min(bare_consume(bootstrap, topic, p.messages_sent) for _ in range(2))
+    return topic, p.messages_sent
+
+
+def ingest(bootstrap, cluster, topo_csv, fmt):
+    topic, messages = fill_topic(bootstrap, cluster, fmt)
+    floor = min(bare_consume(bootstrap, topic, messages) for _ in range(2))
+    return dict(time_daemon(bootstrap, topic, len(cluster.flows), topo_csv), floor=floor)
+
+
+def time_daemon(bootstrap, topic, n, topo_csv, group=None, cwd=None) -> dict:
+    """Wall and CPU seconds, peak RSS and windows of a daemon reading the ``n`` records of ``topic`` from the start."""
     port = free_port()
-    proc = start_daemon(bootstrap, topic, topo_csv, port)
+    proc = start_daemon(bootstrap, topic, topo_csv, port, group=group, cwd=cwd)
     try:
         while not scrape(port).get("prism_ready"):
+            if proc.poll() is not None:
+                raise RuntimeError(f"prism daemon exited with code {proc.returncode} before it was ready (cwd {cwd or '.'})")
             time.sleep(0.05)
         _, cpu0 = proc_stats(proc.pid)
         t0 = time.monotonic()
@@ -119,11 +133,13 @@ def ingest(bootstrap, cluster, topo_csv, fmt):
             m = scrape(port)
             if m.get("prism_flows_ingested_total", 0) >= n:
                 break
+            if proc.poll() is not None:
+                raise RuntimeError(f"prism daemon exited with code {proc.returncode} after {m.get('prism_flows_ingested_total', 0):,.0f} of {n:,} records")
             time.sleep(0.05)
         wall = time.monotonic() - t0
         hwm, cpu1 = proc_stats(proc.pid)
         windows = m.get("prism_windows_total", 0)
-        return dict(n=n, wall=wall, cpu=cpu1 - cpu0, rss=hwm, windows=windows, jobs=m.get("prism_jobs", 0), floor=floor)
+        return dict(n=n, wall=wall, cpu=cpu1 - cpu0, rss=hwm, windows=windows, jobs=m.get("prism_jobs", 0))
     finally:
         proc.terminate()
         proc.wait()
