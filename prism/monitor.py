@@ -401,9 +401,9 @@ class Monitor:
         seconds = time.perf_counter() - t0
         with self.lock:
             self.tick_seconds.append(seconds)
-        # what each window covered (--log.level debug): how far a backlog's windows stride
-        log.debug("window analysed", extra={"fields": {"from": _iso(begin), "to": _iso(end), "flows": cut, "jobs": len(self._jobs),
-                                                       "final": final, "seconds": round(seconds, 3)}})
+        if log.isEnabledFor(logging.DEBUG):  # what each window covered: how far a backlog's windows stride
+            log.debug("window analysed", extra={"fields": {"from": _iso(begin), "to": _iso(end), "flows": cut, "jobs": len(self._jobs),
+                                                           "final": final, "seconds": round(seconds, 3)}})
         return view
 
     def _merge_jobs(self, jobs: pd.DataFrame, an, end: int) -> None:

@@ -66,9 +66,9 @@ class RecordDeduper:
     An open-addressing hash table (linear probing, compiled with numba):
     a lookup and an insert are O(1) per record, with no sort. :meth:`evict`
     (once per window) deletes in place, one pass over the table; the table
-    is rebuilt when it fills past 70% and shrunk after a burst. Past ``max_records`` the oldest are forgotten, so a
-    flood cannot grow it without bound: 16 bytes a slot, 23 to 46 bytes a
-    record.
+    is rebuilt when it fills past 70% and shrunk after a burst. Past
+    ``max_records`` the oldest are forgotten, so a flood cannot grow it
+    without bound: 16 bytes a slot, 23 to 46 bytes a record.
 
     Examples
     --------
