@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import itertools
 import json
 import statistics
 import subprocess
@@ -128,7 +129,7 @@ def main() -> int:
             cluster.topology.to_csv(topo, index=False)
             with LocalBroker() as b:
                 topic, _ = fill_topic(b.bootstrap, cluster, "arrow")
-                runs = iter(range(10**6))  # a consumer group per run: each reads the topic from the start
+                runs = itertools.count()  # a consumer group per run: each reads the topic from the start
 
                 def daemon(cwd):
                     return lambda: time_daemon(b.bootstrap, topic, len(cluster.flows), topo, group=f"paired-{next(runs)}", cwd=cwd)["wall"]
