@@ -7,7 +7,7 @@ from scipy.special import comb
 
 from .parallelism import UNCERTAIN_BELOW
 
-__all__ = ["detection_delays", "adjusted_rand_index", "gpu_flow_arrays", "gpu_flow_ends", "score_cluster", "pair_type_truth", "job_name_map", "score_steps", "score_anomalies"]
+__all__ = ["detection_delays", "adjusted_rand_index", "gpu_flow_arrays", "gpu_flow_ends", "score_cluster", "score_stream", "pair_type_truth", "job_name_map", "score_steps", "score_anomalies"]
 
 
 def adjusted_rand_index(labels_true, labels_pred) -> float:
@@ -186,10 +186,7 @@ def score_cluster(result, cluster) -> dict:
     steps_found, steps_spurious, step_err_mean, faults, faults_found,
     anomalies, anomalies_unexplained`` and per-kind unexplained counts.
     """
-    truth_jobs = cluster.jobs
-    pred = result.jobs.set_index("ip")["job_id"].reindex(truth_jobs["ip"]).fillna("?")
-    row = {"jobs_ari": adjusted_rand_index(truth_jobs["job_id"], pred.to_numpy())}
-    an = result.analysis
+    row = {"jobs_ari": _jobs_ari(result.jobs, cluster.jobs)}
     pairs = result.pairs
     t = cluster.pairs.set_index(["src", "dst"])["type"]
     got = pairs.set_index(["src", "dst"])["type"]
@@ -197,16 +194,38 @@ def score_cluster(result, cluster) -> dict:
     row["pairs"] = len(t)
     row["pair_acc"] = float((t.loc[both] == got.loc[both]).sum() / max(len(t), 1))
     row["pairs_uncertain"] = int((pairs["confidence"] < UNCERTAIN_BELOW).sum()) if "confidence" in pairs else 0
-    names = job_name_map(result.jobs, truth_jobs)
-    if an is not None and an.steps is not None:
-        sc = score_steps(an.steps, cluster.steps, names, capture_end=cluster.meta.get("window_end_ns"))
+    an = result.analysis
+    if an is not None:
+        row.update(_score_found(result.jobs, an.steps, an.anomalies, cluster))
+    return row
+
+
+def score_stream(jobs: pd.DataFrame, steps: pd.DataFrame, anomalies: pd.DataFrame, cluster) -> dict:
+    """:func:`score_cluster` for what the daemon reports: its job map, the steps it counted, the anomalies it raised.
+
+    The same keys but the pair ones (the daemon keeps pair counts, not types).
+    """
+    return {"jobs_ari": _jobs_ari(jobs, cluster.jobs), **_score_found(jobs, steps, anomalies, cluster)}
+
+
+def _jobs_ari(jobs: pd.DataFrame, truth_jobs: pd.DataFrame) -> float:
+    pred = jobs.set_index("ip")["job_id"].reindex(truth_jobs["ip"]).fillna("?")
+    return adjusted_rand_index(truth_jobs["job_id"], pred.to_numpy())
+
+
+def _score_found(jobs, steps, anomalies, cluster) -> dict:
+    """The steps and anomalies of one run against the truth (the keys :func:`score_cluster` documents)."""
+    row = {}
+    names = job_name_map(jobs, cluster.jobs)
+    if steps is not None:
+        sc = score_steps(steps, cluster.steps, names, capture_end=cluster.meta.get("window_end_ns"))
         found = int(sc["found"].sum())
         row.update(true_steps=int(sc["true_steps"].sum()), steps_found=found, steps_spurious=int(sc["spurious"].sum()),
                    step_err_mean=float((sc["mean_err"].fillna(0) * sc["found"]).sum() / max(found, 1)))
-    if an is not None and an.anomalies is not None:
-        faults, anomalies = score_anomalies(an.anomalies, cluster.faults, names, an.steps)
-        row.update(faults=len(faults), faults_found=int(faults["matched"].sum()), anomalies=len(anomalies),
-                   anomalies_unexplained=int((~anomalies["matched"]).sum()))
-        for kind, n in anomalies.loc[~anomalies["matched"], "kind"].value_counts().items():
+    if anomalies is not None:
+        faults, scored = score_anomalies(anomalies, cluster.faults, names, steps)
+        row.update(faults=len(faults), faults_found=int(faults["matched"].sum()), anomalies=len(scored),
+                   anomalies_unexplained=int((~scored["matched"]).sum()))
+        for kind, n in scored.loc[~scored["matched"], "kind"].value_counts().items():
             row[f"false_{kind}"] = int(n)
     return row

@@ -25,7 +25,7 @@ from .produce import FlowProducer
 from .sources import KafkaSource, ensure_topic
 from .topology import Topology
 
-__all__ = ["LiveDemo", "DemoResult", "stream_flows"]
+__all__ = ["LiveDemo", "DemoResult", "demo_settings", "stream_flows"]
 
 
 @dataclass
@@ -64,6 +64,11 @@ def stream_flows(producer: FlowProducer, flows: pd.DataFrame, speed: float = 1.0
             on_slice(int(flows["start_ns"].iloc[bounds[i + 1] - 1]), time.monotonic())
 
 
+def demo_settings() -> MonitorSettings:
+    """The live demo's windows: short, so its two-minute cluster gets many of them."""
+    return MonitorSettings(window_s=10, step_s=2, switch_window_s=5, lateness_s=1, idle_flush_s=2)
+
+
 class LiveDemo:
     """Wire a generated cluster, a broker, a producer and a daemon together.
 
@@ -74,7 +79,8 @@ class LiveDemo:
         An existing Kafka cluster; by default a local broker is started.
     listen : str
         ``--web.listen-address`` of the daemon (port 0 picks a free one).
-    settings : MonitorSettings
+    settings : MonitorSettings, optional
+        Default :func:`demo_settings`.
     speed : float
         Stream at this multiple of real time.
     fmt : {"arrow", "jsonl"}
@@ -85,7 +91,7 @@ class LiveDemo:
     def __init__(self, cluster, bootstrap: str | None = None, listen: str = "127.0.0.1:9464", settings: MonitorSettings | None = None,
                  speed: float = 1.0, fmt: str = "arrow", partitions: int = 4, printer=print, security=None):
         self.cluster, self.bootstrap, self.listen, self.security = cluster, bootstrap, listen, security
-        self.settings = settings or MonitorSettings(window_s=10, step_s=2, switch_window_s=5, lateness_s=1, idle_flush_s=2)
+        self.settings = settings or demo_settings()
         self.speed, self.fmt, self.partitions, self.printer = speed, fmt, partitions, printer
         run = uuid.uuid4().hex[:8]
         # fresh names on a shared cluster, so an earlier run's offsets and summaries do not apply
