@@ -63,6 +63,7 @@ def analyse(
     settings: Settings | None = None,
     stop_after: str = "diagnosis",
     on_stage=None,
+    phases: bool = True,
 ) -> Analysis:
     """Run the analyses over one window of GPU flows.
 
@@ -84,6 +85,9 @@ def analyse(
     on_stage : callable(str), optional
         Called as each stage begins (``"pairs"``, ``"steps"``, ``"phases"``,
         ``"diagnosis"``): progress and per-stage timing for the caller.
+    phases : bool, default True
+        Build the per-step phase table (:data:`PHASE_COLUMNS`). The daemon
+        does not export it, and it costs a tenth of a window's analysis.
     """
     s = settings or Settings()
     stage = on_stage or (lambda name: None)
@@ -125,8 +129,9 @@ def analyse(
     out.steps = tl.steps_[STEP_COLUMNS]
     fs = tl.flow_step_
     inside = fs >= 0
-    stage("phases")
-    out.phases = _phases(tl.steps_, fs[inside], a[inside], is_dp[inside], start[inside], end[inside], size[inside], comps["dp"], comps["pp"], topology)
+    if phases:
+        stage("phases")
+        out.phases = _phases(tl.steps_, fs[inside], a[inside], is_dp[inside], start[inside], end[inside], size[inside], comps["dp"], comps["pp"], topology)
     if stop_after == "steps":
         return out
 

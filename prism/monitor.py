@@ -127,6 +127,7 @@ class _JobState:
         self.next_step = 0
         self.last_end = -1
         self.reported: dict = {}  # anomaly key -> start_ns
+        self.warned_stepless = False  # the "no steps in a whole window" warning was logged
 
 
 class Monitor:
@@ -380,7 +381,7 @@ class Monitor:
         a, b, start, duration, size = self.window.columns()
         cut = int(np.searchsorted(start, end, side="right"))
         an = analyse(a[:cut], b[:cut], start[:cut], duration[:cut], size[:cut], labels, jobs, self.topology,
-                     capture_end=end, switch_bw=None, settings=self.analysis)
+                     capture_end=end, switch_bw=None, settings=self.analysis, phases=False)
         self._merge_jobs(jobs, an, end)
         # a job seen for less than half a window has too few steps to cut
         # them reliably (the gap threshold needs several): wait for more
@@ -388,6 +389,7 @@ class Monitor:
         job_first = first.rename(index=label_names(labels, jobs, self.topology))
         young = set(job_first.index[(end - job_first) < int(self.s.window_s * 1e9) // 2]) if not final else set()
         self._merge_steps(an.steps[~an.steps["job_id"].isin(young)] if an.steps is not None else None, final, end)
+        self._warn_stepless(job_first.index[end - job_first >= win_ns - int(self.s.step_s * 1e9)], an.steps)
         self._merge_groups(an.group_lag, an.anomalies, an.steps)
         switches = self._merge_switches()
         self.analysed_to = end
@@ -438,6 +440,22 @@ class Monitor:
             self.events.append(("job_gone", {"job_id": job_id}))
         for job_id in [j for j, st in self._jobs.items() if st.view.job_id != j]:
             del self._jobs[job_id]  # absorbed into a bigger job under its new id
+
+    def _warn_stepless(self, whole_window_jobs, steps: pd.DataFrame | None) -> None:
+        """Warn once per job seen for a whole window without a step: its steps may be too long for the window.
+
+        The timeline reports no steps rather than cut the bursts inside a
+        collective when the window holds fewer than a few of the job's steps.
+        """
+        cut = set(steps["job_id"]) if steps is not None and len(steps) else set()
+        for job_id in whole_window_jobs:
+            st = self._jobs.get(job_id)
+            if st is None or st.view.steps or st.warned_stepless or job_id in cut:
+                continue
+            st.warned_stepless = True
+            log.warning("no training steps found in a whole window", extra={"fields": {
+                "job": job_id, "window_s": self.s.window_s,
+                "hint": "a window needs several of the job's steps (at least 5); if its steps are longer than a fifth of --window, raise --window"}})
 
     #: a step is reported once the window reaches this many of the job's median steps past its end
     SETTLE_STEPS = 0.5

@@ -73,7 +73,8 @@ def busy_gaps(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return start[1:] - busy_end[:-1], busy_end
 
 
-def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, min_steps: int = 3, floor_ns: int = 1, tie: float = 0.02) -> float:
+def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, min_steps: int = 3, floor_ns: int = 1, tie: float = 0.02,
+                  min_cover: float = 0.4, span_ns: float | None = None) -> float:
     """The gap threshold that cuts a job's traffic into the most regular steps.
 
     Parameters
@@ -89,12 +90,25 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
         Gaps below this (overlaps, rounding) count as this.
     tie : float
         Scores within this of the best are a tie, won by the coarsest cut.
+    min_cover : float
+        A candidate's steps must span at least this share of the traffic
+        (``span_ns``): steps tile a job's time, and ``min_steps`` whole
+        steps cover half of it even with a step's worth of traffic on
+        either side of them and the last burst's step after. Nor may
+        one step hold more than this share of the steps' time while the
+        median step is under 1% of it. Either cut found the bursts inside
+        a collective, not steps: the traffic holds too few steps (a daemon
+        window shorter than a few of the job's steps).
+    span_ns : float, optional
+        The time the job's traffic spans (default: the gaps' flows', from
+        the first ``busy_end`` to the last).
 
     Returns
     -------
     float
         The threshold (geometric mean of the gaps on either side of the
-        chosen jump); ``inf`` when no candidate yields ``min_steps`` steps.
+        chosen jump); ``inf`` when no candidate yields ``min_steps`` steps
+        covering ``min_cover`` of the traffic.
 
     Notes
     -----
@@ -129,6 +143,7 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     jumps = np.flatnonzero((u[1:] / u[:-1] >= min_jump) & (counts_above[:-1] >= min_steps + 1))
     scored = []
     span = float(busy_end[-1] - busy_end[0]) or 1.0  # for the tie-break when every cut leaves time out
+    traffic = span if span_ns is None else float(span_ns)
     for i in jumps:
         tau = float(np.sqrt(u[i] * u[i + 1]))
         b = busy_end[:-1][g >= tau]
@@ -136,6 +151,9 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
         if len(dur) < min_steps:
             continue
         med = np.median(dur)
+        covered = float(b[-1] - b[0])
+        if covered < min_cover * traffic or (dur.max() > min_cover * covered and med < 0.01 * covered):
+            continue
         spread = np.median(np.abs(dur - med)) / med
         merged = dur[dur >= 1.9 * med].sum() / dur.sum()  # time in what look like merged steps
         # time left outside any step beyond a partial step at each edge: a
@@ -443,7 +461,7 @@ class StepTimeline:
             self.breaks_[label] = np.inf
             return np.zeros(0, dtype=np.int64)
         gap, busy_end = busy_gaps(s, e)
-        tau = natural_break(gap, busy_end, self.min_jump, self.min_steps)
+        tau = natural_break(gap, busy_end, self.min_jump, self.min_steps, span_ns=float(end.max() - start.min()))
         self.breaks_[label] = tau
         if not np.isfinite(tau):
             return np.zeros(0, dtype=np.int64)
@@ -481,17 +499,16 @@ class StepTimeline:
     @staticmethod
     def _step_table(label, name, ends, k, start, end, dp, size) -> pd.DataFrame:
         n = len(ends) - 1
-        out = pd.DataFrame({"job": label, "job_id": name, "step": np.arange(n), "start_ns": ends[:-1], "end_ns": ends[1:]})
-        out["duration_ns"] = out["end_ns"] - out["start_ns"]
+        cols = {"job": np.full(n, label), "job_id": [name] * n, "step": np.arange(n), "start_ns": ends[:-1], "end_ns": ends[1:],
+                "duration_ns": ends[1:] - ends[:-1]}
         for kind, m in (("pp", ~dp), ("dp", dp)):
             lo = np.full(n, np.iinfo(np.int64).max)
             hi = np.full(n, np.iinfo(np.int64).min)
             np.minimum.at(lo, k[m], start[m])
             np.maximum.at(hi, k[m], end[m])
-            has = np.bincount(k[m], minlength=n) > 0
-            out[f"{kind}_start_ns"] = pd.array(np.where(has, lo, 0), dtype="Int64")
-            out[f"{kind}_end_ns"] = pd.array(np.where(has, hi, 0), dtype="Int64")
-            out.loc[~has, [f"{kind}_start_ns", f"{kind}_end_ns"]] = pd.NA
-        out["flows"] = np.bincount(k, minlength=n)
-        out["bytes"] = np.bincount(k, weights=size, minlength=n).astype(np.int64)
-        return out
+            missing = np.bincount(k[m], minlength=n) == 0  # a step without this kind of traffic: NA
+            cols[f"{kind}_start_ns"] = pd.arrays.IntegerArray(np.where(missing, 0, lo), missing)
+            cols[f"{kind}_end_ns"] = pd.arrays.IntegerArray(np.where(missing, 0, hi), missing.copy())
+        cols["flows"] = np.bincount(k, minlength=n)
+        cols["bytes"] = np.bincount(k, weights=size, minlength=n).astype(np.int64)
+        return pd.DataFrame(cols)

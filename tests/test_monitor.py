@@ -88,3 +88,28 @@ def test_each_window_is_logged_at_debug(cluster, caplog):
     assert windows[-1]["final"] and not windows[0]["final"]
     assert sum(w["flows"] for w in windows) >= len(flows)  # windows overlap: every flow is in one or more
     assert windows[-1]["to"] == pd.Timestamp(int(flows["start_ns"].max()), unit="ns", tz="UTC").isoformat(timespec="milliseconds")
+
+
+def test_a_job_without_steps_in_a_whole_window_is_warned_about_once(cluster, caplog):
+    """A window too short for a job's steps yields no steps for it: the operator is told once, not every window."""
+    flows = cluster.flows.sort_values("start_ns", kind="stable")
+    batches = [flows.iloc[i : i + 2000].reset_index(drop=True) for i in range(0, len(flows), 2000)]
+
+    def run(settings):
+        caplog.clear()
+        m = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**settings))
+        with caplog.at_level("WARNING", logger="prism.monitor"):
+            for b in batches:
+                m.ingest(b)
+                while m.due():
+                    m.tick()
+            m.tick(final=True)
+        warned = [r.fields["job"] for r in caplog.records if r.getMessage() == "no training steps found in a whole window"]
+        return warned, {j: st.view.steps for j, st in m._jobs.items()}
+
+    warned, steps = run({**SETTINGS, "window_s": 0.25, "step_s": 0.05, "lateness_s": 0.01})
+    assert len(warned) == len(set(warned))
+    stepless = {j for j, n in steps.items() if n == 0}
+    assert stepless and stepless <= set(warned), (warned, steps)
+    warned, steps = run(SETTINGS)
+    assert warned == [] and all(n > 20 for n in steps.values()), (warned, steps)

@@ -1,5 +1,6 @@
 """Step timelines and diagnosis against the SYNTHETIC generator's ground truth."""
 import numpy as np
+import pandas as pd
 import pytest
 
 from prism.evaluation import job_name_map, score_anomalies, score_steps
@@ -109,6 +110,35 @@ def test_natural_break_prefers_step_period_over_stage_gaps():
     assert np.allclose(tl.steps_["duration_ns"], period, rtol=1e-5)
 
 
+def _collective(t0, chunks=100, chunk_gap=50_000):
+    """One DP collective at ``t0``: chunks of 8 back-to-back flows of 10 us, ``chunk_gap`` apart (a ring's rounds)."""
+    return np.concatenate([t0 + c * (80_000 + chunk_gap) + np.arange(8) * 10_000 for c in range(chunks)])
+
+
+@pytest.mark.parametrize("bursts", [1, 2])
+def test_a_window_shorter_than_a_few_steps_gives_no_steps(bursts):
+    """The rounds inside one collective are regular too: with one or two of a job's 9 s steps in view
+    (a daemon window of 10 s), no cut is a step structure, and the timeline says so rather than report
+    sub-millisecond steps (on real-timing flows this raised hundreds of false slow steps)."""
+    step = 9_000_000_000
+    dp = np.concatenate([_collective(k * step + 8_000_000_000) for k in range(bursts)])
+    pp = np.arange(0, bursts * step + 1_500_000_000, 20_000_000)  # pipeline traffic all along
+    start = np.concatenate([dp, pp])
+    is_dp = np.concatenate([np.ones(len(dp), bool), np.zeros(len(pp), bool)])
+    tl = StepTimeline().fit(np.zeros(len(start), int), start, start + 10_000, is_dp, capture_end=int(start.max()))
+    assert tl.steps_.empty
+    assert tl.breaks_[0] == np.inf
+    # the same traffic with enough steps in view is cut at the steps, one per period
+    many = 8
+    dp = np.concatenate([_collective(k * step + 8_000_000_000) for k in range(many)])
+    pp = np.arange(0, many * step + 1_500_000_000, 20_000_000)
+    start = np.concatenate([dp, pp])
+    is_dp = np.concatenate([np.ones(len(dp), bool), np.zeros(len(pp), bool)])
+    tl = StepTimeline().fit(np.zeros(len(start), int), start, start + 10_000, is_dp, capture_end=int(start.max()))
+    assert len(tl.steps_) == many - 1
+    assert np.allclose(tl.steps_["duration_ns"], step, rtol=1e-6)
+
+
 def test_natural_break_no_period():
     gap = np.array([5, 5, 5, 5])
     assert natural_break(gap, np.arange(5) * 10) == np.inf
@@ -149,3 +179,28 @@ def test_optimizer_split_needs_balanced_edges():
     gap, be = busy_gaps(st, st + 5)
     split, _ = optimizer_gaps(st, be, gap, np.array([5]), np.ones(7), np.zeros(7, int), np.zeros(0), np.zeros(0), np.zeros(0), min_gap_ns=100)
     assert split.tolist() == [-1, -1]
+
+
+def test_step_table_phase_bounds_are_na_where_a_step_has_no_such_traffic():
+    """Per step, the PP and DP spans are the min start and max end of its flows of that kind; NA without any."""
+    rng = np.random.default_rng(3)
+    ends = np.array([0, 100, 200, 300, 400])
+    k = rng.integers(0, 4, 200)
+    start = ends[k] + rng.integers(0, 90, 200)
+    end = start + rng.integers(1, 10, 200)
+    dp = rng.random(200) < 0.5
+    dp[k == 2] = False  # step 2: pipeline traffic only
+    dp[k == 3] = True  # step 3: the collective only
+    size = rng.integers(1, 100, 200)
+    t = StepTimeline._step_table(5, "job-x", ends, k, start, end, dp, size)
+    assert t["job_id"].tolist() == ["job-x"] * 4 and t["duration_ns"].tolist() == [100] * 4
+    for kind, m in (("pp", ~dp), ("dp", dp)):
+        for step in range(4):
+            sel = m & (k == step)
+            got_start, got_end = t.at[step, f"{kind}_start_ns"], t.at[step, f"{kind}_end_ns"]
+            if sel.any():
+                assert (got_start, got_end) == (start[sel].min(), end[sel].max())
+            else:
+                assert pd.isna(got_start) and pd.isna(got_end)
+    assert t["flows"].tolist() == np.bincount(k, minlength=4).tolist()
+    assert t["bytes"].tolist() == np.bincount(k, weights=size, minlength=4).astype(int).tolist()
