@@ -455,7 +455,7 @@ class Monitor:
             st.warned_stepless = True
             log.warning("no training steps found in a whole window", extra={"fields": {
                 "job": job_id, "window_s": self.s.window_s,
-                "hint": "a window needs several of the job's steps (at least 5); if its steps are longer than a fifth of --window, raise --window"}})
+                "hint": "a window needs ten or more of the job's steps; if its steps are longer than a tenth of --window, raise --window"}})
 
     #: a step is reported once the window reaches this many of the job's median steps past its end
     SETTLE_STEPS = 0.5
