@@ -63,19 +63,24 @@ def run_stream(cluster, name, settings: MonitorSettings, slice_s: float = 0.25) 
     from prism.monitor import Monitor
     from prism.records import RejectCounter, validate_flows
 
-    # the monitor keeps step_history steps per job, and a young job's steps come all at once: keep them all to score
-    m = Monitor(Topology.from_frame(cluster.topology), dataclasses.replace(settings, step_history=max(settings.step_history, 4096)))
+    # The monitor keeps its last step_history steps per job, and a young job's steps come all at
+    # once (a capture shorter than the window: at the last tick): keep enough of them to score all.
+    keep = max(settings.step_history, 4096)
+    m = Monitor(Topology.from_frame(cluster.topology), dataclasses.replace(settings, step_history=keep))
     flows = cluster.flows.sort_values("start_ns", kind="stable")
     t = flows["start_ns"].to_numpy()
     cuts = np.searchsorted(t, np.arange(t[0], t[-1] + 1, int(slice_s * 1e9)))[1:]
-    steps = []  # the monitor keeps its last step_history steps per job: collect them as they come
     for part in np.split(np.arange(len(flows)), cuts):
         if len(part):
             m.ingest(validate_flows(pa.Table.from_pandas(flows.iloc[part], preserve_index=False), RejectCounter(), name))
-            if m.due() and m.tick() is not None:
-                steps.append(m.steps_frame())
+            if m.due():
+                m.tick()
     m.tick(final=True)
-    steps = pd.concat(steps + [m.steps_frame()], ignore_index=True).drop_duplicates(["job_id", "start_ns", "end_ns"]).sort_values(["job_id", "start_ns"])
+    steps = m.steps_frame()
+    counted = sum(v.steps for v in m.view.jobs.values())
+    if counted > len(steps):
+        raise RuntimeError(f"{name}: the monitor counted {counted:,} steps and kept {len(steps):,} ({keep:,} a job): "
+                           "a capture this long needs a larger step_history to be scored")
     anomalies = pd.DataFrame([[e.get(c) for c in ANOMALY_COLUMNS] for kind, e in m.events if kind == "anomaly"], columns=ANOMALY_COLUMNS)
     return score_stream(m.jobs_, steps, anomalies, cluster)
 
