@@ -12,10 +12,12 @@ error, injected faults found and anomalies no fault explains.
 clusters fed to the monitor in event-time slices, a window at every
 window step (the daemon's default window unless ``--window`` and
 ``--window-step`` say otherwise), scored on the jobs, steps and anomalies
-it reports (no pair types: it keeps counts only).
+it reports (no pair types: it keeps counts only). ``--slice-flows N``
+scores the replay with every job of more than N GPU flows analysed in
+time slices of N flows (the path of a job too long for memory).
 
     python benchmarks/robustness.py [--scenarios clip,all] [--seeds 0,1,2] [--windows 60,180,600] [--no-traces]
-                                    [--stream [--window 120] [--window-step 15]]
+                                    [--stream [--window 120] [--window-step 15]] [--slice-flows N]
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from prism.analyze import Settings  # noqa: E402
 from prism.evaluation import score_cluster, score_stream  # noqa: E402
 from prism.monitor import MonitorSettings  # noqa: E402
 from prism.replay import replay  # noqa: E402
@@ -126,6 +129,8 @@ def main() -> int:
     ap.add_argument("--windows", default="60,180,600", help="capture windows in seconds")
     ap.add_argument("--no-traces", action="store_true", help="skip the rows derived from the real op traces")
     ap.add_argument("--stream", action="store_true", help="score the daemon's windowed analysis instead of the replay")
+    ap.add_argument("--slice-flows", type=int, default=None, metavar="N",
+                    help="the replay with every job of more than N GPU flows analysed N flows at a time, in time slices (prism replay --slice-flows)")
     ap.add_argument("--window", type=float, default=MonitorSettings.window_s, help="with --stream: the daemon's --window, seconds (default %(default)g)")
     ap.add_argument("--window-step", type=float, default=MonitorSettings.step_s, help="with --stream: the daemon's --window.step, seconds (default %(default)g)")
     args = ap.parse_args()
@@ -140,7 +145,9 @@ def main() -> int:
     results = []
 
     def run(cluster, tmp, name):
-        return run_stream(cluster, name, stream) if args.stream else run_one(cluster, tmp, name)
+        if args.stream:
+            return run_stream(cluster, name, stream)
+        return run_one(cluster, tmp, name, **({"settings": Settings(slice_flows=args.slice_flows)} if args.slice_flows else {}))
 
     def report(label, seed, window, faulty, row):
         results.append((label, seed, window, faulty, row))

@@ -15,10 +15,11 @@ import pandas as pd
 from .diagnosis import CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser, empty_anomalies
 from .ordering import order_by
 from .parallelism import ParallelismClassifier
+from .spill import DEFAULT_SLICE_FLOWS
 from .timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
 from .topology import Topology
 
-__all__ = ["Analysis", "Settings", "analyse", "analyse_by_jobs", "analyse_job_batches", "label_names", "plan_job_batches"]
+__all__ = ["Analysis", "JobChunks", "Settings", "analyse", "analyse_by_jobs", "analyse_job_batches", "label_names", "plan_analysis", "plan_job_batches"]
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Settings:
     cross_step: CrossStepDiagnoser = field(default_factory=CrossStepDiagnoser)
     cross_group: StageLagDiagnoser = field(default_factory=StageLagDiagnoser)
     switches: SwitchDiagnoser = field(default_factory=SwitchDiagnoser)
+    #: a job with more GPU flows is analysed this many at a time, in overlapping time slices (:mod:`prism.slices`)
+    slice_flows: int = DEFAULT_SLICE_FLOWS
 
 
 @dataclass
@@ -155,6 +158,56 @@ def analyse(
 JOB_BATCH_FLOWS = 2_000_000
 
 
+class JobChunks:
+    """One job's flows as column chunks (``[a, b, start, duration, size]``), roughly in time order.
+
+    A batch of :func:`analyse_job_batches` given this way, rather than as
+    columns, is a job too big to analyse at once: it is analysed in time
+    slices (:func:`prism.slices.analyse_sliced`), its flows read a chunk
+    at a time.
+    """
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+    def __iter__(self):
+        return iter(self.chunks)
+
+
+def plan_analysis(flows_per_label: np.ndarray, slice_flows: int, max_flows: int | None = None) -> tuple[list[np.ndarray], list[bool]]:
+    """:func:`plan_job_batches`, and per batch whether it is one job analysed in time slices.
+
+    A job of more than ``slice_flows`` flows is a batch alone, analysed
+    ``slice_flows`` flows at a time (:func:`prism.slices.analyse_sliced`).
+
+    >>> plan, sliced = plan_analysis(np.array([0, 3, 2, 9]), slice_flows=4, max_flows=5)
+    >>> [b.tolist() for b in plan], sliced
+    ([[0, 1], [2]], [False, True])
+    """
+    counts = np.asarray(flows_per_label)
+    big = counts > slice_flows  # by label + 1
+    big[:1] = False  # flows of no job are not analysed
+    plan = []
+    for batch in plan_job_batches(counts, max_flows):  # loops over batches and jobs, not flows
+        lo = 0
+        for i in np.flatnonzero(big[batch + 1]):  # a big job alone; the jobs around it as they were packed
+            plan += [batch[lo:i]] if i > lo else []
+            plan.append(batch[i:i + 1])
+            lo = i + 1
+        plan += [batch[lo:]] if lo < len(batch) else []
+    return plan, [len(b) == 1 and bool(big[b[0] + 1]) for b in plan]
+
+
+#: rows a chunk of an in-memory job analysed in slices hands over at a time
+_CHUNK_ROWS = 1 << 20
+
+
+def _row_chunks(cols: list[np.ndarray], f0: int, f1: int):
+    """Rows ``f0:f1`` of the columns, :data:`_CHUNK_ROWS` at a time (views, no copies)."""
+    for i in range(f0, f1, _CHUNK_ROWS):
+        yield [c[i:min(i + _CHUNK_ROWS, f1)] for c in cols]
+
+
 def plan_job_batches(flows_per_label: np.ndarray, max_flows: int | None = None) -> list[np.ndarray]:
     """Batches of whole jobs: consecutive job labels, at most ``max_flows`` flows a batch.
 
@@ -204,8 +257,8 @@ def analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, capture
     """
     job = labels[a]
     counts = np.bincount(job + 1)  # flows per label (-1: no job)
-    plan = plan_job_batches(counts, max_flows)
-    if len(plan) <= 1:  # one batch: the flows as given, not regrouped
+    plan, sliced = plan_analysis(counts, (settings or Settings()).slice_flows, max_flows)
+    if len(plan) <= 1 and not any(sliced):  # one batch: the flows as given, not regrouped
         return analyse(a, b, start, duration, size, labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
     order = order_by([job], np.arange(len(job), dtype=np.int64))
     del job
@@ -216,9 +269,12 @@ def analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, capture
 
     def batches():  # the grouped flows run job after job, in label order, as the plan does
         f0 = 0
-        for batch_labels in plan:
+        for batch_labels, in_slices in zip(plan, sliced):
             f1 = f0 + int(counts[batch_labels + 1].sum())
-            yield batch_labels, [c[f0:f1] for c in cols]
+            if in_slices:
+                yield batch_labels, JobChunks(_row_chunks(cols, f0, f1))
+            else:
+                yield batch_labels, [c[f0:f1] for c in cols]
             f0 = f1
 
     return analyse_job_batches(batches(), labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
@@ -235,17 +291,24 @@ def analyse_job_batches(batches, labels, jobs, topology, capture_end, switch_bw=
         labels and its flows' ``a, b, start, duration, size`` columns, each
         job's flows together and in their capture order. Consumed one at a
         time: a batch's columns can be read when it is reached (see
-        :class:`prism.spill.SpilledFlows`).
+        :class:`prism.spill.SpilledFlows`). A batch given as
+        :class:`JobChunks` is one job analysed in time slices.
     labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage
         As for :func:`analyse`; the switch diagnosis runs once, over
         ``switch_bw``, after the batches.
     """
+    from .slices import analyse_sliced  # it builds on this module
+
     job_label = labels[topology.ips.get_indexer(jobs["ip"])]
     parts = []
     for batch_labels, cols in batches:
         batch_jobs = jobs[np.isin(job_label, batch_labels)]
         # each batch runs every stage: on_stage is called per batch (a stage's time is the sum over batches)
-        parts.append(analyse(*cols, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage))
+        if isinstance(cols, JobChunks):
+            parts.append(analyse_sliced(cols, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage,
+                                        slice_flows=(settings or Settings()).slice_flows))
+        else:
+            parts.append(analyse(*cols, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage))
         del cols
     return _combine(parts, switch_bw, settings or Settings(), stop_after)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 
-__all__ = ["positive_int", "non_negative_int", "positive_float", "non_negative_float", "existing_directory"]
+__all__ = ["positive_int", "non_negative_int", "positive_float", "non_negative_float", "existing_directory", "slice_size"]
 
 
 def _whole(text: str, least: int) -> int:
@@ -28,6 +28,11 @@ def _whole(text: str, least: int) -> int:
 def positive_int(text: str) -> int:
     """argparse type: a whole number >= 1."""
     return _whole(text, 1)
+
+
+def slice_size(text: str) -> int:
+    """argparse type: flows a time slice holds, 10,000 at least (a slice holds ten steps or more; fewer flows is a mistake)."""
+    return _whole(text, 10_000)
 
 
 def non_negative_int(text: str) -> int:

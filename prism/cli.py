@@ -12,12 +12,12 @@ from pathlib import Path
 
 from . import __version__
 from .allocator import tune_for_batch
-from .argtypes import existing_directory, non_negative_float, non_negative_int, positive_float, positive_int
+from .argtypes import existing_directory, non_negative_float, non_negative_int, positive_float, positive_int, slice_size
 from .kafkaconf import SECURITY_FLAGS, KafkaConnectError, add_security_flags, check_connection, security_from_args
 from .logs import add_log_flags, setup_logging
 from .output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, add_output_flags, finish
 from .readers import DEFAULT_CHUNK_ROWS
-from .spill import DEFAULT_SPILL_ABOVE, SpillError
+from .spill import DEFAULT_SLICE_FLOWS, DEFAULT_SPILL_ABOVE, SpillError
 
 
 def _add_synth(sub):
@@ -81,6 +81,12 @@ def _add_replay(sub):
     )
     p.add_argument("--spill-dir", type=existing_directory, default=None, metavar="DIR",
                    help="where spilled flows go, up to 64 B per GPU flow (default: the system's temporary directory, $TMPDIR)")
+    p.add_argument(
+        "--slice-flows", type=slice_size, default=DEFAULT_SLICE_FLOWS, metavar="FLOWS",
+        help="a job with more GPU flows is analysed this many at a time, in time slices that overlap by a few steps, "
+        "the results stitched: memory then follows the slice, not the job's length (with --spill-above, a capture "
+        "of any length fits). A slice must hold ten or more of the job's steps (default: %(default)s)",
+    )
     p.set_defaults(func=cmd_replay)
 
 
@@ -379,6 +385,7 @@ def cmd_synth(args) -> int:
 
 
 def cmd_replay(args) -> int:
+    from .analyze import Settings
     from .records import FlowFormatError
     from .replay import format_summary, replay
     from .topology import Topology
@@ -388,7 +395,7 @@ def cmd_replay(args) -> int:
         kw = {"switch_window_s": args.switch_window} if args.switch_window else {}
         progress = False if args.output == "json" and args.progress is None else args.progress
         res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=progress, stop_after=args.stop_after, plots=args.plots,
-                     spill_above=args.spill_above, spill_dir=args.spill_dir, **kw)
+                     spill_above=args.spill_above, spill_dir=args.spill_dir, settings=Settings(slice_flows=args.slice_flows), **kw)
     except SpillError as e:  # the disk, not the input
         print(f"prism replay: error: {e}", file=sys.stderr)
         return EXIT_FAILED

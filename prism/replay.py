@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .allocator import release_free_memory
-from .analyze import Analysis, Settings, analyse_by_jobs, analyse_job_batches, plan_job_batches
+from .analyze import Analysis, Settings, analyse_by_jobs, analyse_job_batches, plan_analysis
 from .diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
 from .diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
 from .jobs import JobRecognizer
@@ -236,10 +236,11 @@ class _GpuFlows:
         if self.spilled is None:
             return analyse_by_jobs(*self.columns(), labels, jobs, topology, **kw)
         spilled = self.spilled
-        plan = plan_job_batches(spilled.flows_per_label(labels))
-        if len(plan) <= 1:  # one batch: the flows as given, as in memory
+        counts = spilled.flows_per_label(labels)
+        plan, sliced = plan_analysis(counts, (kw.get("settings") or Settings()).slice_flows)
+        if len(plan) <= 1 and not any(sliced):  # one batch: the flows as given, as in memory
             return analyse_by_jobs(*spilled.read_all(), labels, jobs, topology, **kw)
-        return analyse_job_batches(spilled.job_batches(labels, plan, kw.get("on_stage")), labels, jobs, topology, **kw)
+        return analyse_job_batches(spilled.job_batches(labels, plan, kw.get("on_stage"), sliced), labels, jobs, topology, **kw)
 
 
 def replay(
@@ -281,7 +282,10 @@ def replay(
     spill_above : int or None
         GPU flows held in memory at most; past it they are written to
         ``spill_dir`` (32 B a flow, twice) and analysed a batch of whole jobs
-        at a time, with the same results. None: never spill.
+        at a time, with the same results. None: never spill. Either way, a
+        job of more than ``settings.slice_flows`` flows is analysed in time
+        slices (:mod:`prism.slices`); spilled, it is read back a chunk at a
+        time, so memory no longer grows with the capture at all.
     spill_dir : path, optional
         Where spilled flows go (default: the system's temporary directory).
     """

@@ -12,7 +12,10 @@ is bounded by the batch, not by the capture's length:
    into one file per batch of jobs (:func:`prism.analyze.plan_job_batches`),
    keeping the capture order within each;
 3. each batch's file is read when the analysis reaches it, its flows
-   grouped by job (a stable sort), and deleted.
+   grouped by job (a stable sort), and deleted; a batch that is one job
+   too big to analyse at once (:func:`prism.analyze.plan_analysis`) is
+   read ``slice_rows`` at a time instead, for its analysis in time slices
+   (:mod:`prism.slices`).
 
 The batches are the ones :func:`prism.analyze.analyse_by_jobs` analyses in
 memory, in the same order, so the results are the same (tested equal).
@@ -28,11 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SpilledFlows", "SpillError", "RECORD", "DEFAULT_SPILL_ABOVE"]
+__all__ = ["SpilledFlows", "SpillError", "RECORD", "DEFAULT_SPILL_ABOVE", "DEFAULT_SLICE_FLOWS"]
 
 #: GPU flows ``prism replay`` holds in memory (32 B each, 640 MB) before
 #: spilling them here: above it, peak memory no longer grows with the capture
 DEFAULT_SPILL_ABOVE = 20_000_000
+
+#: GPU flows of one job analysed at once (about 1.5 GiB at the analyses' peak): a
+#: longer job is analysed in time slices of this many (:mod:`prism.slices`), so
+#: with the flows spilled, memory follows the slice, not the job's length
+DEFAULT_SLICE_FLOWS = 6_000_000
 
 #: one GPU flow on disk: the columns the per-pair analyses read (32 bytes)
 RECORD = np.dtype([("a", "<i4"), ("b", "<i4"), ("start", "<i8"), ("duration", "<i8"), ("size", "<i8")])
@@ -128,7 +136,7 @@ class SpilledFlows:
             self._file.flush()
             return self._columns(np.fromfile(self.path, dtype=RECORD))
 
-    def job_batches(self, labels: np.ndarray, plan: list[np.ndarray], on_stage=None):
+    def job_batches(self, labels: np.ndarray, plan: list[np.ndarray], on_stage=None, sliced: list[bool] | None = None):
         """Yield ``(batch labels, columns)`` per batch of ``plan``, each job's flows together.
 
         Parameters
@@ -142,6 +150,12 @@ class SpilledFlows:
             Called with ``"spill"`` before the scatter and before each
             batch is read back (progress, and the time it takes, for the
             caller: see :func:`prism.analyze.analyse`).
+        sliced : list of bool, optional
+            Per batch: a job too big to analyse at once
+            (:func:`prism.analyze.plan_analysis`). Its flows are yielded as
+            :class:`prism.analyze.JobChunks`, read ``slice_rows`` at a time,
+            never all at once: the caller consumes them before asking for
+            the next batch.
 
         The columns are those :func:`prism.analyze.analyse_by_jobs` slices
         out of the grouped capture. Complexity: each flow was written once
@@ -171,10 +185,15 @@ class SpilledFlows:
                     with open(paths[i], "ab") as f:
                         rec[cuts[i]:cuts[i + 1]].tofile(f)
                 del rec, bid, o
-        for batch_labels, path in zip(plan, paths):
+        for batch_labels, path, in_slices in zip(plan, paths, sliced or [False] * len(plan)):
             if not path.exists():  # a batch is planned from flow counts: it has flows
                 raise ValueError(f"{path.name}: a planned batch of jobs has no spilled flows")
             stage("spill")
+            if in_slices:  # one job, in capture order: no grouping
+                from .analyze import JobChunks
+
+                yield batch_labels, JobChunks(self._chunks(path))
+                continue
             with _spill_io(self.dir):
                 cols = self._columns(np.fromfile(path, dtype=RECORD))
                 path.unlink()
@@ -184,6 +203,13 @@ class SpilledFlows:
                 c[:] = c[order]
             del job, order
             yield batch_labels, cols
+
+    def _chunks(self, path: Path):
+        """A batch file's flows as columns, ``slice_rows`` at a time; the file goes once read."""
+        with _spill_io(self.dir):
+            for rec in self._records(path):
+                yield self._columns(rec)
+            path.unlink()
 
     def flows_per_label(self, labels: np.ndarray) -> np.ndarray:
         """Flows per job label, indexed by label + 1 (as :func:`prism.analyze.plan_job_batches` takes them)."""

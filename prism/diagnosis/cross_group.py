@@ -207,8 +207,28 @@ class StageLagDiagnoser:
         grid["server"] = np.asarray(server_of)[grid["node"].to_numpy()]
         per_server = grid.groupby(["job_id", "server", "step"]).agg(ratio=("ratio", "median"), z=("z", "median"), stage=("stage", "min")).reset_index()
         per_server["lag"] = (per_server["ratio"] >= 1 + self.min_excess) & (per_server["z"] >= self.z)
+        return self.diagnose(per_server, steps)
+
+    def diagnose(self, per_server: pd.DataFrame, steps: pd.DataFrame) -> "StageLagDiagnoser":
+        """The anomalies of a per-server lag table (``lag_``), without the flows.
+
+        :meth:`fit` ends here. Every row of the table is one step's, so the
+        tables of several fits over consecutive time slices of a job,
+        concatenated (steps numbered once), diagnose as one fit over the
+        whole job would (:func:`prism.slices.analyse_sliced`).
+
+        Parameters
+        ----------
+        per_server : DataFrame
+            ``job_id, server, step, ratio, z, stage, lag``.
+        steps : DataFrame
+            ``job_id, step, start_ns`` of the same steps.
+        """
         self.lag_ = per_server
-        self.anomalies_ = self._runs(per_server, step_start)
+        if per_server is None or per_server.empty:
+            self.anomalies_ = empty_anomalies()
+            return self
+        self.anomalies_ = self._runs(per_server, steps.set_index(["job_id", "step"])["start_ns"])
         return self
 
     def _runs(self, per_server: pd.DataFrame, step_start: pd.Series) -> pd.DataFrame:

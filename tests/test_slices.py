@@ -1,0 +1,102 @@
+"""A job analysed in time slices gives what one analysis of the whole job gives."""
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from prism.analyze import Settings, plan_analysis
+from prism.replay import replay
+from prism.slices import _vote_pairs
+from prism.topology import Topology
+
+#: GPU flows a slice holds: the tiny preset's three biggest jobs (19k-50k flows, 600-1,000 flows a step) in 2-5 slices of 12+ steps
+SLICE = 12_000
+
+
+@pytest.fixture(scope="module")
+def whole_and_sliced(tiny_dir):
+    topo = Topology.from_csv(tiny_dir / "topology.csv")
+    flows = [str(tiny_dir / "flows.parquet")]
+    return replay(flows, topo, progress=False).analysis, replay(flows, topo, progress=False, settings=Settings(slice_flows=SLICE))
+
+
+def _sorted(df, by):
+    return df.sort_values(by, kind="stable").reset_index(drop=True)
+
+
+def test_jobs_past_the_slice_size_are_analysed_in_slices(tiny_dir, caplog):
+    topo = Topology.from_csv(tiny_dir / "topology.csv")
+    with caplog.at_level(logging.DEBUG, logger="prism.slices"):
+        replay([str(tiny_dir / "flows.parquet")], topo, progress=False, settings=Settings(slice_flows=SLICE))
+    slices = sorted(int(r.args[0]) for r in caplog.records if r.msg.startswith("analysed a job in"))
+    assert len(slices) == 3 and min(slices) >= 2 and max(slices) >= 4, slices
+
+
+def test_sliced_steps_phases_and_lag_are_the_whole_analysis(whole_and_sliced):
+    whole, sliced = whole_and_sliced
+    sliced = sliced.analysis
+    pd.testing.assert_frame_equal(_sorted(whole.steps, ["job_id", "step"]), _sorted(sliced.steps, ["job_id", "step"]), check_dtype=False)
+    pd.testing.assert_frame_equal(_sorted(whole.phases, ["job_id", "step", "group", "kind"]),
+                                  _sorted(sliced.phases, ["job_id", "step", "group", "kind"]), check_dtype=False)
+    pd.testing.assert_frame_equal(_sorted(whole.group_lag, ["job_id", "server", "step"]),
+                                  _sorted(sliced.group_lag, ["job_id", "server", "step"]), check_dtype=False)
+
+
+def test_sliced_pairs_shapes_and_anomalies_are_the_whole_analysis(whole_and_sliced, tiny_cluster):
+    whole, sliced = whole_and_sliced
+    sliced = sliced.analysis
+    pd.testing.assert_frame_equal(whole.pairs[["job_id", "src", "dst", "type"]], sliced.pairs[["job_id", "src", "dst", "type"]])
+    pd.testing.assert_frame_equal(whole.shapes, sliced.shapes)
+    pd.testing.assert_frame_equal(whole.anomalies, sliced.anomalies)
+    # the tiny preset's slow step and slow server are among them: the comparison is not of two empty tables
+    assert {"slow_step", "slow_group"} <= set(sliced.anomalies["kind"])
+
+
+def test_spilled_job_is_read_back_a_chunk_at_a_time_with_the_same_result(whole_and_sliced, tiny_dir, tmp_path):
+    topo = Topology.from_csv(tiny_dir / "topology.csv")
+    spilled = replay([str(tiny_dir / "flows.parquet")], topo, progress=False, settings=Settings(slice_flows=SLICE),
+                     spill_above=0, spill_dir=tmp_path).analysis
+    sliced = whole_and_sliced[1].analysis
+    for name in ("steps", "phases", "pairs", "anomalies"):
+        pd.testing.assert_frame_equal(getattr(sliced, name), getattr(spilled, name), check_dtype=False)
+    assert not list(tmp_path.iterdir())  # the spill's files are gone
+
+
+def test_a_slice_of_too_few_steps_is_warned_about(tiny_dir, caplog):
+    topo = Topology.from_csv(tiny_dir / "topology.csv")
+    with caplog.at_level(logging.WARNING, logger="prism.slices"):
+        replay([str(tiny_dir / "flows.parquet")], topo, progress=False, stop_after="steps", settings=Settings(slice_flows=4_000))
+    assert any("raise --slice-flows" in r.getMessage() for r in caplog.records)
+
+
+def test_pairs_typed_two_ways_are_less_certain_and_say_so():
+    one = pd.DataFrame({"job_id": ["j", "j"], "src": ["a", "a"], "dst": ["b", "c"], "type": ["DP", "PP"], "confidence": [0.9, 0.8], "evidence": ["ring", "one-way"]})
+    two = one.assign(type=["DP", "DP"], confidence=[0.7, 0.3], evidence=["ring", "ring?"])
+    voted = _vote_pairs([one, two]).set_index("dst")
+    assert voted.loc["b", "type"] == "DP" and voted.loc["b", "confidence"] == pytest.approx(0.8)
+    assert voted.loc["b", "evidence"] == "ring"  # the slices agreed: no note
+    # a:c was PP at 0.8 in one slice, DP at 0.3 in the other: PP wins, at half the confidence
+    assert voted.loc["c", "type"] == "PP" and voted.loc["c", "confidence"] == pytest.approx(0.4)
+    assert voted.loc["c", "evidence"] == "one-way; typed PP in 1 of 2 slices"
+
+
+def test_a_job_past_the_slice_size_is_a_batch_of_its_own():
+    plan, sliced = plan_analysis(np.array([0, 3, 2, 9, 1]), slice_flows=4, max_flows=100)
+    assert [b.tolist() for b in plan] == [[0, 1], [2], [3]] and sliced == [False, True, False]
+    plan, sliced = plan_analysis(np.array([50, 0, 9]), slice_flows=4)  # flows of no job (index 0) are never a sliced job
+    assert [b.tolist() for b in plan] == [[-1], [1]] and sliced == [False, True]
+    assert plan_analysis(np.array([], dtype=np.int64), slice_flows=4) == ([], [])  # no flows at all
+
+
+def test_replay_cli_slices_with_byte_identical_outputs_and_refuses_tiny_slices(tiny_dir, tmp_path, capsys):
+    from prism.cli import main
+
+    base = ["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--quiet", "--no-progress"]
+    assert main(base + ["--out", str(tmp_path / "whole")]) == 0
+    assert main(base + ["--out", str(tmp_path / "sliced"), "--slice-flows", str(SLICE)]) == 0
+    for name in ("steps.csv", "phases.csv", "pairs.csv", "anomalies.csv", "timeline.json"):
+        assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "sliced" / name).read_bytes(), name
+    with pytest.raises(SystemExit):
+        main(base + ["--out", str(tmp_path / "x"), "--slice-flows", "100"])
+    assert "--slice-flows: must be >= 10000" in capsys.readouterr().err
