@@ -163,6 +163,7 @@ class Monitor:
         self._jobs: dict[str, _JobState] = {}
         self._active: dict[tuple, int] = {}  # (kind, job, subject) of ongoing group/switch anomalies -> last tick
         self._switch_last: dict[tuple, int] = {}  # (kind, subject) -> last switch window flagged
+        self._link_seen: dict[tuple, int] = {}  # (kind, subject) of a slow link -> last tick it was flagged (not yet reported)
         self._fabric_anomalies: Counter = Counter()
         self.min_start: int | None = None  # earliest record start (for the first window)
         self.max_start: int | None = None  # latest record start over all partitions
@@ -391,7 +392,7 @@ class Monitor:
         self._merge_steps(an.steps[~an.steps["job_id"].isin(young)] if an.steps is not None else None, final, end)
         self._warn_stepless(job_first.index[end - job_first >= win_ns - int(self.s.step_s * 1e9)], an.steps)
         self._merge_groups(an.group_lag, an.anomalies, an.steps)
-        switches = self._merge_switches()
+        switches = self._merge_switches(final)
         self.analysed_to = end
         self._ticks += 1
         view = MonitorView(
@@ -549,16 +550,28 @@ class Monitor:
                 return step
         return -1
 
-    def _merge_switches(self) -> dict:
+    def _merge_switches(self, final: bool = False) -> dict:
         sd = self.analysis.switches.fit(self.switch_bw)
+        now, flagged_links = self._ticks, {}
         for r in sd.predict().sort_values("start_ns").itertuples(index=False):
             # one anomaly while the switch stays slow, window after window
             key, w = (r.kind, r.subject), int(r.start_ns) // self.switch_bw.window_ns
             last = self._switch_last.get(key)
-            if last is None or w > last + 1:
+            new = last is None or w > last + 1
+            if new and r.kind == "slow_link" and not final:
+                # A switch window still filling mixes the time before a fault with the time
+                # after: when a switch degrades mid-window, its links (fewer flows) can cross
+                # the threshold a window before the switch does, and its neighbours' links
+                # with them; once the switch is flagged they are explained by it. A new slow
+                # link is reported when it is still slow at the next window.
+                flagged_links[key] = now
+                if self._link_seen.get(key) != now - 1:
+                    continue
+            if new:
                 self._fabric_anomalies[r.kind] += 1
                 self.events.append(("anomaly", r._asdict()))
             self._switch_last[key] = max(w, last if last is not None else w)
+        self._link_seen = flagged_links
         bw = sd.bandwidth_
         out = {}
         if bw is not None and len(bw):

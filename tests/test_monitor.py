@@ -113,3 +113,36 @@ def test_a_job_without_steps_in_a_whole_window_is_warned_about_once(cluster, cap
     assert stepless and stepless <= set(warned), (warned, steps)
     warned, steps = run(SETTINGS)
     assert warned == [] and all(n > 20 for n in steps.values()), (warned, steps)
+
+
+class _ScriptedSwitches:
+    """A switch diagnoser that flags, at each fit, the links its script names (a unit test of the monitor's merge)."""
+
+    def __init__(self, script):
+        self.script, self.bandwidth_ = list(script), None
+
+    def fit(self, bw):
+        self.flagged = self.script.pop(0)
+        return self
+
+    def predict(self):
+        from prism.diagnosis import ANOMALY_COLUMNS
+
+        return pd.DataFrame([("slow_link", None, -1, 0, name, 0.5, f"link {name}") for name in self.flagged], columns=ANOMALY_COLUMNS)
+
+
+def test_a_slow_link_is_reported_when_still_slow_at_the_next_window(cluster):
+    """A link flagged in one window only (a switch degrading mid-window: its links cross first) is not news."""
+    from prism.analyze import Settings
+
+    script = [["a>b"], [], ["c>d"], ["c>d"], ["c>d"], ["e>f"]]
+    m = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS), Settings(switches=_ScriptedSwitches(script)))
+    reported = []
+    for tick in range(len(script)):
+        m._ticks = tick  # as tick() numbers its windows
+        m._merge_switches(final=tick == len(script) - 1)
+        reported.append([e["subject"] for kind, e in m.events if kind == "anomaly"])
+        m.events.clear()
+    # a>b: one window only; c>d: reported at its second window, once while it stays slow; e>f: at the last window, reported
+    assert reported == [[], [], [], ["c>d"], [], ["e>f"]]
+    assert m.fabric_anomalies["slow_link"] == 2
