@@ -46,6 +46,7 @@ class Analysis:
     switch_bandwidth: pd.DataFrame = None  # per window and switch/link
     shapes: pd.DataFrame = None  # job_id, dp, pp, tp
     group_lag: pd.DataFrame = None  # job_id, server, step, ratio, z, stage, lag (per pipeline-stage server and step)
+    slices: dict = field(default_factory=dict)  # job_id -> time slices, for the jobs analysed in slices (prism.slices)
 
 
 def _pair_key(a, b, n):
@@ -321,6 +322,7 @@ def _combine(parts: list[Analysis], switch_bw, s: Settings, stop_after: str) -> 
 
     out = Analysis(pairs=cat("pairs").sort_values(["job_id", "src", "dst"]).reset_index(drop=True))
     out.shapes = cat("shapes").sort_values("job_id").reset_index(drop=True)
+    out.slices = {job: n for p in parts for job, n in p.slices.items()}
     if stop_after == "pairs":
         return out
     out.steps, out.phases = cat("steps"), cat("phases")

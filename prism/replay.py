@@ -108,6 +108,8 @@ class ReplayResult:
                     row.update(steps=int(len(d)), median_step_ms=round(float(d.median()) / 1e6, 3) if len(d) else None)
                 if an is not None and an.anomalies is not None:
                     row.update(anomalies=int((an.anomalies["job_id"] == job_id).sum()))
+                if an is not None and job_id in an.slices:
+                    row.update(slices=int(an.slices[job_id]))  # analysed in time slices (--slice-flows)
                 if spans is not None and job_id in spans.index:
                     row.update(
                         flows=int(spans.at[job_id, "flows"]),
@@ -474,6 +476,8 @@ def format_summary(res: ReplayResult) -> str:
                 parts.append(f"{j['anomalies']} anomalies")
             if j.get("uncertain_pairs"):
                 parts.append(f"{j['uncertain_pairs']} pair type(s) uncertain")
+            if j.get("slices"):
+                parts.append(f"analysed in {j['slices']} time slices")
             lines.append("      " + "; ".join(parts))
     if s.get("anomalies"):
         lines.append(f"anomalies: {len(s['anomalies'])}")

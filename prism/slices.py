@@ -248,6 +248,7 @@ def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, s
     if slices > 1:
         log.debug("analysed a job in %d slices of %d flows", slices, limit)
     out = stitch.result(s, stop_after)
+    out.slices = {job_id: slices for job_id in sorted(set(jobs["job_id"]))}
     if stop_after == "diagnosis" and switch_bw is not None:
         _add_anomalies(out, [out.anomalies], switch_bw, s)
     return out

@@ -1,4 +1,5 @@
 """A job analysed in time slices gives what one analysis of the whole job gives."""
+import json
 import logging
 
 import numpy as np
@@ -92,11 +93,15 @@ def test_a_job_past_the_slice_size_is_a_batch_of_its_own():
 def test_replay_cli_slices_with_byte_identical_outputs_and_refuses_tiny_slices(tiny_dir, tmp_path, capsys):
     from prism.cli import main
 
-    base = ["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--quiet", "--no-progress"]
+    base = ["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--no-progress"]
     assert main(base + ["--out", str(tmp_path / "whole")]) == 0
     assert main(base + ["--out", str(tmp_path / "sliced"), "--slice-flows", str(SLICE)]) == 0
     for name in ("steps.csv", "phases.csv", "pairs.csv", "anomalies.csv", "timeline.json"):
         assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "sliced" / name).read_bytes(), name
+    sliced = {j["job_id"]: j.get("slices") for j in json.loads((tmp_path / "sliced" / "summary.json").read_text())["jobs"]}
+    assert sorted(n for n in sliced.values() if n) == [3, 4, 8] and list(sliced.values()).count(None) == 1  # the small job at once
+    assert not any("slices" in j for j in json.loads((tmp_path / "whole" / "summary.json").read_text())["jobs"])
+    assert "analysed in 8 time slices" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(base + ["--out", str(tmp_path / "x"), "--slice-flows", "100"])
     assert "--slice-flows: must be >= 10000" in capsys.readouterr().err
