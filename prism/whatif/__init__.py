@@ -5,6 +5,14 @@
 replay`` output, :mod:`.scenarios` changes durations, :mod:`.run` is the
 front-end of ``prism whatif``.
 """
-from .graph import ExecutionGraph, GraphCycleError, SimResult, simulate
-
 __all__ = ["ExecutionGraph", "GraphCycleError", "SimResult", "simulate"]
+
+
+def __getattr__(name):
+    # loaded when used: the CLI imports .scenarios for its --help text, and
+    # .graph brings numba (half a second at every start of every command)
+    if name in __all__:
+        from . import graph
+
+        return getattr(graph, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
