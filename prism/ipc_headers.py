@@ -106,6 +106,15 @@ def _field(buf, lo, hi, table, i):
 
 
 @numba.njit(cache=True)
+def _scalar(buf, lo, hi, table, i, n, signed):
+    """``(ok, value)`` of a table's scalar field ``i`` of ``n`` bytes; 0 (the default) if it is not written."""
+    ok, at = _field(buf, lo, hi, table, i)
+    if not ok or at < 0:
+        return ok, np.int64(0)
+    return _int(buf, lo, hi, at, n, signed)
+
+
+@numba.njit(cache=True)
 def _subtable(buf, lo, hi, table, i):
     """``(ok, position)`` of the table field ``i`` points to; -1 if it is not written."""
     ok, at = _field(buf, lo, hi, table, i)
@@ -121,16 +130,10 @@ def _message(buf, lo, hi):
     ok, root = _int(buf, lo, hi, 0, 4, False)
     if not ok:
         return False, 0, np.int64(0), np.int64(0)
-    ok, at = _field(buf, lo, hi, root, _MESSAGE_HEADER_TYPE)
-    kind = np.int64(0)
-    if ok and at >= 0:
-        ok, kind = _int(buf, lo, hi, at, 1, False)
+    ok, kind = _scalar(buf, lo, hi, root, _MESSAGE_HEADER_TYPE, 1, False)
     if not ok:
         return False, 0, np.int64(0), np.int64(0)
-    ok, at = _field(buf, lo, hi, root, _MESSAGE_BODY_LENGTH)
-    body = np.int64(0)
-    if ok and at >= 0:
-        ok, body = _int(buf, lo, hi, at, 8, True)
+    ok, body = _scalar(buf, lo, hi, root, _MESSAGE_BODY_LENGTH, 8, True)
     if not ok or body < 0:  # a negative body length
         return False, 0, np.int64(0), np.int64(0)
     if kind != _RECORD_BATCH and kind != _DICTIONARY_BATCH:
@@ -142,9 +145,7 @@ def _message(buf, lo, hi):
         return False, 0, np.int64(0), np.int64(0)
     n = np.int64(0)
     if header >= 0:
-        ok, at = _field(buf, lo, hi, header, _BATCH_LENGTH)
-        if ok and at >= 0:
-            ok, n = _int(buf, lo, hi, at, 8, True)
+        ok, n = _scalar(buf, lo, hi, header, _BATCH_LENGTH, 8, True)
         if not ok:
             return False, 0, np.int64(0), np.int64(0)
     return True, kind, max(n, np.int64(0)), body

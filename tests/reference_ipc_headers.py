@@ -2,28 +2,14 @@
 
 Kept as the reference the compiled :func:`prism.ipc_headers.declared_rows`
 is tested against (tests/test_ipc_headers.py): the same counts, and None
-for the same damaged streams. The original module text follows.
-
-The rows an Arrow IPC stream declares, read from its message headers.
-
-A compressed Arrow message of a few megabytes can decode to tens of
-millions of rows, and pyarrow decompresses a whole record batch before its
-rows can be counted: a bound checked after decoding comes too late for
-memory. Each IPC message's header (a flatbuffer, ``format/Message.fbs`` in
-the Arrow repository) states its batch's length, so the rows can be summed
-before anything is decompressed::
-
-    table Message         { version: short; header: MessageHeader (union); bodyLength: long; ... }
-    table RecordBatch     { length: long; nodes; buffers; compression; ... }
-    table DictionaryBatch { id: long; data: RecordBatch; isDelta: bool }
-
-Only those fields are read, with every offset bounds-checked; a header
-that cannot be read is left to pyarrow's reader, which validates it.
+for the same damaged streams. The format and
+the fields read are described in :mod:`prism.ipc_headers`.
 """
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+
+from prism.ipc_headers import Declared
 
 __all__ = ["declared_rows"]
 
@@ -85,36 +71,8 @@ def _message(metadata: bytes) -> tuple[int, int, int]:
     return kind, (0 if header is None else max(header.scalar(_BATCH_LENGTH, "<q"), 0)), body
 
 
-class Declared(NamedTuple):
-    rows: int  # record batches' rows
-    dictionary_entries: int  # dictionary batches' entries (a dictionary can be a bomb too)
-
-
 def declared_rows(value) -> Declared | None:
-    """What an Arrow IPC stream's headers declare: its rows and its dictionaries' entries.
-
-    Parameters
-    ----------
-    value : bytes-like
-        An Arrow IPC stream.
-
-    Returns
-    -------
-    Declared or None
-        None if the headers cannot be read (the stream is malformed:
-        pyarrow's reader says how). Bodies are skipped, not read.
-        O(messages), a few microseconds each.
-
-    Examples
-    --------
-    >>> import pyarrow as pa
-    >>> t = pa.table({"x": list(range(5)), "s": pa.array(["a", "b"] * 2 + ["a"]).dictionary_encode()})
-    >>> sink = pa.BufferOutputStream()
-    >>> with pa.ipc.new_stream(sink, t.schema) as w:
-    ...     w.write_table(t); w.write_table(t)
-    >>> declared_rows(sink.getvalue())
-    Declared(rows=10, dictionary_entries=2)
-    """
+    """The reference walk: :func:`prism.ipc_headers.declared_rows` without saturation."""
     buf = bytes(value)
     rows = entries = pos = 0
     try:
