@@ -273,6 +273,11 @@ def analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, capture
         for batch_labels, in_slices in zip(plan, sliced):
             f1 = f0 + int(counts[batch_labels + 1].sum())
             if in_slices:
+                # in time order: a job's flows may come file after file (several collectors, each covering the capture)
+                o = np.argsort(cols[2][f0:f1], kind="stable")
+                for c in cols:
+                    c[f0:f1] = c[f0:f1][o]
+                del o
                 yield batch_labels, JobChunks(_row_chunks(cols, f0, f1))
             else:
                 yield batch_labels, [c[f0:f1] for c in cols]

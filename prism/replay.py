@@ -239,10 +239,11 @@ class _GpuFlows:
             return analyse_by_jobs(*self.columns(), labels, jobs, topology, **kw)
         spilled = self.spilled
         counts = spilled.flows_per_label(labels)
-        plan, sliced = plan_analysis(counts, (kw.get("settings") or Settings()).slice_flows)
+        slice_flows = (kw.get("settings") or Settings()).slice_flows
+        plan, sliced = plan_analysis(counts, slice_flows)
         if len(plan) <= 1 and not any(sliced):  # one batch: the flows as given, as in memory
             return analyse_by_jobs(*spilled.read_all(), labels, jobs, topology, **kw)
-        return analyse_job_batches(spilled.job_batches(labels, plan, kw.get("on_stage"), sliced), labels, jobs, topology, **kw)
+        return analyse_job_batches(spilled.job_batches(labels, plan, kw.get("on_stage"), sliced, slice_flows), labels, jobs, topology, **kw)
 
 
 def replay(

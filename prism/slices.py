@@ -28,9 +28,11 @@ over the last few steps of the one before; the results are stitched:
 Memory: one slice's analysis, whatever the job's length. The stitched
 frames grow by one row per step (and per phase and lag row), not per flow.
 
-Flows must come roughly in time order (a capture's order): each slice is
+Flows must come in time order (the replay sorts a sliced job's flows, or
+reads them back from the spill in sorted time buckets): each slice is
 sorted, but a flow that arrives after its time was analysed only joins
-the next slice, where it cannot change steps already taken.
+the next slice, where it cannot change steps already taken; such flows
+are counted and warned about.
 """
 from __future__ import annotations
 
@@ -185,6 +187,8 @@ def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, s
     held = 0
     slices = 0
     warned = False
+    analysed_before: int | None = None  # flows starting before this were in a slice already analysed
+    late = 0
 
     def warn_stepless(n: int) -> None:
         nonlocal warned
@@ -201,7 +205,7 @@ def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, s
                         n, ", ".join(sorted(set(jobs["job_id"]))), k, MIN_SLICE_STEPS)
 
     def run(final: bool) -> None:
-        nonlocal buf, held, slices
+        nonlocal buf, held, slices, analysed_before
         every = [np.concatenate([c[i] for c in buf]) for i in range(5)] if len(buf) > 1 else buf[0]
         order = np.argsort(every[2], kind="stable")
         every = [c[order] for c in every]
@@ -229,6 +233,7 @@ def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, s
             warn_few_steps(n, len(an.steps))
         buf = [[c[i:].copy() for c in every]]  # the overlap and the flows past the slice (copied: the slice's columns go)
         held = len(every[2]) - i
+        analysed_before = int(cols[2][min(i, n - 1)])
         del an, cols, every
         # the slice's temporaries, freed, leave holes in the heap that arrays of
         # other sizes do not fit (the batch allocator settings keep them):
@@ -239,6 +244,8 @@ def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, s
         chunk = [np.asarray(c) for c in chunk]
         if not len(chunk[0]):
             continue
+        if analysed_before is not None:
+            late += int((chunk[2] < analysed_before).sum())
         buf.append(chunk)
         held += len(chunk[0])
         while held >= limit:
@@ -247,6 +254,9 @@ def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, s
         run(final=True)
     if slices > 1:
         log.debug("analysed a job in %d slices of %d flows", slices, limit)
+    if late:
+        log.warning("%d flows of job %s came after their time slice had been analysed (the input is not in time order): "
+                    "they joined a later slice, and steps of that time may be missing", late, ", ".join(sorted(set(jobs["job_id"]))))
     out = stitch.result(s, stop_after)
     out.slices = {job_id: slices for job_id in sorted(set(jobs["job_id"]))}
     if stop_after == "diagnosis" and switch_bw is not None:

@@ -103,6 +103,9 @@ class SpilledFlows:
         self.slice_rows = int(SLICE_ROWS if slice_rows is None else slice_rows)
         self.flows_per_nic = np.zeros(n_nics, dtype=np.int64)
         self._n = 0
+        # earliest and latest flow start per source NIC: a job's time span, for its time buckets
+        self.first_start = np.full(n_nics, np.iinfo(np.int64).max, dtype=np.int64)
+        self.last_start = np.full(n_nics, np.iinfo(np.int64).min, dtype=np.int64)
 
     def __len__(self) -> int:
         return self._n
@@ -116,6 +119,8 @@ class SpilledFlows:
             rec.tofile(self._file)
         self.flows_per_nic += np.bincount(np.asarray(a), minlength=len(self.flows_per_nic))
         self._n += len(a)
+        np.minimum.at(self.first_start, np.asarray(a), np.asarray(start, dtype=np.int64))
+        np.maximum.at(self.last_start, np.asarray(a), np.asarray(start, dtype=np.int64))
 
     def _records(self, path: Path):
         """The records of a file, ``slice_rows`` at a time."""
@@ -136,7 +141,8 @@ class SpilledFlows:
             self._file.flush()
             return self._columns(np.fromfile(self.path, dtype=RECORD))
 
-    def job_batches(self, labels: np.ndarray, plan: list[np.ndarray], on_stage=None, sliced: list[bool] | None = None):
+    def job_batches(self, labels: np.ndarray, plan: list[np.ndarray], on_stage=None, sliced: list[bool] | None = None,
+                    slice_flows: int | None = None):
         """Yield ``(batch labels, columns)`` per batch of ``plan``, each job's flows together.
 
         Parameters
@@ -155,7 +161,14 @@ class SpilledFlows:
             (:func:`prism.analyze.plan_analysis`). Its flows are yielded as
             :class:`prism.analyze.JobChunks`, read ``slice_rows`` at a time,
             never all at once: the caller consumes them before asking for
-            the next batch.
+            the next batch. They come in time order: the scatter writes such
+            a job's flows into time buckets (a quarter of ``slice_flows``
+            flows each at a steady rate), each sorted when read back, so
+            files of several collectors, each covering the whole capture,
+            reach the time slices in order.
+        slice_flows : int, optional
+            The flows of a time slice (default
+            :data:`DEFAULT_SLICE_FLOWS`); sets the time buckets.
 
         The columns are those :func:`prism.analyze.analyse_by_jobs` slices
         out of the grouped capture. Complexity: each flow was written once
@@ -172,11 +185,32 @@ class SpilledFlows:
         for i, batch_labels in enumerate(plan):
             batch_of[np.asarray(batch_labels) + 1] = i
         paths = [self.dir / f"batch-{i}.bin" for i in range(len(plan))]
+        sliced = sliced or [False] * len(plan)
+        # a sliced job's flows go to time buckets, read back in order (its flows may come file after file, each
+        # covering the capture); at most a quarter of a slice a bucket, if the job's flow rate is steady
+        counts = self.flows_per_label(labels)
+        buckets, span = {}, {}  # sliced batch -> time buckets, and the job's (first, last) start
+        for i in np.flatnonzero(sliced):
+            label = int(plan[i][0])
+            buckets[i] = max(1, -(-int(counts[label + 1]) // max(1, (slice_flows or DEFAULT_SLICE_FLOWS) // 4)))
+            nics = labels == label
+            span[i] = (int(self.first_start[nics].min()), int(self.last_start[nics].max()))
         with _spill_io(self.dir):
             for rec in self._records(self.path):
                 bid = batch_of[labels[rec["a"]] + 1]
                 if (bid < 0).any():
                     raise ValueError("a spilled flow's job is in no batch of the plan")
+                for i, nb in buckets.items():  # per sliced job, not per flow
+                    mine = bid == i
+                    if mine.any():
+                        t0, t1 = span[i]
+                        when = np.clip(((rec["start"][mine] - t0) * (nb / (t1 - t0 + 1))).astype(np.int64), 0, nb - 1)
+                        for k in np.unique(when):
+                            with open(self.dir / f"batch-{i}-t{k}.bin", "ab") as f:
+                                rec[mine][when == k].tofile(f)
+                        bid = np.where(mine, -1, bid)
+                keep = bid >= 0
+                rec, bid = rec[keep], bid[keep]
                 # capture order kept within each batch; 16-bit keys get numpy's radix sort (5x a 64-bit stable sort)
                 o = np.argsort(bid.astype(np.int16) if len(plan) <= np.iinfo(np.int16).max else bid, kind="stable")
                 rec, bid = rec[o], bid[o]
@@ -185,15 +219,15 @@ class SpilledFlows:
                     with open(paths[i], "ab") as f:
                         rec[cuts[i]:cuts[i + 1]].tofile(f)
                 del rec, bid, o
-        for batch_labels, path, in_slices in zip(plan, paths, sliced or [False] * len(plan)):
-            if not path.exists():  # a batch is planned from flow counts: it has flows
-                raise ValueError(f"{path.name}: a planned batch of jobs has no spilled flows")
+        for i, (batch_labels, path, in_slices) in enumerate(zip(plan, paths, sliced)):
             stage("spill")
-            if in_slices:  # one job, in capture order: no grouping
+            if in_slices:  # one job, bucket after bucket: no grouping
                 from .analyze import JobChunks
 
-                yield batch_labels, JobChunks(self._chunks(path))
+                yield batch_labels, JobChunks(self._chunks([self.dir / f"batch-{i}-t{k}.bin" for k in range(buckets[i])]))
                 continue
+            if not path.exists():  # a batch is planned from flow counts: it has flows
+                raise ValueError(f"{path.name}: a planned batch of jobs has no spilled flows")
             with _spill_io(self.dir):
                 cols = self._columns(np.fromfile(path, dtype=RECORD))
                 path.unlink()
@@ -204,12 +238,17 @@ class SpilledFlows:
             del job, order
             yield batch_labels, cols
 
-    def _chunks(self, path: Path):
-        """A batch file's flows as columns, ``slice_rows`` at a time; the file goes once read."""
+    def _chunks(self, paths: list[Path]):
+        """The flows of these time buckets' files, each sorted by start, as columns ``slice_rows`` at a time; each file goes once read."""
         with _spill_io(self.dir):
-            for rec in self._records(path):
-                yield self._columns(rec)
-            path.unlink()
+            for path in paths:
+                if not path.exists():  # a time bucket the job has no flow in
+                    continue
+                rec = np.fromfile(path, dtype=RECORD)  # a quarter of a slice, at a steady flow rate
+                path.unlink()
+                rec = rec[np.argsort(rec["start"], kind="stable")]
+                for i in range(0, len(rec), self.slice_rows):
+                    yield self._columns(rec[i:i + self.slice_rows])
 
     def flows_per_label(self, labels: np.ndarray) -> np.ndarray:
         """Flows per job label, indexed by label + 1 (as :func:`prism.analyze.plan_job_batches` takes them)."""

@@ -105,3 +105,51 @@ def test_replay_cli_slices_with_byte_identical_outputs_and_refuses_tiny_slices(t
     with pytest.raises(SystemExit):
         main(base + ["--out", str(tmp_path / "x"), "--slice-flows", "100"])
     assert "--slice-flows: must be >= 10000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_files_that_each_cover_the_capture_are_sliced_in_time_order(tiny_cluster, tmp_path, spill, monkeypatch):
+    """Two collectors' dumps, each of the whole capture, given one after the other: the slices still see time in order."""
+    import prism.analyze
+    import prism.spill
+
+    # chunks far smaller than a job, as a long capture's are (else a job's flows come in one chunk, sorted whole)
+    monkeypatch.setattr(prism.analyze, "_CHUNK_ROWS", 3_000)
+    monkeypatch.setattr(prism.spill, "SLICE_ROWS", 3_000)
+    tiny_cluster.write(tmp_path / "c")
+    topo = Topology.from_csv(tmp_path / "c" / "topology.csv")
+    flows = pd.read_parquet(tmp_path / "c" / "flows.parquet")
+    half = (flows["src"].astype(str) < flows["dst"].astype(str)).to_numpy()  # by direction: both files span the capture
+    files = []
+    for name, part in (("a", flows[half]), ("b", flows[~half])):
+        part.to_parquet(tmp_path / f"{name}.parquet", index=False)
+        files.append(str(tmp_path / f"{name}.parquet"))
+    kw = dict(spill_above=0, spill_dir=tmp_path) if spill else {}
+    whole = replay(files, topo, progress=False, **kw).analysis
+    sliced = replay(files, topo, progress=False, settings=Settings(slice_flows=SLICE), **kw).analysis
+    for name in ("steps", "phases", "anomalies"):
+        pd.testing.assert_frame_equal(getattr(whole, name), getattr(sliced, name), check_dtype=False)
+    assert len(sliced.slices) == 3
+
+
+def test_flows_given_out_of_time_order_are_warned_about(tiny_dir, caplog):
+    from prism.jobs import JobRecognizer
+    from prism.slices import analyse_sliced
+
+    topo = Topology.from_csv(tiny_dir / "topology.csv")
+    flows = pd.read_parquet(tiny_dir / "flows.parquet")
+    a, b = topo.nic_index(flows["src"]), topo.nic_index(flows["dst"])
+    gpu = (a >= 0) & (b >= 0) & (a != b)
+    rec = JobRecognizer(topo)
+    rec.partial_fit_pairs(a[gpu], b[gpu])
+    labels, jobs = rec.labels(), rec.predict()
+    job = np.where(gpu, labels[np.maximum(a, 0)], -1)
+    big = int(np.argmax(np.bincount(job[job >= 0])))  # the job with the most flows (50k)
+    mine = job == big
+    cols = [a[mine], b[mine], flows["start_ns"].to_numpy()[mine], flows["duration_ns"].to_numpy()[mine], flows["size"].to_numpy()[mine]]
+    half = len(cols[0]) // 2
+    backwards = [[c[half:] for c in cols], [c[:half] for c in cols]]  # the second half of the capture first
+    big_jobs = jobs[labels[topo.ips.get_indexer(jobs["ip"])] == big]
+    with caplog.at_level(logging.WARNING, logger="prism.slices"):
+        analyse_sliced(backwards, labels, big_jobs, topo, int(cols[2].max()), slice_flows=SLICE, stop_after="steps")
+    assert any("not in time order" in r.getMessage() for r in caplog.records)
