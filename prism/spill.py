@@ -205,9 +205,13 @@ class SpilledFlows:
                     if mine.any():
                         t0, t1 = span[i]
                         when = np.clip(((rec["start"][mine] - t0) * (nb / (t1 - t0 + 1))).astype(np.int64), 0, nb - 1)
-                        for k in np.unique(when):
+                        o = np.argsort(when, kind="stable")  # one sort, then a run per bucket: not a pass per bucket
+                        part, when = rec[mine][o], when[o]
+                        ks, firsts = np.unique(when, return_index=True)
+                        for k, lo, hi in zip(ks, firsts, np.r_[firsts[1:], len(when)]):
                             with open(self.dir / f"batch-{i}-t{k}.bin", "ab") as f:
-                                rec[mine][when == k].tofile(f)
+                                part[lo:hi].tofile(f)
+                        del part, when, o
                         bid = np.where(mine, -1, bid)
                 keep = bid >= 0
                 rec, bid = rec[keep], bid[keep]
