@@ -311,8 +311,7 @@ def analyse_job_batches(batches, labels, jobs, topology, capture_end, switch_bw=
         batch_jobs = jobs[np.isin(job_label, batch_labels)]
         # each batch runs every stage: on_stage is called per batch (a stage's time is the sum over batches)
         if isinstance(cols, JobChunks):
-            parts.append(analyse_sliced(cols, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage,
-                                        slice_flows=(settings or Settings()).slice_flows))
+            parts.append(analyse_sliced(cols, labels, batch_jobs, topology, capture_end, settings, stop_after, on_stage))
         else:
             parts.append(analyse(*cols, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage))
         del cols

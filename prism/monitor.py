@@ -163,7 +163,7 @@ class Monitor:
         self._jobs: dict[str, _JobState] = {}
         self._active: dict[tuple, int] = {}  # (kind, job, subject) of ongoing group/switch anomalies -> last tick
         self._switch_last: dict[tuple, int] = {}  # (kind, subject) -> last switch window flagged
-        self._link_seen: dict[tuple, int] = {}  # (kind, subject) of a slow link -> last tick it was flagged (not yet reported)
+        self._links_pending: set[tuple] = set()  # (kind, subject) of new slow links flagged by the last window, not yet reported
         self._fabric_anomalies: Counter = Counter()
         self.min_start: int | None = None  # earliest record start (for the first window)
         self.max_start: int | None = None  # latest record start over all partitions
@@ -552,7 +552,7 @@ class Monitor:
 
     def _merge_switches(self, final: bool = False) -> dict:
         sd = self.analysis.switches.fit(self.switch_bw)
-        now, flagged_links = self._ticks, {}
+        flagged_links = set()
         for r in sd.predict().sort_values("start_ns").itertuples(index=False):
             # one anomaly while the switch stays slow, window after window
             key, w = (r.kind, r.subject), int(r.start_ns) // self.switch_bw.window_ns
@@ -564,14 +564,14 @@ class Monitor:
                 # the threshold a window before the switch does, and its neighbours' links
                 # with them; once the switch is flagged they are explained by it. A new slow
                 # link is reported when it is still slow at the next window.
-                flagged_links[key] = now
-                if self._link_seen.get(key) != now - 1:
+                flagged_links.add(key)
+                if key not in self._links_pending:
                     continue
             if new:
                 self._fabric_anomalies[r.kind] += 1
                 self.events.append(("anomaly", r._asdict()))
             self._switch_last[key] = max(w, last if last is not None else w)
-        self._link_seen = flagged_links
+        self._links_pending = flagged_links
         bw = sd.bandwidth_
         out = {}
         if bw is not None and len(bw):

@@ -43,15 +43,13 @@ import numpy as np
 import pandas as pd
 
 from .allocator import release_free_memory
-from .analyze import Analysis, Settings, _add_anomalies, _in_time_order, analyse
+from .analyze import Analysis, Settings, _in_time_order, analyse
 from .timeline import PHASE_COLUMNS, STEP_COLUMNS
 
-__all__ = ["SLICE_FLOWS", "analyse_sliced"]
+__all__ = ["analyse_sliced"]
 
 log = logging.getLogger("prism.slices")
 
-#: a job with more GPU flows is analysed this many at a time (the default of ``Settings.slice_flows``)
-SLICE_FLOWS = Settings.slice_flows
 #: median steps each slice reaches back into the one before
 OVERLAP_STEPS = 8
 #: median steps before a slice's last flow within which a step waits for the next slice
@@ -159,9 +157,9 @@ def _common_shape(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
             .drop(columns="n").sort_values("job_id").reset_index(drop=True))
 
 
-def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, switch_bw=None, settings: Settings | None = None,
-                   stop_after: str = "diagnosis", on_stage=None, slice_flows: int | None = None) -> Analysis:
-    """:func:`prism.analyze.analyse` of one job, ``slice_flows`` flows at a time (see the module docstring).
+def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, settings: Settings | None = None,
+                   stop_after: str = "diagnosis", on_stage=None) -> Analysis:
+    """:func:`prism.analyze.analyse` of one job, ``settings.slice_flows`` flows at a time (see the module docstring).
 
     Parameters
     ----------
@@ -169,11 +167,10 @@ def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, s
         The job's flows as ``[a, b, start, duration, size]`` arrays, a
         chunk at a time, roughly in time order.
     labels, jobs, topology, capture_end, settings, stop_after, on_stage
-        As for :func:`prism.analyze.analyse` (``jobs``: the job's rows).
-    switch_bw : SwitchBandwidth, optional
-        Diagnosed once over all flows, as :func:`prism.analyze.analyse` does.
-    slice_flows : int, optional
-        Flows a slice holds; default :data:`SLICE_FLOWS`.
+        As for :func:`prism.analyze.analyse` (``jobs``: the job's rows);
+        the job's own anomalies only, as for one batch of
+        :func:`prism.analyze.analyse_job_batches` (the switches are
+        diagnosed once over all flows, when the batches are combined).
 
     Notes
     -----
@@ -181,7 +178,7 @@ def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, s
     steps, at most half a slice); memory is one slice's analysis.
     """
     s = settings or Settings()
-    limit = max(2, int(SLICE_FLOWS if slice_flows is None else slice_flows))  # a slice moves on by half: two flows at least
+    limit = max(2, int(s.slice_flows))  # a slice moves on by half: two flows at least
     stitch = _Stitch()
     buf: list[list[np.ndarray]] = []
     held = 0
@@ -259,6 +256,4 @@ def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, s
                     "they joined a later slice, and steps of that time may be missing", late, ", ".join(sorted(set(jobs["job_id"]))))
     out = stitch.result(s, stop_after)
     out.slices = {job_id: slices for job_id in sorted(set(jobs["job_id"]))}
-    if stop_after == "diagnosis" and switch_bw is not None:
-        _add_anomalies(out, [out.anomalies], switch_bw, s)
     return out

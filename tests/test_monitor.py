@@ -139,7 +139,6 @@ def test_a_slow_link_is_reported_when_still_slow_at_the_next_window(cluster):
     m = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS), Settings(switches=_ScriptedSwitches(script)))
     reported = []
     for tick in range(len(script)):
-        m._ticks = tick  # as tick() numbers its windows
         m._merge_switches(final=tick == len(script) - 1)
         reported.append([e["subject"] for kind, e in m.events if kind == "anomaly"])
         m.events.clear()

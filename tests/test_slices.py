@@ -151,5 +151,5 @@ def test_flows_given_out_of_time_order_are_warned_about(tiny_dir, caplog):
     backwards = [[c[half:] for c in cols], [c[:half] for c in cols]]  # the second half of the capture first
     big_jobs = jobs[labels[topo.ips.get_indexer(jobs["ip"])] == big]
     with caplog.at_level(logging.WARNING, logger="prism.slices"):
-        analyse_sliced(backwards, labels, big_jobs, topo, int(cols[2].max()), slice_flows=SLICE, stop_after="steps")
+        analyse_sliced(backwards, labels, big_jobs, topo, int(cols[2].max()), Settings(slice_flows=SLICE), stop_after="steps")
     assert any("not in time order" in r.getMessage() for r in caplog.records)
