@@ -73,7 +73,7 @@ def test_a_message_that_raises_is_found_and_counted_once(monkeypatch):
     validate = messages.validate_arrow
 
     def fragile(tables, rejects, source):
-        if any(t.num_rows == 7 for t in tables):
+        if any(9_000_001 in t["start_ns"].to_pylist() for t in tables):  # the 7-record message, alone or joined
             raise RuntimeError("an input nobody foresaw")
         return validate(tables, rejects, source)
 
@@ -135,3 +135,81 @@ def test_arrow_columns_in_any_order_extra_or_missing_decode_as_json_lines_does()
         assert "vlan" not in a.columns and set(a.columns) <= set(j.columns)  # JSON Lines adds the optional columns empty
         pd.testing.assert_frame_equal(a.astype(str), j[list(a.columns)].astype(str))
         assert arrow_rc.as_dict() == jsonl_rc.as_dict()
+
+
+def _per_message(values, rejects, sources):
+    """The reference for :func:`messages.read_arrows`: each message read on its own."""
+    return [t for v, s in zip(values, sources) if (t := messages.read_arrow(v, rejects, s)) is not None]
+
+
+def _arrow_batch(rng) -> list:
+    """A poll's worth of Arrow messages: mostly one schema, with the shapes that must not be joined in between."""
+    def stream(table, compression=None, chunk=None):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
+            w.write_table(table, max_chunksize=chunk)
+        return sink.getvalue().to_pybytes()
+
+    out = []
+    for i in range(40):
+        t = pa.Table.from_pandas(good(int(rng.integers(0, 60)), 1000 * i), preserve_index=False)
+        kind = rng.integers(0, 8)
+        if kind == 0:  # dictionaries: read on its own
+            t = pa.table({c: t[c].dictionary_encode() if pa.types.is_string(t[c].type) else t[c] for c in t.column_names})
+        elif kind == 1:  # another schema: a run of its own
+            t = t.drop_columns(["switches"])
+        value = stream(t, compression="zstd" if kind == 2 else None, chunk=7 if kind == 3 else None)
+        damaged = bytearray(value)
+        if kind == 4:
+            damaged = damaged[: rng.integers(1, len(value))]  # cut short
+        elif kind == 5:
+            for at in rng.integers(0, len(value), 2):  # bytes overwritten (headers, schema or body)
+                damaged[at] = rng.integers(0, 256)
+        out.append((bytes(damaged), [], f"t[0]@{i}"))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_messages_read_together_decode_as_read_one_by_one(seed, monkeypatch):
+    """Joining a poll's Arrow streams changes nothing: the same records, the same counts, each bad message named."""
+    rng = np.random.default_rng(seed)
+    batch = _arrow_batch(rng)
+    if seed % 4 == 0:
+        monkeypatch.setattr(messages, "MAX_MESSAGE_ROWS", 30)  # some messages oversized among joinable ones
+    joined_rc, alone_rc = RejectCounter(), RejectCounter()
+    joined = decode_messages(batch, joined_rc, "t[0]@0-39")
+    monkeypatch.setattr(messages, "read_arrows", _per_message)
+    alone = decode_messages(batch, alone_rc, "t[0]@0-39")
+    assert len(joined) == len(alone)
+    for j, a in zip(joined, alone):
+        pd.testing.assert_frame_equal(j, a)
+    assert joined_rc.as_dict() == alone_rc.as_dict()
+    assert joined_rc.examples == alone_rc.examples
+
+
+def test_a_poll_of_plain_messages_is_read_as_one_stream(monkeypatch):
+    """The point of joining: one reader for a run of plain messages, not one per message."""
+    opened = []
+    open_stream = pa.ipc.open_stream
+    monkeypatch.setattr(pa.ipc, "open_stream", lambda *a, **k: opened.append(1) or open_stream(*a, **k))
+    batch = [(encode_arrow(good(50, 100 * i)), [], f"t[0]@{i}") for i in range(30)]
+    rc = RejectCounter()
+    (frame,) = decode_messages(batch, rc, "t[0]@0-29")
+    assert len(frame) == 1500 and rc.as_dict() == {} and len(opened) == 1
+    assert frame["start_ns"].tolist() == sorted(frame["start_ns"])  # in message order
+
+
+def test_a_message_with_damaged_offsets_is_counted_not_followed():
+    """String offsets past the data pass the IPC reader's checks; reading them would crash the daemon."""
+    g = good(2, 7000)
+    columns = {c: pa.array(g[c].tolist()) for c in g.columns}
+    offsets = pa.py_buffer(np.array([0, 1 << 30, 16], dtype=np.int32).tobytes())  # the first address ends a GiB past the data
+    columns["src"] = pa.Array.from_buffers(pa.string(), 2, [None, offsets, pa.py_buffer(b"10.0.0.110.0.0.1")])
+    damaged = arrow_message(columns)
+    for batch in ([(damaged, [], "t[0]@1")],  # alone, and among neighbours read with it
+                  [(encode_arrow(good(10, 0)), [], "t[0]@0"), (damaged, [], "t[0]@1"), (encode_arrow(good(10, 100)), [], "t[0]@2")]):
+        rc = RejectCounter()
+        frames = decode_messages(batch, rc, "t[0]@0-2")
+        assert sum(map(len, frames)) == 10 * (len(batch) - 1)
+        assert rc.as_dict() == {"malformed_message": 1}
+        assert rc.examples["malformed_message"][0].startswith("t[0]@1: ") and "column 'src' is damaged" in rc.examples["malformed_message"][0]
