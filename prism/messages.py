@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from .ipc_headers import declared_rows, join_streams, walk_streams
 from .readers import FlowReader
-from .records import FLOW_COLUMNS, REQUIRED_COLUMNS, RejectCounter, empty_flows, validate_flows
+from .records import FLOW_COLUMNS, REQUIRED_COLUMNS, RejectCounter, bytes_type, empty_flows, validate_flows
 
 __all__ = [
     "ARROW_CONTENT_TYPE",
@@ -146,8 +146,8 @@ def decode_messages(messages, rejects: RejectCounter, source: str, max_bytes: in
 
     Notes
     -----
-    The messages of one format are validated in one call (its per-call
-    cost would otherwise dominate small messages). If that raises, which
+    The messages of one format are read and validated together (the
+    per-call cost would otherwise dominate small messages). If that raises, which
     only an input the validation does not foresee can make it do, every
     message is decoded on its own: the one that raises counts once as
     ``malformed_message`` and its neighbours are kept. Never raises.
@@ -163,9 +163,9 @@ def decode_messages(messages, rejects: RejectCounter, source: str, max_bytes: in
         else:
             arrow_values.append(value)
             arrow_sources.append(where)
-    arrow = [t for t in read_arrows(arrow_values, rejects, arrow_sources) if t.num_rows]
     trial = RejectCounter()  # merged only if the batch validates
     try:
+        arrow = [t for t in read_arrows(arrow_values, trial, arrow_sources) if t.num_rows]
         out = []
         if jsonl:
             out.append(decode_message(b"".join(jsonl), trial, source, max_bytes=1 << 62))
@@ -197,6 +197,11 @@ def _decode_arrow(value: bytes, rejects: RejectCounter, source: str) -> pd.DataF
     return validate_arrow([table], rejects, source)
 
 
+#: what reading an untrusted stream can raise: any Arrow error (a damaged header
+#: can also declare a buffer of petabytes: ArrowMemoryError), bad framing
+_UNREADABLE = (pa.ArrowException, OSError, ValueError)
+
+
 def read_arrow(value: bytes, rejects: RejectCounter, source: str) -> pa.Table | None:
     """The table of an Arrow IPC stream message, or None (counted) if unreadable or too large."""
     declared = declared_rows(value)  # from the headers: nothing decompressed yet
@@ -215,7 +220,7 @@ def read_arrow(value: bytes, rejects: RejectCounter, source: str) -> pa.Table | 
             batches.append(batch)
         table = pa.Table.from_batches(batches, schema=reader.schema)
         _check_structure(table)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as e:
+    except _UNREADABLE as e:
         rejects.add("malformed_message", 1, f"{source}: not an Arrow IPC stream ({str(e).splitlines()[0][:120]})")
         return None
     return _flow_columns(table)
@@ -246,7 +251,7 @@ def read_arrows(values: list, rejects: RejectCounter, sources: list[str]) -> lis
             try:
                 table = pa.ipc.open_stream(pa.py_buffer(join_streams(streams, np.arange(lo, hi)))).read_all()
                 _check_structure(table)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError):
+            except _UNREADABLE:
                 pass  # some message's body is bad: read each below, to count that one alone
             else:
                 out.append(_flow_columns(table))
@@ -270,27 +275,12 @@ def _check_structure(table: pa.Table) -> None:
     except pa.ArrowInvalid:
         pass
     for name, column in zip(table.column_names, table.columns):
-        as_bytes = _bytes_type(column.type)
+        as_bytes = bytes_type(column.type)
         for chunk in column.chunks:
             try:
                 (chunk.view(as_bytes) if as_bytes != chunk.type else chunk).validate(full=True)
             except pa.ArrowInvalid as e:
                 raise pa.ArrowInvalid(f"column {name!r} is damaged: {str(e).splitlines()[0][:100]}") from None
-
-
-def _bytes_type(t: pa.DataType) -> pa.DataType:
-    """``t`` with its text as bytes (the same layout, no UTF-8 to check)."""
-    if pa.types.is_string(t):
-        return pa.binary()
-    if pa.types.is_large_string(t):
-        return pa.large_binary()
-    if pa.types.is_list(t):
-        return pa.list_(_bytes_type(t.value_type))
-    if pa.types.is_large_list(t):
-        return pa.large_list(_bytes_type(t.value_type))
-    if pa.types.is_dictionary(t):
-        return pa.dictionary(t.index_type, _bytes_type(t.value_type), t.ordered)
-    return t
 
 
 def _flow_columns(table: pa.Table) -> pa.Table:
@@ -313,11 +303,14 @@ def validate_arrow(tables: list, rejects: RejectCounter, source: str) -> pd.Data
     """Validate several messages' tables in one call (types unified first)."""
     try:
         table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        # columns of clashing types across messages: validate one by one
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        # columns of clashing types across messages (a path as text in one, a
+        # list of names in another): validate one by one
         parts = [validate_flows(t, rejects, source, first_line=0, line_step="row") for t in tables]
         return pd.concat(parts, ignore_index=True)
-    return validate_flows(table, rejects, source, first_line=0, line_step="row")
+    # one chunk a column, in one C call: each column's own combine would first
+    # wrap every message's chunk in a Python object
+    return validate_flows(table.combine_chunks(), rejects, source, first_line=0, line_step="row")
 
 
 def pair_keys(src, dst) -> np.ndarray:

@@ -34,6 +34,7 @@ __all__ = [
     "validate_flows",
     "normalise_address",
     "empty_flows",
+    "bytes_type",
 ]
 
 REQUIRED_COLUMNS = ("start_ns", "duration_ns", "src", "dst", "size", "switches")
@@ -138,6 +139,25 @@ def _valid_text(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
             texts.append(False)
     invalid = np.array([t is False for t in texts], dtype=bool)
     return pa.array([None if t is False else t for t in texts], type=pa.string()), invalid
+
+
+def bytes_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with its text as bytes: the same layout, no UTF-8 to check (a damaged value can still be shown or validated).
+
+    >>> bytes_type(pa.list_(pa.string()))
+    ListType(list<item: binary>)
+    """
+    if pa.types.is_string(t):
+        return pa.binary()
+    if pa.types.is_large_string(t):
+        return pa.large_binary()
+    if pa.types.is_list(t):
+        return pa.list_(bytes_type(t.value_type))
+    if pa.types.is_large_list(t):
+        return pa.large_list(bytes_type(t.value_type))
+    if pa.types.is_dictionary(t):
+        return pa.dictionary(t.index_type, bytes_type(t.value_type), t.ordered)
+    return t
 
 
 def _as_text(arr: pa.Array) -> tuple[pa.Array | None, np.ndarray]:
@@ -504,7 +524,7 @@ def validate_flows(
                 try:
                     v = v.as_py() if hasattr(v, "as_py") else v
                 except UnicodeDecodeError:  # the example shows the bytes
-                    v = v.cast(pa.binary()).as_py()
+                    v = v.cast(bytes_type(v.type)).as_py()
                 v = v.item() if isinstance(v, np.generic) else v
                 value = f" {fname}={v!r}"
             rejects.add(rname, int(cnt), f"{where}:{value}" if value else where)

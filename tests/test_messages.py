@@ -213,3 +213,95 @@ def test_a_message_with_damaged_offsets_is_counted_not_followed():
         assert sum(map(len, frames)) == 10 * (len(batch) - 1)
         assert rc.as_dict() == {"malformed_message": 1}
         assert rc.examples["malformed_message"][0].startswith("t[0]@1: ") and "column 'src' is damaged" in rc.examples["malformed_message"][0]
+
+
+def test_a_message_declaring_a_petabyte_buffer_is_counted_not_raised():
+    """A damaged compressed buffer's length prefix makes pyarrow's allocation fail: an error to count, not to raise.
+
+    Raised, it would have ended the whole poll (its other messages never
+    ingested, nor counted).
+    """
+    import struct
+
+    t = pa.Table.from_pandas(good(5, 8000), preserve_index=False)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+        w.write_table(t)
+    value = sink.getvalue().to_pybytes()
+    for at in range(0, len(value) - 8, 8):  # some buffer's uncompressed length, set to a petabyte
+        damaged = value[:at] + struct.pack("<q", 1 << 50) + value[at + 8:]
+        try:
+            pa.ipc.open_stream(damaged).read_all()
+        except pa.ArrowMemoryError:
+            break
+        except (pa.ArrowException, OSError):
+            pass
+    else:
+        pytest.fail("no length prefix found to damage")
+    for batch in ([(damaged, [], "t[0]@1")], [(encode_arrow(good(10, 0)), [], "t[0]@0"), (damaged, [], "t[0]@1"), (encode_arrow(good(10, 100)), [], "t[0]@2")]):
+        rc = RejectCounter()
+        assert sum(map(len, decode_messages(batch, rc, "t[0]@0-2"))) == 10 * (len(batch) - 1)
+        assert rc.as_dict() == {"malformed_message": 1} and rc.examples["malformed_message"][0].startswith("t[0]@1: ")
+
+
+def test_paths_as_text_and_as_lists_in_one_poll_validate_together(caplog):
+    """Two producers' ways of writing a path meet in one poll: no fallback, no warning, every record kept."""
+    g = good(20, 500)
+    listed = {c: g[c].tolist() for c in g}
+    listed["switches"] = pa.array([p.split("|") for p in g["switches"]], pa.list_(pa.string()))
+    batch = [(encode_arrow(good(20, 0)), [], "t[0]@0"), (arrow_message(listed), [], "t[0]@1"), (encode_arrow(good(20, 900)), [], "t[0]@2")]
+    rc = RejectCounter()
+    with caplog.at_level("WARNING", logger="prism.messages"):
+        frames = decode_messages(batch, rc, "t[0]@0-2")
+    assert sum(map(len, frames)) == 60 and rc.as_dict() == {}
+    assert set(pd.concat(frames)["switches"].astype(str)) == {"leaf-a|spine-b"}
+    assert not caplog.records
+
+
+def test_a_path_list_with_invalid_utf8_costs_its_row_not_its_message(caplog):
+    """The example kept for the count shows the bytes: showing them must not fail the poll's validation."""
+    g = good(10, 700)
+    listed = {c: g[c].tolist() for c in g}
+    names = pa.array([b"leaf-a", b"spine-\xd2"] + [b"leaf-a", b"spine-b"] * 9, pa.binary()).view(pa.string())
+    listed["switches"] = pa.ListArray.from_arrays(pa.array(np.arange(0, 21, 2), pa.int32()), names)
+    batch = [(arrow_message(listed), [], "t[0]@0"), (encode_arrow(good(10, 0)), [], "t[0]@1")]
+    rc = RejectCounter()
+    with caplog.at_level("WARNING", logger="prism.messages"):
+        frames = decode_messages(batch, rc, "t[0]@0-1")
+    assert sum(map(len, frames)) == 19 and rc.as_dict() == {"bad_switches": 1}
+    assert "spine-\\xd2" in rc.examples["bad_switches"][0]
+    assert not caplog.records
+
+
+def test_damaged_messages_never_raise_nor_cost_their_poll(caplog):
+    """A fuzz over the shapes producers send (text, dictionaries, path lists, zstd), a few bytes overwritten in each.
+
+    It found a crash (offsets out of range), a raise that lost a whole
+    poll (a petabyte allocation) and a valid row that cost its message
+    (the example of a bad path list).
+    """
+    rng = np.random.default_rng(11)
+
+    def variant(i):
+        g = good(int(rng.integers(1, 40)), 100 * i)
+        t = pa.Table.from_pandas(g, preserve_index=False)
+        kind = rng.integers(0, 4)
+        if kind == 1:
+            t = pa.table({c: t[c].dictionary_encode() if pa.types.is_string(t[c].type) else t[c] for c in t.column_names})
+        elif kind == 2:
+            t = t.set_column(t.column_names.index("switches"), "switches", pa.array([p.split("|") for p in g["switches"]]))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, t.schema, options=pa.ipc.IpcWriteOptions(compression="zstd" if kind == 3 else None)) as w:
+            w.write_table(t)
+        value = bytearray(sink.getvalue().to_pybytes())
+        for at in rng.integers(0, len(value), int(rng.integers(1, 4))):
+            value[at] = rng.integers(0, 256)
+        return bytes(value)
+
+    with caplog.at_level("WARNING", logger="prism.messages"):
+        for _ in range(60):
+            batch = [(variant(i), [], f"t[0]@{i}") for i in range(8)]
+            rc = RejectCounter()
+            decode_messages(batch, rc, "t[0]@0-7")
+            assert rc.counts.get("malformed_message", 0) <= len(batch)
+    assert not caplog.records  # every poll validated together: no message needed the one-by-one fallback
