@@ -593,6 +593,9 @@ def cmd_daemon(args) -> int:
         startup.update(kafka=settings["kafka_bootstrap_servers"], topic=settings["kafka_topic"], group=settings["kafka_group_id"],
                        kafka_security=security.describe())
     log.info("starting", extra={"fields": startup})
+    from .warmup import warm_up
+
+    log.debug("compiled kernels loaded", extra={"fields": {"seconds": round(warm_up(), 3)}})  # now, not in the first window
     try:
         if settings.get("source"):
             source = DirectorySource(settings["source"])

@@ -24,6 +24,7 @@ from .monitor import Monitor, MonitorSettings
 from .produce import FlowProducer
 from .sources import KafkaSource, ensure_topic
 from .topology import Topology
+from .warmup import warm_up
 
 __all__ = ["LiveDemo", "DemoResult", "demo_settings", "stream_flows"]
 
@@ -114,6 +115,7 @@ class LiveDemo:
             ensure_topic(self.bootstrap, self.topic, self.partitions, security=self.security)
             topo = Topology.from_frame(self.cluster.topology)
             monitor = Monitor(topo, self.settings)
+            warm_up()  # the compiled kernels load now, not inside the first window (time to detect)
             health = Health()
             from prometheus_client import CollectorRegistry
 

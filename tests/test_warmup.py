@@ -1,0 +1,36 @@
+"""The daemon's warm-up: every compiled kernel on its path loaded before the first window, silently."""
+import subprocess
+import sys
+import textwrap
+
+# compiled functions no daemon window calls (the replay's phases, the what-if simulator)
+NOT_ON_THE_DAEMONS_PATH = {"prism.analyze._arrivals", "prism.whatif.graph._topo_order"}
+
+
+def test_warm_up_loads_every_kernel_of_the_daemons_path_and_says_nothing():
+    # a fresh interpreter: in this one, earlier tests have called the kernels already
+    script = textwrap.dedent("""
+        import importlib, io, logging, pkgutil, sys
+        import numba
+        import prism, prism.cli, prism.daemon, prism.sources  # what `prism daemon` imports
+        log = io.StringIO()
+        logging.basicConfig(stream=log, level=logging.DEBUG, force=True)
+        logging.getLogger("prism").setLevel(logging.INFO)
+        from prism.warmup import warm_up
+        seconds = warm_up()
+        kernels = {f"{name}.{attr}": obj for name, mod in sorted(sys.modules.items()) if name.startswith("prism")
+                   for attr, obj in vars(mod).items() if isinstance(obj, numba.core.registry.CPUDispatcher) and obj.__module__ == name}
+        # helpers called only from compiled code are compiled into their callers: no signature of their own
+        inner = {f"{k.rsplit('.', 1)[0]}.{n}" for k, d in kernels.items() for n in d.py_func.__code__.co_names}
+        cold = [k for k, d in kernels.items() if not d.signatures and k not in inner]
+        print("COLD", sorted(cold))
+        print("LOG", repr(log.getvalue()))
+        print("SECONDS", seconds)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True).stdout
+    lines = dict(line.split(" ", 1) for line in out.splitlines() if line.split(" ", 1)[0] in ("COLD", "LOG", "SECONDS"))
+    cold = set(eval(lines["COLD"]))
+    assert cold <= NOT_ON_THE_DAEMONS_PATH, f"compiled on first use in a window, not at start: {sorted(cold - NOT_ON_THE_DAEMONS_PATH)}"
+    assert "prism.ipc_headers._walk_many" not in cold and "prism.window._insert" not in cold
+    assert "prism" not in eval(lines["LOG"])  # the throwaway monitor's warnings are not the daemon's
+    assert float(lines["SECONDS"]) > 0
