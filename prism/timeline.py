@@ -156,11 +156,12 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
             continue
         spread = np.median(np.abs(dur - med)) / med
         merged = dur[dur >= 1.9 * med].sum() / dur.sum()  # time in what look like merged steps
+        split = _fragments(dur, med)  # steps in what look like split ones
         # time left outside any step beyond a partial step at each edge: a
         # threshold that cuts only the slower half of a job (a straggler
         # appeared) is regular too, but leaves the faster half uncut
         outside = max(0.0, b[0] - busy_end[0] - 1.5 * med) + max(0.0, busy_end[-1] - b[-1] - 1.5 * med)
-        scored.append((spread + merged + outside / span, tau, outside == 0))
+        scored.append((spread + merged + split + outside / span, tau, outside == 0))
     if not scored:
         return np.inf
     # a cut that leaves the job's traffic outside any step (beyond the
@@ -173,6 +174,25 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     # regular as its steps
     best_tau = max(t for s, t in scored if s <= best + tie)
     return best_tau
+
+
+def _fragments(dur: np.ndarray, med: float) -> float:
+    """Share of the steps that look like a piece of a split step: short, and a typical step with a neighbour.
+
+    A straggler that appears partway through the traffic pauses each slower
+    step inside its collective. If about half the steps are slower, a cut
+    at that pause is the more regular one by the median and MAD (the short
+    pieces are a third of the durations, outliers to the MAD), while the
+    right cut has two step lengths, before and after. The pieces give it
+    away: each is under half a step and makes a step with the piece before
+    or after it.
+    """
+    if len(dur) < 2:
+        return 0.0
+    short = dur < 0.5 * med
+    with_prev = np.r_[False, np.abs(dur[1:] + dur[:-1] - med) <= 0.25 * med]
+    with_next = np.r_[np.abs(dur[:-1] + dur[1:] - med) <= 0.25 * med, False]
+    return float(np.mean(short & (with_prev | with_next)))
 
 
 def optimizer_gaps(start, busy_end, gap, cut, size, pair, other_start, other_end, other_size, min_gap_ns: int = 100_000,

@@ -204,3 +204,31 @@ def test_step_table_phase_bounds_are_na_where_a_step_has_no_such_traffic():
                 assert pd.isna(got_start) and pd.isna(got_end)
     assert t["flows"].tolist() == np.bincount(k, minlength=4).tolist()
     assert t["bytes"].tolist() == np.bincount(k, weights=size, minlength=4).astype(int).tolist()
+
+
+def test_a_straggler_from_halfway_does_not_split_the_slower_steps(tmp_path):
+    """SYNTHETIC tp8-pp4-dp4 (seed 1) whose server starts computing 1.4x slower at step 10, captured for 10.25 s.
+
+    Half the steps are then slower, each with a pause inside its collective
+    (the straggler's rings start late). Cut at that pause, the steps look
+    more regular by median and MAD (the short pieces are outliers to it)
+    than cut right (two lengths, before and after); found by analysing a
+    window of a daemon that had fallen behind. The pieces give the wrong
+    cut away: each is short and makes a typical step with its neighbour.
+    """
+    from synthetic.scenarios import scenario_cluster
+
+    c = scenario_cluster("tp-pp-dp", seed=1, duration_s=60, with_faults=True)
+    fault = c.faults.query("kind == 'slow_group'").iloc[0]
+    t0 = int(c.flows["start_ns"].min())
+    head = c.flows[c.flows["start_ns"] < t0 + 10_250_000_000]
+    c.flows = head.reset_index(drop=True)
+    c.write(tmp_path)
+    r = replay([str(tmp_path / "flows.parquet")], Topology.from_csv(tmp_path / "topology.csv"), progress=False)
+    names = job_name_map(r.jobs, c.jobs)
+    got = r.analysis.steps[r.analysis.steps["job_id"].map(names) == fault["job_id"]]
+    truth = c.steps[(c.steps["job_id"] == fault["job_id"]) & (c.steps["end_ns"] <= t0 + 10_250_000_000)]
+    slower = truth[truth["step"] >= fault["step"]]
+    assert 0.3 * len(truth) <= len(slower) <= 0.7 * len(truth)  # the case: about half the steps slower
+    assert len(got) == len(truth)  # every whole step, none split in two
+    assert (got["duration_ns"] > 0.5 * got["duration_ns"].median()).all()
