@@ -51,11 +51,13 @@ def run_one(cluster, tmp, name, **replay_kw) -> dict:
     return score_cluster(r, cluster)
 
 
-def run_stream(cluster, name, settings: MonitorSettings, slice_s: float = 0.25) -> dict:
+def run_stream(cluster, name, settings: MonitorSettings, slice_s: float = 0.25, backlog: bool = False) -> dict:
     """The daemon's path: the flows fed to a :class:`Monitor` in event-time slices, a window at every step.
 
     As at 1x real time (every ``step_s`` of event time gets its window); no
-    Kafka (the daemon tests cover it).
+    Kafka (the daemon tests cover it). ``backlog``: as a daemon catching up
+    on a full topic (the source has unread records until the last slice),
+    whose windows stride a whole window (:meth:`Monitor.catching_up`).
     Scored like a replay, from what the monitor reports: its job map, the
     steps it counted and the anomalies it raised. No pair types (the
     monitor keeps counts only).
@@ -76,8 +78,10 @@ def run_stream(cluster, name, settings: MonitorSettings, slice_s: float = 0.25) 
     for part in np.split(np.arange(len(flows)), cuts):
         if len(part):
             m.ingest(validate_flows(pa.Table.from_pandas(flows.iloc[part], preserve_index=False), RejectCounter(), name))
+            m.backlogged = {"0"} if backlog and part[-1] < len(flows) - 1 else set()
             if m.due():
                 m.tick()
+    m.backlogged = set()
     m.tick(final=True)
     steps = m.steps_frame()
     counted = sum(v.steps for v in m.view.jobs.values())
@@ -131,6 +135,7 @@ def main() -> int:
     ap.add_argument("--stream", action="store_true", help="score the daemon's windowed analysis instead of the replay")
     ap.add_argument("--slice-flows", type=int, default=None, metavar="N",
                     help="the replay with every job of more than N GPU flows analysed N flows at a time, in time slices (prism replay --slice-flows)")
+    ap.add_argument("--backlog", action="store_true", help="with --stream: as a daemon catching up on a full topic (windows stride a whole window)")
     ap.add_argument("--window", type=float, default=MonitorSettings.window_s, help="with --stream: the daemon's --window, seconds (default %(default)g)")
     ap.add_argument("--window-step", type=float, default=MonitorSettings.step_s, help="with --stream: the daemon's --window.step, seconds (default %(default)g)")
     args = ap.parse_args()
@@ -146,7 +151,7 @@ def main() -> int:
 
     def run(cluster, tmp, name):
         if args.stream:
-            return run_stream(cluster, name, stream)
+            return run_stream(cluster, name, stream, backlog=args.backlog)
         return run_one(cluster, tmp, name, **({"settings": Settings(slice_flows=args.slice_flows)} if args.slice_flows else {}))
 
     def report(label, seed, window, faulty, row):

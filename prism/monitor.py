@@ -327,14 +327,26 @@ class Monitor:
         return min(active) if active else self.max_start
 
     def due(self) -> bool:
-        """Has event time moved a whole ``step_s`` past the last analysis?"""
+        """Has event time moved a whole ``step_s`` past the last analysis (``window_s`` while catching up)?"""
         wm = self.watermark()
         if wm is None:
             return False
         end = wm - self.lateness_ns()
-        if self.analysed_to is None:
-            return end - (self.min_start if self.min_start is not None else wm) >= int(self.s.step_s * 1e9)
-        return end - self.analysed_to >= int(self.s.step_s * 1e9)
+        since = self.analysed_to if self.analysed_to is not None else (self.min_start if self.min_start is not None else wm)
+        return end - since >= int((self.s.window_s if self.catching_up() else self.s.step_s) * 1e9)
+
+    def catching_up(self) -> bool:
+        """Is the source behind (records unread), with room in the window to read on?
+
+        Behind on a backlog (a full topic, a restart, a burst), a window at
+        every ``step_s`` of event time would analyse each flow
+        ``window_s / step_s`` times over while its results are late anyway:
+        windows then stride a whole ``window_s`` (each reaching back half a
+        window, so no step falls between two). Once caught up, windows step
+        at ``step_s`` again. A window already holding half of
+        ``max_window_flows`` is analysed without waiting.
+        """
+        return bool(self.backlogged) and len(self.window) < self.s.max_window_flows // 2
 
     def pending(self) -> bool:
         """Is there input past the last analysis (for the idle flush)?"""

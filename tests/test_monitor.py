@@ -145,3 +145,40 @@ def test_a_slow_link_is_reported_when_still_slow_at_the_next_window(cluster):
     # a>b: one window only; c>d: reported at its second window, once while it stays slow; e>f: at the last window, reported
     assert reported == [[], [], [], ["c>d"], [], ["e>f"]]
     assert m.fabric_anomalies["slow_link"] == 2
+
+
+def test_a_backlog_is_analysed_in_strides_of_a_window_with_the_same_steps(cluster, caplog):
+    """Behind (the source has unread records), windows stride ``window_s``, not ``step_s``: fewer analyses, no step lost.
+
+    Caught up, they step at ``step_s`` again; a window holding half of
+    ``max_window_flows`` does not wait.
+    """
+    flows = cluster.flows.sort_values("start_ns", kind="stable")
+    batches = [flows.iloc[i : i + 2000].reset_index(drop=True) for i in range(0, len(flows), 2000)]
+
+    def run(behind_until, **settings):
+        caplog.clear()
+        m = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**{**SETTINGS, **settings}))
+        with caplog.at_level("DEBUG", logger="prism.monitor"):
+            for i, b in enumerate(batches):
+                m.ingest(b)
+                m.backlogged = {"0"} if i < behind_until else set()
+                while m.due():
+                    m.tick()
+            m.tick(final=True)
+        ends = [pd.Timestamp(r.fields["to"]).value for r in caplog.records if r.getMessage() == "window analysed"]
+        return {j: st.view.steps for j, st in m._jobs.items()}, m.steps_frame(), ends
+
+    live, live_steps, live_ends = run(0)
+    behind, behind_steps, behind_ends = run(len(batches))
+    assert behind == live and behind_steps.equals(live_steps)  # the same steps, each reported once
+    strides = pd.Series(behind_ends[:-1]).diff().dropna()
+    assert len(behind_ends) < len(live_ends) / 2 and (strides >= SETTINGS["window_s"] * 1e9).all(), (behind_ends, live_ends)
+    # caught up after 4 s: the first window waited a whole window, the later ones a step
+    _, _, ends = run(len(batches) // 2)
+    first = int(flows["start_ns"].iloc[0])
+    assert ends[0] - first >= (SETTINGS["window_s"] - SETTINGS["lateness_s"]) * 1e9 > live_ends[0] - first, (ends, live_ends)
+    assert (pd.Series(ends[:-1]).diff().dropna() < 1.5 * SETTINGS["step_s"] * 1e9).all(), ends
+    # a window near its memory bound is analysed without waiting
+    _, _, ends = run(len(batches), max_window_flows=120_000)  # half of it is about 2 s of this cluster's flows
+    assert len(ends) > len(behind_ends)
