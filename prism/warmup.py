@@ -17,6 +17,7 @@ import time
 
 __all__ = ["warm_up"]
 
+
 def warm_up(seconds: float = 3.0) -> float:
     """Run a small made-up cluster through decoding and analysis; return the wall seconds it took.
 
@@ -39,7 +40,7 @@ def warm_up(seconds: float = 3.0) -> float:
     try:
         _run(seconds)
     except Exception as e:  # noqa: BLE001 - a start-up nicety must not stop the daemon
-        prism_log.setLevel(level)
+        prism_log.setLevel(level)  # so that this line is not silenced too
         logging.getLogger("prism.warmup").debug("warm-up failed (the first window loads the kernels instead): %s: %s", type(e).__name__, e)
     finally:
         prism_log.setLevel(level)
