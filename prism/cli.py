@@ -571,6 +571,11 @@ def cmd_daemon(args) -> int:
         print(f"prism daemon: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     monitor = Monitor(topo, ms)
+    from .warmup import warm_up
+
+    # the compiled kernels load now, not inside the first window; before any
+    # other thread runs, as the warm-up silences the prism loggers meanwhile
+    warmed = warm_up()
     health = Health(stall_s=max(60.0, 2 * settings["kafka_max_poll_interval"]))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrismCollector(monitor, health))
@@ -593,9 +598,7 @@ def cmd_daemon(args) -> int:
         startup.update(kafka=settings["kafka_bootstrap_servers"], topic=settings["kafka_topic"], group=settings["kafka_group_id"],
                        kafka_security=security.describe())
     log.info("starting", extra={"fields": startup})
-    from .warmup import warm_up
-
-    log.debug("compiled kernels loaded", extra={"fields": {"seconds": round(warm_up(), 3)}})  # now, not in the first window
+    log.debug("compiled kernels loaded", extra={"fields": {"seconds": round(warmed, 3)}})
     try:
         if settings.get("source"):
             source = DirectorySource(settings["source"])
