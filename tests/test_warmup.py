@@ -1,4 +1,5 @@
 """The daemon's warm-up: every compiled kernel on its path loaded before the first window, silently."""
+import json
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,7 @@ NOT_ON_THE_DAEMONS_PATH = {"prism.analyze._arrivals", "prism.whatif.graph._topo_
 def test_warm_up_loads_every_kernel_of_the_daemons_path_and_says_nothing():
     # a fresh interpreter: in this one, earlier tests have called the kernels already
     script = textwrap.dedent("""
-        import importlib, io, logging, pkgutil, sys
+        import io, json, logging, sys
         import numba
         import prism, prism.cli, prism.daemon, prism.sources  # what `prism daemon` imports
         log = io.StringIO()
@@ -23,14 +24,12 @@ def test_warm_up_loads_every_kernel_of_the_daemons_path_and_says_nothing():
         # helpers called only from compiled code are compiled into their callers: no signature of their own
         inner = {f"{k.rsplit('.', 1)[0]}.{n}" for k, d in kernels.items() for n in d.py_func.__code__.co_names}
         cold = [k for k, d in kernels.items() if not d.signatures and k not in inner]
-        print("COLD", sorted(cold))
-        print("LOG", repr(log.getvalue()))
-        print("SECONDS", seconds)
+        print(json.dumps({"cold": sorted(cold), "log": log.getvalue(), "seconds": seconds}))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True).stdout
-    lines = dict(line.split(" ", 1) for line in out.splitlines() if line.split(" ", 1)[0] in ("COLD", "LOG", "SECONDS"))
-    cold = set(eval(lines["COLD"]))
+    got = json.loads(out.splitlines()[-1])
+    cold = set(got["cold"])
     assert cold <= NOT_ON_THE_DAEMONS_PATH, f"compiled on first use in a window, not at start: {sorted(cold - NOT_ON_THE_DAEMONS_PATH)}"
     assert "prism.ipc_headers._walk_many" not in cold and "prism.window._insert" not in cold
-    assert "prism" not in eval(lines["LOG"])  # the throwaway monitor's warnings are not the daemon's
-    assert float(lines["SECONDS"]) > 0
+    assert "prism" not in got["log"]  # the throwaway monitor's warnings are not the daemon's
+    assert got["seconds"] > 0
