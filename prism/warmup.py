@@ -60,7 +60,8 @@ def _run(seconds: float) -> None:
     for c in ("src", "dst", "switches"):
         flows[c] = flows[c].astype(str)  # as a producer writes them: plain text, one schema for every message
     monitor = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(window_s=seconds / 2, step_s=seconds / 4, lateness_s=0))
-    halves = (flows[flows["start_ns"] < flows["start_ns"].median()], flows[flows["start_ns"] >= flows["start_ns"].median()])
+    second = flows["start_ns"] >= flows["start_ns"].median()
+    halves = (flows[~second], flows[second])
     for half in halves:
         messages = [(encode_arrow(half.iloc[i : i + 2000]), [], f"warm-up@{i}") for i in range(0, len(half), 2000)]
         for frame in decode_messages(messages, RejectCounter(), "warm-up"):

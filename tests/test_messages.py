@@ -23,12 +23,17 @@ def good(n=100, offset=0):
     })
 
 
-def arrow_message(columns: dict) -> bytes:
-    t = pa.table(columns)
+def ipc_stream(table: pa.Table, compression=None, chunk=None, times: int = 1) -> bytes:
+    """Arrow IPC stream bytes of ``table`` written ``times`` times (record batches of at most ``chunk`` rows)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema) as w:
-        w.write_table(t)
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
+        for _ in range(times):
+            w.write_table(table, max_chunksize=chunk)
     return sink.getvalue().to_pybytes()
+
+
+def arrow_message(columns: dict) -> bytes:
+    return ipc_stream(pa.table(columns))
 
 
 def poisons():
@@ -92,11 +97,8 @@ def test_a_message_decoding_to_too_many_records_is_refused(monkeypatch):
     """Compressed Arrow can expand a few MB into tens of millions of rows: bounded, counted once, neighbours kept."""
     monkeypatch.setattr(messages, "MAX_MESSAGE_ROWS", 150)
     t = pa.Table.from_pandas(good(100, 5000), preserve_index=False)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema) as w:
-        for _ in range(3):  # 300 records in three batches
-            w.write_table(t)
-    batch = [(encode_jsonl(good(100, 0)), [], "t[0]@0"), (sink.getvalue().to_pybytes(), [], "t[0]@1"), (encode_arrow(good(100, 100)), [], "t[0]@2")]
+    batch = [(encode_jsonl(good(100, 0)), [], "t[0]@0"), (ipc_stream(t, times=3), [], "t[0]@1"),  # 300 records in three batches
+             (encode_arrow(good(100, 100)), [], "t[0]@2")]
     rc = RejectCounter()
     assert sum(map(len, decode_messages(batch, rc, "t[0]@0-2"))) == 200
     assert rc.as_dict() == {"oversized_message": 1} and "more than 150 records" in rc.examples["oversized_message"][0]
@@ -108,10 +110,7 @@ def test_a_compressed_bomb_is_refused_from_its_headers(monkeypatch):
     one = pa.Table.from_pandas(good(1, 0), preserve_index=False)
     t = one.take(np.zeros(n, dtype=np.int64))  # the same valid record 2M times
     t = pa.table({c: t[c].dictionary_encode() if pa.types.is_large_string(t[c].type) else t[c] for c in t.column_names})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
-        w.write_table(t)
-    bomb = sink.getvalue().to_pybytes()
+    bomb = ipc_stream(t, compression="zstd")
     assert len(bomb) < min(DEFAULT_MAX_MESSAGE_BYTES, t.nbytes // 20)  # within the byte limit, a twentieth of what it decodes to
 
     def no_decoding(*a, **k):
@@ -144,12 +143,6 @@ def _per_message(values, rejects, sources):
 
 def _arrow_batch(rng) -> list:
     """A poll's worth of Arrow messages: mostly one schema, with the shapes that must not be joined in between."""
-    def stream(table, compression=None, chunk=None):
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
-            w.write_table(table, max_chunksize=chunk)
-        return sink.getvalue().to_pybytes()
-
     out = []
     for i in range(40):
         t = pa.Table.from_pandas(good(int(rng.integers(0, 60)), 1000 * i), preserve_index=False)
@@ -158,7 +151,7 @@ def _arrow_batch(rng) -> list:
             t = pa.table({c: t[c].dictionary_encode() if pa.types.is_string(t[c].type) else t[c] for c in t.column_names})
         elif kind == 1:  # another schema: a run of its own
             t = t.drop_columns(["switches"])
-        value = stream(t, compression="zstd" if kind == 2 else None, chunk=7 if kind == 3 else None)
+        value = ipc_stream(t, compression="zstd" if kind == 2 else None, chunk=7 if kind == 3 else None)
         damaged = bytearray(value)
         if kind == 4:
             damaged = damaged[: rng.integers(1, len(value))]  # cut short
@@ -223,11 +216,7 @@ def test_a_message_declaring_a_petabyte_buffer_is_counted_not_raised():
     """
     import struct
 
-    t = pa.Table.from_pandas(good(5, 8000), preserve_index=False)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
-        w.write_table(t)
-    value = sink.getvalue().to_pybytes()
+    value = ipc_stream(pa.Table.from_pandas(good(5, 8000), preserve_index=False), compression="zstd")
     for at in range(0, len(value) - 8, 8):  # some buffer's uncompressed length, set to a petabyte
         damaged = value[:at] + struct.pack("<q", 1 << 50) + value[at + 8:]
         try:
@@ -290,10 +279,7 @@ def test_damaged_messages_never_raise_nor_cost_their_poll(caplog):
             t = pa.table({c: t[c].dictionary_encode() if pa.types.is_string(t[c].type) else t[c] for c in t.column_names})
         elif kind == 2:
             t = t.set_column(t.column_names.index("switches"), "switches", pa.array([p.split("|") for p in g["switches"]]))
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, t.schema, options=pa.ipc.IpcWriteOptions(compression="zstd" if kind == 3 else None)) as w:
-            w.write_table(t)
-        value = bytearray(sink.getvalue().to_pybytes())
+        value = bytearray(ipc_stream(t, compression="zstd" if kind == 3 else None))
         for at in rng.integers(0, len(value), int(rng.integers(1, 4))):
             value[at] = rng.integers(0, 256)
         return bytes(value)
