@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .allocator import release_free_memory
-from .analyze import Analysis, Settings, analyse_by_jobs, analyse_job_batches, plan_analysis
+from .analyze import Analysis, Settings, analyse_by_jobs, analyse_chunks_by_jobs, analyse_job_batches, plan_analysis
 from .diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
 from .diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
 from .jobs import JobRecognizer
@@ -215,18 +215,10 @@ class _GpuFlows:
             self.parts = []
             release_free_memory()
 
-    def columns(self):
-        """The columns, concatenated; each column's chunks are freed once joined."""
-        if not self.parts:
-            return [np.empty(0, dtype=np.int64) for _ in range(self.N_COLUMNS)]
-        cols = []
-        for i in range(self.N_COLUMNS):
-            cols.append(np.concatenate([p[i] for p in self.parts]))
-            for p in self.parts:
-                p[i] = None
-            release_free_memory()  # the chunks' pages: holes no whole column fits in
-        self.parts = []
-        return cols
+    def take_chunks(self) -> list[list[np.ndarray]]:
+        """The chunks' columns, handed over (the caller consumes them; see :func:`prism.analyze.analyse_chunks_by_jobs`)."""
+        chunks, self.parts = self.parts, []
+        return chunks
 
     def close(self) -> None:
         self.parts = []
@@ -236,7 +228,7 @@ class _GpuFlows:
     def analyse(self, labels, jobs, topology, **kw) -> Analysis:
         """:func:`prism.analyze.analyse_by_jobs` over the flows, from memory or from disk."""
         if self.spilled is None:
-            return analyse_by_jobs(*self.columns(), labels, jobs, topology, **kw)
+            return analyse_chunks_by_jobs(self.take_chunks() or [[np.empty(0, dtype=np.int64)] * self.N_COLUMNS], labels, jobs, topology, **kw)
         spilled = self.spilled
         counts = spilled.flows_per_label(labels)
         slice_flows = (kw.get("settings") or Settings()).slice_flows

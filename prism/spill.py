@@ -175,7 +175,7 @@ class SpilledFlows:
         by :meth:`add`, and is read, written to its batch's file and read
         again here (O(flows) I/O); memory O(slice_rows + largest batch).
         """
-        from .ordering import order_by  # compiled with numba: loaded when used, not when the CLI starts
+        from .ordering import group_rows  # compiled with numba: loaded when used, not when the CLI starts
 
         stage = on_stage or (lambda name: None)
         stage("spill")
@@ -235,12 +235,8 @@ class SpilledFlows:
             with _spill_io(self.dir):
                 cols = self._columns(np.fromfile(path, dtype=RECORD))
                 path.unlink()
-            job = labels[cols[0]]
-            order = order_by([job], np.arange(len(job), dtype=np.int64))
-            for c in cols:
-                c[:] = c[order]
-            del job, order
-            yield batch_labels, cols
+            key = labels[cols[0]] + 1
+            yield batch_labels, group_rows([cols], [key], np.bincount(key, minlength=int(labels.max(initial=-1)) + 2))
 
     def _chunks(self, paths: list[Path]):
         """The flows of these time buckets' files, each sorted by start, as columns ``slice_rows`` at a time; each file goes once read."""

@@ -141,6 +141,30 @@ def test_order_by_is_lexsort(n, n_keys, presorted, seed):
 
 
 @SETTINGS
+@given(st.integers(0, 300), st.integers(1, 5), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_group_rows_is_the_joined_columns_in_key_order(n, n_chunks, n_keys, seed):
+    """Chunks scattered by key give the joined columns in order_by's order; one chunk is grouped in place."""
+    from prism.ordering import group_rows, order_by
+
+    rng = np.random.default_rng(seed)
+    key = rng.integers(0, n_keys, n)
+    cols = [rng.integers(0, 10**12, n), rng.integers(-5, 5, n).astype(np.int32)]
+    want = [c[order_by([key], np.arange(n))] for c in cols]
+    cuts = np.sort(rng.integers(0, n + 1, n_chunks - 1))  # empty chunks too
+    bounds = list(zip(np.r_[0, cuts], np.r_[cuts, n]))
+    chunks = [[c[lo:hi].copy() for c in cols] for lo, hi in bounds]
+    got = group_rows(chunks, [key[lo:hi] for lo, hi in bounds], np.bincount(key, minlength=n_keys))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.tolist() == w.tolist()
+    if n_chunks > 1:
+        assert all(c is None for chunk in chunks for c in chunk)  # consumed as the columns filled
+    else:
+        assert all(g is c for g, c in zip(got, chunks[0]))  # in place
+    with pytest.raises(ValueError, match="do not add up"):
+        group_rows([[np.arange(3)]], [np.zeros(3, dtype=np.int64)], np.array([2]))
+
+
+@SETTINGS
 @given(st.integers(0, 300), st.integers(0, 2**32 - 1))
 def test_switch_sums_equal_the_groupby(n, seed):
     """The switch accounting's per-chunk sums are the three-key groupby's, in the same (first-seen) order."""
