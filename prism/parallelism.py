@@ -396,13 +396,19 @@ UNCERTAIN_BELOW = 0.6
 SIGNALS = ("direction", "ring_job", "timing", "symmetry", "structure", "light")
 
 
+@numba.njit(cache=True, inline="always")
+def _continues(start, busy, merge_ns):  # pragma: no cover - compiled
+    """A flow starting at ``start`` continues the episode busy until ``busy``."""
+    return start <= busy + merge_ns
+
+
 @numba.njit(cache=True)
 def _new_episode(pair_id, start, end, merge_ns):  # pragma: no cover - compiled
     n = len(start)
     new = np.empty(n, np.bool_)
     busy = np.int64(0)
     for i in range(n):
-        if i == 0 or pair_id[i] != pair_id[i - 1] or start[i] > busy + merge_ns:
+        if i == 0 or pair_id[i] != pair_id[i - 1] or not _continues(start[i], busy, merge_ns):
             new[i] = True
             busy = end[i]
         else:
@@ -410,6 +416,108 @@ def _new_episode(pair_id, start, end, merge_ns):  # pragma: no cover - compiled
             if end[i] > busy:
                 busy = end[i]
     return new
+
+
+@numba.njit(cache=True)
+def _dense_pair_ids(src, dst, rank, m):  # pragma: no cover - compiled
+    """Per flow, its pair's number in ``min * m + max`` order of the NICs' ranks; and the number of pairs."""
+    slot = np.full(m * m, -1, np.int32)
+    for i in range(len(src)):
+        ra, rb = rank[src[i]], rank[dst[i]]
+        slot[min(ra, rb) * m + max(ra, rb)] = 0
+    n_pairs = 0
+    for j in range(m * m):
+        if slot[j] == 0:
+            slot[j] = n_pairs
+            n_pairs += 1
+    pair = np.empty(len(src), np.int32)
+    for i in range(len(src)):
+        ra, rb = rank[src[i]], rank[dst[i]]
+        pair[i] = slot[min(ra, rb) * m + max(ra, rb)]
+    return pair, n_pairs
+
+
+#: NICs whose pairs are numbered through a dense table (m * m entries of 4 bytes: 64 MiB at most); past it, by a sort
+DENSE_PAIR_NICS = 4096
+
+
+def pair_ids(src: np.ndarray, dst: np.ndarray, n_nodes: int) -> tuple[np.ndarray, int]:
+    """Per flow, the number of its (unordered) pair of NICs, pairs numbered in ``(min, max)`` order; and how many pairs.
+
+    O(flows + m^2) through a table over the m NICs present, up to
+    :data:`DENSE_PAIR_NICS` of them; O(flows log flows) past it.
+    """
+    present = np.zeros(n_nodes, dtype=bool)
+    present[src] = True
+    present[dst] = True
+    rank = np.cumsum(present) - 1  # keeps the NICs' order, so the pairs' too
+    m = int(present.sum())
+    if m <= DENSE_PAIR_NICS:
+        return _dense_pair_ids(src, dst, rank, m)
+    ra, rb = rank[src], rank[dst]
+    uniq, pair = np.unique(np.minimum(ra, rb) * m + np.maximum(ra, rb), return_inverse=True)
+    return pair, len(uniq)
+
+
+@numba.njit(cache=True)
+def _pair_sums(src, dst, start, end, size, in_time, pair, n_pairs, merge_ns, every_flow):  # pragma: no cover - compiled
+    """Per pair of NICs (``pair``: its number per flow): its sums and episodes, in passes over the flows in time order.
+
+    ``in_time`` lists the flows in time order (ties: input order); empty
+    when the input already is. Each pair's flows are then met in the
+    order a sort by (pair, start) gives, so the floats sum to the same
+    values numpy's ``bincount`` over that sort gave, without the sort or
+    any sorted copy of a column; each pair's running sums and episode are
+    kept aside.
+    """
+    n = len(src)
+    lo_nic = np.empty(n_pairs, np.int64)
+    hi_nic = np.empty(n_pairs, np.int64)
+    flows = np.zeros(n_pairs, np.int64)
+    first = np.empty(n_pairs, np.int64)
+    last = np.empty(n_pairs, np.int64)
+    big = np.full(n_pairs, -np.inf)
+    nbytes = np.zeros(n_pairs)
+    fwd_bytes = np.zeros(n_pairs)
+    for t in range(n):
+        i = in_time[t] if len(in_time) else t
+        p = pair[i]
+        if flows[p] == 0:
+            lo_nic[p], hi_nic[p] = min(src[i], dst[i]), max(src[i], dst[i])
+            first[p], last[p] = start[i], end[i]
+        elif end[i] > last[p]:
+            last[p] = end[i]
+        flows[p] += 1
+        nbytes[p] += size[i]
+        if src[i] <= dst[i]:
+            fwd_bytes[p] += size[i]
+        if size[i] > big[p]:
+            big[p] = size[i]
+    # episodes: control messages (a few bytes: the grad-norm all-reduce)
+    # open none, a pair's timing is that of the transfers it carries
+    episodes = np.zeros(n_pairs)
+    both_ways = np.zeros(n_pairs)
+    busy = np.zeros(n_pairs, np.int64)
+    ep_flows = np.zeros(n_pairs, np.int64)
+    ep_fwd = np.zeros(n_pairs, np.int64)
+    for t in range(n):
+        i = in_time[t] if len(in_time) else t
+        p = pair[i]
+        if not (every_flow or size[i] >= 0.01 * big[p]):
+            continue
+        if ep_flows[p] == 0 or not _continues(start[i], busy[p], merge_ns):
+            if ep_flows[p]:  # the episode before carried both directions?
+                both_ways[p] += 0 < ep_fwd[p] < ep_flows[p]
+            episodes[p] += 1
+            busy[p], ep_flows[p], ep_fwd[p] = end[i], 0, 0
+        elif end[i] > busy[p]:
+            busy[p] = end[i]
+        ep_flows[p] += 1
+        ep_fwd[p] += src[i] <= dst[i]
+    for p in range(n_pairs):
+        if ep_flows[p]:
+            both_ways[p] += 0 < ep_fwd[p] < ep_flows[p]
+    return lo_nic, hi_nic, flows, first, last, nbytes, fwd_bytes, episodes, both_ways
 
 
 def pair_episodes(pair_id: np.ndarray, start: np.ndarray, end: np.ndarray, merge_ns: int = 20_000) -> np.ndarray:
@@ -560,47 +668,22 @@ class ParallelismClassifier:
 
         Notes
         -----
-        One sort of the flows by (pair, start), one compiled pass for the
-        episodes, then per-pair sums; everything after works per pair.
+        Compiled passes over the flows in time order (no sort when they
+        come in start order, as a capture's do), each pair's running sums
+        and episode kept aside; everything after works per pair.
         """
         src, dst = np.asarray(src), np.asarray(dst)
         start = np.asarray(start, np.int64)
         end = start if end is None else np.asarray(end, np.int64)
         size = np.asarray(size, np.float64)
         n_nodes = int(max(src.max(initial=0), dst.max(initial=0))) + 1
-        key = np.minimum(src, dst).astype(np.int64) * n_nodes + np.maximum(src, dst)
-        order = order_by([key], start)
-        key, st, en = key[order], start[order], end[order]
-        fwd = (src <= dst)[order]
-        sz = size[order]
-        del order
-        new_pair = np.ones(len(key), dtype=bool)
-        new_pair[1:] = key[1:] != key[:-1]
-        pid = np.cumsum(new_pair) - 1
-        keys = key[new_pair]
-        n = len(keys)
-        # control messages (a few bytes: the grad-norm all-reduce) open no
-        # episode: a pair's timing is that of the transfers it carries
-        big = np.maximum.reduceat(sz, np.flatnonzero(new_pair)) if len(sz) else np.zeros(0)
-        bulk = (sz >= 0.01 * big[pid]) | ("light" in self.without)
-        new_ep = np.zeros(len(pid), dtype=bool)
-        new_ep[bulk] = pair_episodes(pid[bulk], st[bulk], en[bulk], self.merge_ns)
-        # episodes that carry both directions: every step of a two-member
-        # ring does; a pipeline's warm-up forwards and cool-down backwards
-        # do not
-        ep_id = np.cumsum(new_ep[bulk]) - 1
-        ep_fwd = np.bincount(ep_id, weights=fwd[bulk])
-        ep_all = np.bincount(ep_id)
-        ep_both = (ep_fwd > 0) & (ep_fwd < ep_all)
-        ep_pair = pid[bulk][new_ep[bulk]]
-        flows = np.bincount(pid, minlength=n)
-        nbytes = np.bincount(pid, weights=sz, minlength=n)
-        fwd_bytes = np.bincount(pid, weights=sz * fwd, minlength=n)
-        episodes = np.bincount(pid, weights=new_ep, minlength=n)
-        first = st[new_pair]
-        last = np.maximum.reduceat(en, np.flatnonzero(new_pair)) if len(st) else np.zeros(0, np.int64)
+        in_time = np.zeros(0, np.int64) if len(start) < 2 or bool(np.all(start[1:] >= start[:-1])) else np.argsort(start, kind="stable")
+        pair, n_pairs = pair_ids(src, dst, n_nodes)
+        lo_nic, hi_nic, flows, first, last, nbytes, fwd_bytes, episodes, both = _pair_sums(
+            src, dst, start, end, size, in_time, pair, n_pairs, np.int64(self.merge_ns), "light" in self.without)
+        del in_time, pair
         span_s = np.maximum(last - first, 1) / 1e9
-        p = pd.DataFrame({"a": keys // n_nodes, "b": keys % n_nodes})
+        p = pd.DataFrame({"a": lo_nic, "b": hi_nic})
         p["job"] = np.asarray(job_of)[p["a"].to_numpy()]
         p["flows"] = flows
         p["bytes"] = nbytes.astype(np.int64)
@@ -611,11 +694,13 @@ class ParallelismClassifier:
         p["light"] = (nbytes < self.light_share * job_med) & ("light" not in self.without)
         p["one_way"] = (np.maximum(p["fwd_share"], 1 - p["fwd_share"]) >= self.one_way_share) & (flows >= self.min_flows) & ~p["light"] & ("direction" not in self.without)
         p["episodes"] = episodes.astype(np.int64)
-        p["both_ways"] = np.bincount(ep_pair, weights=ep_both, minlength=n) / np.maximum(episodes, 1)
+        # episodes that carry both directions: every step of a two-member
+        # ring does; a pipeline's warm-up forwards and cool-down backwards
+        # do not
+        p["both_ways"] = both / np.maximum(episodes, 1)
         # the job's step count is needed only for jobs whose pairs all keep
-        # one pace; _decide asks for it through this
-        flow_job = np.asarray(job_of)[key // n_nodes]
-        self._job_steps = lambda jobs: _job_step_counts(jobs, flow_job, st, en)
+        # one pace; _decide asks for it through this (the sorted flows only then)
+        self._job_steps = lambda jobs: _job_step_counts(jobs, np.asarray(job_of), src, dst, start, end)
         p["rate"] = episodes / span_s
         p["msgs_per_episode"] = flows / np.maximum(episodes, 1)
         self._server_of = None if server_of is None else np.asarray(server_of)
@@ -717,20 +802,23 @@ def _job_has(job: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return pd.Series(mask).groupby(job).transform("any").to_numpy()
 
 
-def _job_step_counts(jobs: np.ndarray, flow_job: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict:
+def _job_step_counts(jobs: np.ndarray, job_of: np.ndarray, src: np.ndarray, dst: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict:
     """``{job: steps it ran in the window}`` (0: unknown) for the ``jobs`` asked.
 
     The job's flows (all pairs) are cut where :func:`prism.timeline.natural_break`
-    finds the most regular period. One sort of the asked jobs' flows.
+    finds the most regular period. One sort of the asked jobs' flows, by
+    job, start, then pair.
     """
     from .timeline import busy_gaps, natural_break
 
     out = {}
     if len(jobs) == 0:
         return out
-    m = np.isin(flow_job, jobs)
-    fj, s_all, e_all = flow_job[m], start[m], end[m]
-    o = order_by([fj], s_all)
+    lo_nic = np.minimum(src, dst)
+    m = np.isin(job_of[lo_nic], jobs)
+    lo_nic = lo_nic[m].astype(np.int64)
+    fj, s_all, e_all = job_of[lo_nic], start[m], end[m]
+    o = np.lexsort((lo_nic * (int(max(src.max(initial=0), dst.max(initial=0))) + 1) + np.maximum(src[m], dst[m]), s_all, fj))
     fj, s_all, e_all = fj[o], s_all[o], e_all[o]
     bounds = np.flatnonzero(np.diff(fj)) + 1
     for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(fj)]):

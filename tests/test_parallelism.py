@@ -119,3 +119,54 @@ def test_two_member_ring_and_pipeline_told_apart_by_symmetry():
     assert (sq.loc[sq["truth"] == "DP", "both_ways"] >= 0.97).all() and (sq.loc[sq["truth"] == "PP", "both_ways"] <= 0.9).all()
     two = p[p["job_t"] == "tp8-dp2"]
     assert len(two) and two["dp"].all()
+
+
+def _pair_sums_by_sorting(src, dst, start, end, size, merge_ns, every_flow):
+    """The per-pair sums as numpy gave them before the compiled pass: one sort by (pair, start), bincounts over it."""
+    from prism.parallelism import pair_episodes
+
+    n_nodes = int(max(src.max(), dst.max())) + 1
+    key = np.minimum(src, dst).astype(np.int64) * n_nodes + np.maximum(src, dst)
+    o = np.lexsort((start, key))
+    key, st, en, fwd, sz = key[o], start[o], end[o], (src <= dst)[o], size[o].astype(np.float64)
+    new_pair = np.r_[True, key[1:] != key[:-1]]
+    pid = np.cumsum(new_pair) - 1
+    n = int(pid[-1]) + 1
+    big = np.maximum.reduceat(sz, np.flatnonzero(new_pair))
+    bulk = (sz >= 0.01 * big[pid]) | every_flow
+    new_ep = np.zeros(len(pid), dtype=bool)
+    new_ep[bulk] = pair_episodes(pid[bulk], st[bulk], en[bulk], merge_ns)
+    ep_id = np.cumsum(new_ep[bulk]) - 1
+    ep_fwd, ep_all = np.bincount(ep_id, weights=fwd[bulk]), np.bincount(ep_id)
+    ep_both = (ep_fwd > 0) & (ep_fwd < ep_all)
+    return (key[new_pair], np.bincount(pid, minlength=n), st[new_pair], np.maximum.reduceat(en, np.flatnonzero(new_pair)),
+            np.bincount(pid, weights=sz, minlength=n), np.bincount(pid, weights=sz * fwd, minlength=n),
+            np.bincount(pid, weights=new_ep, minlength=n), np.bincount(pid[bulk][new_ep[bulk]], weights=ep_both, minlength=n))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pair_sums_equal_the_sorted_bincounts(seed, monkeypatch):
+    """The compiled per-pair pass gives exactly (floats too) what a sort by (pair, start) and numpy's bincounts give,
+    on flows in start order (no sort) and out of it (ties in start included), light flows on or off."""
+    from prism import parallelism
+    from prism.parallelism import _pair_sums, pair_ids
+
+    rng = np.random.default_rng(seed)
+    n, nics = 3_000, 40
+    src = rng.integers(0, nics, n)
+    dst = (src + rng.integers(1, nics, n)) % nics
+    start = np.cumsum(rng.integers(0, 3, n) * 10_000)  # ties, and gaps around the merge slack
+    if seed % 2:
+        start = rng.permutation(start)
+    end = start + rng.integers(1, 30_000, n)
+    size = rng.choice([8, 100, 300, 4096, 10_000, 30_000], n)  # 100 and 300: a pair's floor, met exactly
+    want_by_flags = {f: _pair_sums_by_sorting(src, dst, start, end, size, 20_000, f) for f in (False, True)}
+    for every_flow, dense in ((False, True), (True, True), (False, False)):
+        monkeypatch.setattr(parallelism, "DENSE_PAIR_NICS", nics if dense else 2)  # numbered by a table, or by a sort
+        in_time = np.argsort(start, kind="stable") if seed % 2 else np.zeros(0, np.int64)
+        pair, n_pairs = pair_ids(src, dst, nics)
+        lo, hi, *got = _pair_sums(src, dst, start, end, size.astype(np.float64), in_time, pair, n_pairs, np.int64(20_000), every_flow)
+        key, *want = want_by_flags[every_flow]
+        assert (lo * nics + hi).tolist() == key.tolist()
+        for g, w in zip(got, want):
+            assert g.tolist() == w.tolist()
