@@ -15,7 +15,7 @@ import pandas as pd
 from .diagnosis import CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser, empty_anomalies
 from .allocator import release_free_memory
 from .ordering import group_rows, order_by
-from .parallelism import ParallelismClassifier
+from .parallelism import ParallelismClassifier, pair_ids
 from .spill import DEFAULT_SLICE_FLOWS
 from .timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
 from .topology import Topology
@@ -120,17 +120,20 @@ def analyse(
     if stop_after == "pairs":
         return out
 
-    # per-flow job and DP flag, through the pair table (sorted by key)
+    # per-flow job and DP flag, through the pair table (sorted by key): the
+    # flows' pairs numbered in key order are their rows of the sorted table
     pk = _pair_key(pa, pb, n)
     o = np.argsort(pk)
     pk, pdp = pk[o], dp_mask[o]
-    flow_pair = np.searchsorted(pk, _pair_key(a, b, n))
+    flow_pair, n_pairs = pair_ids(a, b, n)
+    if n_pairs != len(pk):  # a classifier that left pairs out (or added some): look each flow's pair up
+        flow_pair = np.searchsorted(pk, _pair_key(a, b, n))
     is_dp = pdp[flow_pair]
     collective = p["collective"].to_numpy()[o][flow_pair] if "collective" in p else None
     job = labels[a]
     end = start + duration
     stage("steps")
-    tl = s.timeline.fit(job, start, end, is_dp, size=size, capture_end=capture_end, job_names=label_name, pair=_pair_key(a, b, n), collective=collective)
+    tl = s.timeline.fit(job, start, end, is_dp, size=size, capture_end=capture_end, job_names=label_name, pair=flow_pair, collective=collective)
     out.steps = tl.steps_[STEP_COLUMNS]
     fs = tl.flow_step_
     inside = fs >= 0

@@ -61,7 +61,7 @@ from scipy.sparse.csgraph import connected_components
 from .changepoint import BOCD
 from .ordering import order_by
 
-__all__ = ["ParallelismClassifier", "SizeRuleClassifier", "SIGNALS", "UNCERTAIN_BELOW", "pair_steps", "refine_by_dp_components", "pair_episodes"]
+__all__ = ["ParallelismClassifier", "SizeRuleClassifier", "SIGNALS", "UNCERTAIN_BELOW", "pair_steps", "refine_by_dp_components", "pair_episodes", "pair_ids", "DENSE_PAIR_NICS"]
 
 #: Flows of one pair starting closer than this are one event (e.g. both
 #: directions of a two-member ring start together).
