@@ -12,9 +12,11 @@ import gzip
 import io
 import json
 import os
+import queue
 import shutil
 import sys
 import tempfile
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -433,6 +435,7 @@ class FlowReader:
     def _parquet(self):
         tmp = None
         src = self.path
+        batches = None
         try:
             if self.gzipped:
                 # Parquet needs random access (the footer is at the end).
@@ -454,13 +457,16 @@ class FlowReader:
             cols = [c for c in FLOW_COLUMNS if c in names]
             total = pf.metadata.num_rows
             row = 1
-            for batch in pf.iter_batches(batch_size=self.chunk_rows, columns=cols):
+            batches = _read_ahead(pf.iter_batches(batch_size=self.chunk_rows, columns=cols))
+            for batch in batches:
                 table = pa.Table.from_batches([batch])
                 self.rows_read += table.num_rows
                 self.bytes_done = int(self.bytes_total * self.rows_read / max(total, 1))
                 yield validate_flows(table, self.rejects, self.path, first_line=row, line_step="row")
                 row += table.num_rows
         finally:
+            if batches is not None:
+                batches.close()  # the reading thread stops before its file goes
             if tmp is not None:
                 os.unlink(tmp.name)
 
@@ -643,3 +649,49 @@ def write_flows(flows: pd.DataFrame, path: Path) -> None:
             df.to_json(f, orient="records", lines=True)
     else:
         raise ValueError(f"{name}: unknown flow format (parquet, csv, csv.gz, jsonl, jsonl.gz)")
+
+
+def _read_ahead(items: Iterator, depth: int = 2) -> Iterator:
+    """``items``, each produced ahead in a thread while the one before is used.
+
+    pyarrow decodes a Parquet batch without holding the GIL, so the next
+    batches are decoded while this one is validated and analysed (a
+    tenth of a replay's reading time). Whatever ``items`` raises is
+    raised here, in order. Closing this generator stops the thread (it
+    checks every tenth of a second while the queue is full) and waits
+    for it.
+    """
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for x in items:
+                if not put((True, x)):
+                    return
+            put((False, None))
+        except BaseException as e:  # handed to the reader, raised there
+            put((False, e))
+
+    worker = threading.Thread(target=produce, name="prism-read-ahead", daemon=True)
+    worker.start()
+    try:
+        while True:
+            more, x = q.get()
+            if not more:
+                if x is not None:
+                    raise x
+                return
+            yield x
+    finally:
+        stop.set()
+        worker.join()

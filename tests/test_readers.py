@@ -325,3 +325,28 @@ def test_messages_end_in_one_newline(sample):
 
     m = encode_jsonl(sample.head(5))
     assert m.endswith(b"}\n") and m.count(b"\n") == 5
+
+
+def test_read_ahead_keeps_order_raises_in_place_and_stops_its_thread():
+    """The Parquet reader's read-ahead: items in order, the source's error after the items before it, and closing
+    early stops the thread even while the queue is full."""
+    import threading
+
+    from prism.readers import _read_ahead
+
+    def source(n, fail_at=None):
+        for i in range(n):
+            if i == fail_at:
+                raise ValueError(f"bad row group {i}")
+            yield i
+
+    assert list(_read_ahead(source(10), depth=2)) == list(range(10))
+    got = []
+    with pytest.raises(ValueError, match="bad row group 4"):
+        for x in _read_ahead(source(10, fail_at=4)):
+            got.append(x)
+    assert got == [0, 1, 2, 3]
+    it = _read_ahead(source(1000), depth=1)
+    assert next(it) == 0
+    it.close()  # the producer is blocked on the full queue: it must see the stop and end
+    assert not any(t.name == "prism-read-ahead" and t.is_alive() for t in threading.enumerate())
