@@ -26,6 +26,7 @@ of its DP collective, and the same per DP group (ring) and per pipeline.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pandas as pd
 from scipy.sparse import coo_matrix
@@ -374,6 +375,37 @@ def parallel_groups(a: np.ndarray, b: np.ndarray, n_nodes: int) -> np.ndarray:
     return connected_components(g, directed=False)[1]
 
 
+@numba.njit(cache=True)
+def _step_sums(idx, start, end, dp, size, ends, flow_step, step0):  # pragma: no cover - compiled
+    """Per step between ``ends``: first start and last end of its PP (row 0) and DP (row 1) flows, their counts, its
+    flows and bytes (a float sum in flow order, as ``np.bincount`` gives). ``idx``: flows in start order, so each
+    flow's step is found by walking ``ends`` once (what ``searchsorted(ends, start, "right") - 1`` gives)."""
+    n = len(ends) - 1
+    lo = np.full((2, n), np.iinfo(np.int64).max)
+    hi = np.full((2, n), np.iinfo(np.int64).min)
+    count = np.zeros((2, n), np.int64)
+    flows = np.zeros(n, np.int64)
+    nbytes = np.zeros(n)
+    j = 0
+    for t in range(len(idx)):
+        f = idx[t]
+        s = start[f]
+        while j < len(ends) and ends[j] <= s:
+            j += 1
+        k = j - 1
+        if k < 0 or k >= n:
+            continue
+        if len(flow_step):
+            flow_step[f] = step0 + k
+        d = 1 if dp[f] else 0
+        lo[d, k] = min(lo[d, k], s)
+        hi[d, k] = max(hi[d, k], end[f])
+        count[d, k] += 1
+        flows[k] += 1
+        nbytes[k] += size[f]
+    return lo, hi, count, flows, nbytes
+
+
 class StepTimeline:
     """Reconstruct every job's whole training steps and their phases.
 
@@ -459,13 +491,8 @@ class StepTimeline:
             ends = self._boundaries(label, start[idx], end[idx], mark, capture_end, size[idx], pair[idx])
             if len(ends) < 2:
                 continue
-            # flow -> step: e[k] <= start < e[k+1] is step k (the flows after
-            # the last boundary and before the first are outside whole steps)
-            k = np.searchsorted(ends, start[idx], side="right") - 1
-            inside = (k >= 0) & (k < len(ends) - 1)
-            flow_step[idx[inside]] = n_steps + k[inside]
             name = job_names[label] if job_names is not None else label
-            frames.append(self._step_table(label, name, ends, k[inside], start[idx][inside], end[idx][inside], is_dp[idx][inside], size[idx][inside]))
+            frames.append(self._step_table(label, name, ends, idx, start, end, is_dp, size, flow_step, n_steps))
             n_steps += len(ends) - 1
         cols = ["job"] + STEP_COLUMNS
         self.steps_ = pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame({c: pd.Series(dtype=np.int64) for c in cols})
@@ -517,18 +544,22 @@ class StepTimeline:
         return ends.astype(np.int64)
 
     @staticmethod
-    def _step_table(label, name, ends, k, start, end, dp, size) -> pd.DataFrame:
+    def _step_table(label, name, ends, idx, start, end, dp, size, flow_step=None, step0=0) -> pd.DataFrame:
+        """One job's steps between ``ends``, from its flows ``idx`` (in start order); each flow's step into ``flow_step``.
+
+        Flow -> step: ``ends[k] <= start < ends[k+1]`` is step k (the flows
+        after the last boundary and before the first are outside whole
+        steps); step k is numbered ``step0 + k`` in ``flow_step``.
+        """
         n = len(ends) - 1
+        lo, hi, count, flows, nbytes = _step_sums(np.asarray(idx, np.int64), start, end, dp, size, np.asarray(ends, np.int64),
+                                                  np.empty(0, np.int64) if flow_step is None else flow_step, np.int64(step0))
         cols = {"job": np.full(n, label), "job_id": [name] * n, "step": np.arange(n), "start_ns": ends[:-1], "end_ns": ends[1:],
                 "duration_ns": ends[1:] - ends[:-1]}
-        for kind, m in (("pp", ~dp), ("dp", dp)):
-            lo = np.full(n, np.iinfo(np.int64).max)
-            hi = np.full(n, np.iinfo(np.int64).min)
-            np.minimum.at(lo, k[m], start[m])
-            np.maximum.at(hi, k[m], end[m])
-            missing = np.bincount(k[m], minlength=n) == 0  # a step without this kind of traffic: NA
-            cols[f"{kind}_start_ns"] = pd.arrays.IntegerArray(np.where(missing, 0, lo), missing)
-            cols[f"{kind}_end_ns"] = pd.arrays.IntegerArray(np.where(missing, 0, hi), missing.copy())
-        cols["flows"] = np.bincount(k, minlength=n)
-        cols["bytes"] = np.bincount(k, weights=size, minlength=n).astype(np.int64)
+        for d, kind in enumerate(("pp", "dp")):
+            missing = count[d] == 0  # a step without this kind of traffic: NA
+            cols[f"{kind}_start_ns"] = pd.arrays.IntegerArray(np.where(missing, 0, lo[d]), missing)
+            cols[f"{kind}_end_ns"] = pd.arrays.IntegerArray(np.where(missing, 0, hi[d]), missing.copy())
+        cols["flows"] = flows
+        cols["bytes"] = nbytes.astype(np.int64)
         return pd.DataFrame(cols)

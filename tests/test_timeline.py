@@ -192,7 +192,7 @@ def test_step_table_phase_bounds_are_na_where_a_step_has_no_such_traffic():
     dp[k == 2] = False  # step 2: pipeline traffic only
     dp[k == 3] = True  # step 3: the collective only
     size = rng.integers(1, 100, 200)
-    t = StepTimeline._step_table(5, "job-x", ends, k, start, end, dp, size)
+    t = StepTimeline._step_table(5, "job-x", ends, np.argsort(start, kind="stable"), start, end, dp, size)
     assert t["job_id"].tolist() == ["job-x"] * 4 and t["duration_ns"].tolist() == [100] * 4
     for kind, m in (("pp", ~dp), ("dp", dp)):
         for step in range(4):
