@@ -4,8 +4,10 @@ import subprocess
 import sys
 import textwrap
 
-# compiled functions no daemon window calls (the replay's phases, the what-if simulator)
-NOT_ON_THE_DAEMONS_PATH = {"prism.analyze._arrivals", "prism.whatif.graph._topo_order"}
+# compiled functions no daemon window calls: the replay's phases and its grouping by job (the daemon analyses
+# a window at once), the what-if simulator, and pair_episodes (public; the classifier finds episodes in its own pass)
+NOT_ON_THE_DAEMONS_PATH = {"prism.analyze._arrivals", "prism.whatif.graph._topo_order", "prism.ordering._places", "prism.ordering._scatter",
+                           "prism.parallelism._new_episode"}
 
 
 def test_warm_up_loads_every_kernel_of_the_daemons_path_and_says_nothing():
