@@ -336,25 +336,76 @@ def _normalise_addresses(values) -> tuple[pd.Categorical, np.ndarray, np.ndarray
 
     Returns (categorical of canonical addresses, empty_mask, bad_mask).
     The per-value Python work is over distinct addresses (a cluster has
-    thousands), never over rows.
+    thousands), never over rows; a dictionary-encoded column (Parquet's)
+    whose dictionary the previous chunk had too reuses that work.
     """
+    if isinstance(values, (pa.Array, pa.ChunkedArray)) and pa.types.is_dictionary(values.type):
+        arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values  # unifies the chunks' dictionaries
+        table = _AddressDictionary.of(arr.dictionary)
+        if table is not None:
+            return table.rows(pc.fill_null(arr.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64))
     codes, uniq = _address_codes(values)
-    stripped = [u.strip() for u in uniq]
-    canon = [normalise_address(u) if u else None for u in stripped]
-    is_empty_u = np.array([not u for u in stripped], dtype=bool)
-    is_bad_u = np.array([c is None for c in canon], dtype=bool) & ~is_empty_u
-    empty = codes < 0
-    bad = np.zeros(len(codes), dtype=bool)
-    if len(uniq):
-        valid_codes = np.where(codes < 0, 0, codes)
-        empty |= (codes >= 0) & is_empty_u[valid_codes]
-        bad = (codes >= 0) & is_bad_u[valid_codes]
-    # map to canonical categories (two spellings may collapse to one)
-    cats, remap = np.unique(np.array([c or "" for c in canon], dtype=object), return_inverse=True)
-    safe = np.where(codes < 0, 0, codes)
-    new_codes = np.where(codes < 0, -1, remap[safe] if len(remap) else -1)
-    cat = pd.Categorical.from_codes(new_codes, categories=pd.Index(cats, dtype=object))
-    return cat, empty, bad
+    return _AddressDictionary(uniq).rows(codes)
+
+
+class _AddressDictionary:
+    """Distinct address texts, normalised once: the categorical, empty and bad masks of rows given as codes into them."""
+
+    # (Arrow dictionary, its table), newest first: a Parquet file's batches share its dictionaries (src's and dst's)
+    _recent: list = []
+    _RECENT = 4
+
+    def __init__(self, uniq: list, missing: np.ndarray | None = None):
+        stripped = [u.strip() for u in uniq]
+        canon = [normalise_address(u) if u else None for u in stripped]
+        self.empty = np.array([not u for u in stripped], dtype=bool)
+        self.bad = np.array([c is None for c in canon], dtype=bool) & ~self.empty
+        # a missing entry (a null in a dictionary): no category of its own
+        self.missing = np.zeros(len(uniq), dtype=bool) if missing is None else missing
+        # canonical categories (two spellings may collapse to one), sorted as np.unique sorts them
+        cats, self.remap = np.unique(np.array([c or "" for c in canon], dtype=object), return_inverse=True)
+        self.categories = pd.Index(cats, dtype=object)
+
+    @classmethod
+    def of(cls, dictionary: pa.Array) -> "_AddressDictionary | None":
+        """The table of an Arrow dictionary of text (the previous one's when equal); None if it cannot hold text."""
+        for i, (seen, table) in enumerate(cls._recent):
+            if seen is dictionary or (seen.type == dictionary.type and seen.equals(dictionary)):
+                if i:
+                    cls._recent.insert(0, cls._recent.pop(i))
+                return table
+        text, invalid = _as_text(dictionary)
+        if text is None:
+            return None
+        # a null entry is a missing value: its text is never used
+        table = cls([_NOT_TEXT if bad else (u or "") for u, bad in zip(text.to_pylist(), invalid)], dictionary.is_null().to_numpy(zero_copy_only=False))
+        cls._recent = [(dictionary, table)] + cls._recent[: cls._RECENT - 1]
+        return table
+
+    def rows(self, codes: np.ndarray) -> tuple[pd.Categorical, np.ndarray, np.ndarray]:
+        """(categorical, empty mask, bad mask) of rows coded into these texts (-1: missing).
+
+        The categories are those the rows use, as a factorisation of the
+        decoded column would give them.
+        """
+        if len(self.missing) and self.missing.any():
+            codes = np.where((codes >= 0) & self.missing[np.maximum(codes, 0)], -1, codes)
+        present = codes >= 0
+        safe = np.where(present, codes, 0)
+        empty = ~present
+        bad = np.zeros(len(codes), dtype=bool)
+        if len(self.remap):
+            empty |= present & self.empty[safe]
+            bad = present & self.bad[safe]
+        cat_codes = np.where(present, self.remap[safe], -1) if len(self.remap) else np.full(len(codes), -1)
+        used = np.bincount(cat_codes[present], minlength=len(self.categories)) > 0
+        if used.all():
+            categories = self.categories
+        else:  # only the categories some row has
+            renumber = np.cumsum(used) - 1
+            cat_codes = np.where(present, renumber[np.maximum(cat_codes, 0)], -1)
+            categories = self.categories[used]
+        return pd.Categorical.from_codes(cat_codes, categories=categories), empty, bad
 
 
 def _path_text(v):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import gzip
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -99,8 +100,9 @@ class Topology:
     def __len__(self) -> int:
         return len(self.nics)
 
-    @property
+    @cached_property
     def ips(self) -> pd.Index:
+        """The NICs' addresses (one Index, so its hash table is built once)."""
         return pd.Index(self.nics["ip"])
 
     @property

@@ -181,6 +181,29 @@ def test_switch_sums_equal_the_groupby(n, seed):
 TEXT_VALUES = [b"10.0.0.1", b"10.0.0.2", b" 10.0.0.2 ", b"::ffff:10.0.0.1", b"fe80:0::1", b"fe80::1", b"", b"nope", b"\xff\xfe", b"a|b", b"leaf1|spine2|leaf3"]
 
 
+def test_chunks_sharing_a_dictionary_validate_as_their_decoded_values():
+    """Parquet hands every batch of a file the same dictionary: the normalised entries are reused, and each chunk
+    still gets the categories its own rows use (a chunk that uses fewer entries, or other ones, too)."""
+    import pyarrow as pa
+
+    from prism.records import validate_flows
+
+    dictionary = pa.array(["10.0.0.3", " 10.0.0.1", "10.0.0.2", None, "nope", "::ffff:10.0.0.2", ""])
+    for indices in ([0, 1, 2, 5], [2, 2, 5], [3, 4, 6, 0], [1, 0, 1], [0, 1, 2, 3, 4, 5, 6]):  # the same object each time
+        n = len(indices)
+        enc = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), dictionary)
+
+        def table(src):
+            return pa.table({"start_ns": pa.array(range(n), pa.int64()), "duration_ns": pa.array([1] * n, pa.int64()), "src": src,
+                             "dst": pa.array(["10.0.0.9"] * n), "size": pa.array([1 << 20] * n, pa.int64()), "switches": pa.array(["a"] * n)})
+
+        r_plain, r_enc = RejectCounter(), RejectCounter()
+        got_plain = validate_flows(table(enc.dictionary_decode()), r_plain, "t")
+        got_enc = validate_flows(table(enc), r_enc, "t")
+        assert dict(r_enc.counts) == dict(r_plain.counts) and r_enc.examples == r_plain.examples
+        pd.testing.assert_frame_equal(got_enc, got_plain)
+
+
 @SETTINGS
 @given(st.lists(st.sampled_from(TEXT_VALUES + [None]), max_size=40), st.lists(st.sampled_from(TEXT_VALUES + [None]), max_size=6), st.booleans())
 def test_dictionary_columns_validate_as_their_decoded_values(values, unused, as_binary):
