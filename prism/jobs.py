@@ -17,9 +17,8 @@ import hashlib
 
 import numpy as np
 import pandas as pd
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
+from .components import connected_components
 from .topology import Topology
 
 __all__ = ["gpu_clusters", "merge_identical_server_sets", "merge_shared_servers", "job_id_for", "JobRecognizer"]
@@ -42,7 +41,7 @@ def gpu_clusters(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
 
     Notes
     -----
-    O(n + m) with scipy's C implementation, m = number of pairs.
+    O(n + m), m = number of pairs (a compiled union-find).
 
     Examples
     --------
@@ -51,8 +50,7 @@ def gpu_clusters(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
     """
     a = np.asarray(a, dtype=np.int64)
     b = np.asarray(b, dtype=np.int64)
-    g = coo_matrix((np.ones(len(a), dtype=np.int8), (a, b)), shape=(n, n))
-    _, labels = connected_components(g, directed=False)
+    labels = connected_components(a, b, n)
     active = np.zeros(n, dtype=bool)
     active[a] = True
     active[b] = True
@@ -152,8 +150,7 @@ def merge_shared_servers(clusters: np.ndarray, server_of: np.ndarray) -> np.ndar
     srv = np.asarray(server_of)[active].astype(np.int64)
     nc = int(c.max()) + 1
     ns = int(srv.max()) + 1
-    g = coo_matrix((np.ones(len(c)), (c, nc + srv)), shape=(nc + ns, nc + ns))
-    _, comp = connected_components(g, directed=False)
+    comp = connected_components(c, nc + srv, nc + ns)
     job = comp[c]
     _, first, inv = np.unique(job, return_index=True, return_inverse=True)
     order = np.argsort(np.argsort(first))

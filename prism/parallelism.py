@@ -55,10 +55,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pandas as pd
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from .changepoint import BOCD
+from .components import connected_components
 from .ordering import order_by
 
 __all__ = ["ParallelismClassifier", "SizeRuleClassifier", "SIGNALS", "UNCERTAIN_BELOW", "pair_steps", "refine_by_dp_components", "pair_episodes", "pair_ids", "DENSE_PAIR_NICS"]
@@ -838,8 +837,7 @@ def _inside(a: np.ndarray, b: np.ndarray, edge: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=bool)
     nodes, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
     ia, ib = inv[: len(a)], inv[len(a):]
-    g = coo_matrix((np.ones(int(edge.sum())), (ia[edge], ib[edge])), shape=(len(nodes), len(nodes)))
-    _, comp = connected_components(g, directed=False)
+    comp = connected_components(ia[edge], ib[edge], len(nodes))
     has = np.zeros(len(nodes), dtype=bool)
     has[ia[edge]] = True
     has[ib[edge]] = True

@@ -29,9 +29,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pandas as pd
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
+from .components import connected_components
 from .ordering import order_by
 
 __all__ = ["StepTimeline", "natural_break", "busy_gaps", "optimizer_gaps", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
@@ -371,8 +370,7 @@ def parallel_groups(a: np.ndarray, b: np.ndarray, n_nodes: int) -> np.ndarray:
     >>> parallel_groups(np.array([0, 2]), np.array([1, 3]), 5).tolist()
     [0, 0, 1, 1, 2]
     """
-    g = coo_matrix((np.ones(len(a)), (a, b)), shape=(n_nodes, n_nodes))
-    return connected_components(g, directed=False)[1]
+    return connected_components(a, b, n_nodes)
 
 
 @numba.njit(cache=True)

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
+from ..components import connected_components
 from .graph import ExecutionGraph
 
 __all__ = ["COLLECTIVE_GROUPS", "COMMUNICATION", "OpGraph", "read_op_trace", "observed_step_times"]
@@ -122,8 +121,7 @@ class OpGraph:
                 lead = pd.Series(c.index, index=c.index).groupby(keys).transform("min")
                 pairs.append(np.stack([lead.to_numpy(), c.index.to_numpy()], axis=1))
         e = np.concatenate([p for p in pairs if len(p)]) if pairs else np.zeros((0, 2), np.int64)
-        adj = coo_matrix((np.ones(len(e)), (e[:, 0], e[:, 1])), shape=(n, n))
-        _, node = connected_components(adj, directed=False)
+        node = connected_components(e[:, 0], e[:, 1], n)
         self.node = node.astype(np.int64)
         self.n_nodes = int(node.max()) + 1 if n else 0
         self.members = np.bincount(self.node, minlength=self.n_nodes)
