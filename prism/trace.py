@@ -82,10 +82,13 @@ def _server_slices(phases: pd.DataFrame, pids: dict, t0: int, events: list) -> b
             events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
     ts = ((per["start_ns"].to_numpy() - t0) / 1e3).round(3)
     dur = ((per["end_ns"].to_numpy() - per["start_ns"].to_numpy()) / 1e3).round(3)
-    for r, t, d in zip(per.itertuples(index=False), ts, dur):
-        kind = "DP" if r.kind == "dp_collective" else "PP"
-        events.append({"ph": "X", "pid": pids[r.job_id], "tid": tids[(r.job_id, r.server, r.kind)], "name": f"{kind} step {r.step}", "cat": kind,
-                       "ts": float(t), "dur": float(d), "args": {"flows": int(r.flows)}})
+    # from the columns as Python lists: tens of thousands of rows, no row objects
+    short = {"dp_collective": "DP"}
+    events.extend(
+        {"ph": "X", "pid": pids[job], "tid": tids[(job, server, kind)], "name": f"{short.get(kind, 'PP')} step {step}", "cat": short.get(kind, "PP"),
+         "ts": t, "dur": d, "args": {"flows": flows}}
+        for job, step, server, kind, flows, t, d in zip(*(per[c].tolist() for c in ("job_id", "step", "server", "kind", "flows")), ts.tolist(), dur.tolist())
+    )
     return True
 
 
