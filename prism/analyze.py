@@ -14,7 +14,7 @@ import pandas as pd
 
 from .diagnosis import CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser, empty_anomalies
 from .allocator import release_free_memory
-from .ordering import group_rows, order_by
+from .ordering import group_rows, order_by, rank_keys, stable_order
 from .parallelism import ParallelismClassifier, pair_ids
 from .spill import DEFAULT_SLICE_FLOWS
 from .timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
@@ -139,7 +139,7 @@ def analyse(
     inside = fs >= 0
     if phases:
         stage("phases")
-        out.phases = _phases(tl.steps_, fs[inside], a[inside], is_dp[inside], start[inside], end[inside], size[inside], comps["dp"], comps["pp"], topology)
+        out.phases = _phases(tl.steps_, fs, a, is_dp, start, end, size, comps["dp"], comps["pp"], topology)
     if stop_after == "steps":
         return out
 
@@ -442,24 +442,36 @@ def _shapes(p: pd.DataFrame, labels, comps: dict, names: dict, jobs) -> pd.DataF
 
 
 def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -> pd.DataFrame:
-    """Per step and parallel group (DP ring or pipeline): the span of its traffic."""
-    if len(fs) == 0:
+    """Per step and parallel group (DP ring or pipeline): the span of its traffic.
+
+    ``fs`` is each flow's step row, -1 outside every step (those flows are
+    left out). The groups, by (step row, DP or PP, group), are numbered in
+    that order; one stable counting sort of the flows by group, then one
+    compiled pass over each group's flows through that order (no sorted
+    copy of any column).
+    """
+    inside = fs >= 0
+    if not inside.any():
         return pd.DataFrame(columns=PHASE_COLUMNS)
-    comp = np.where(is_dp, dp_comp[a], pp_comp[a])
-    # one sort by (step row, DP or PP, group, start): the groups are runs, aggregated with reduceat
-    o = order_by([fs, is_dp, comp], start)
-    fs, is_dp, comp, a = fs[o], is_dp[o], comp[o], a[o]
-    start, end, size = (np.asarray(x, dtype=np.int64)[o] for x in (start, end, size))
-    new = np.ones(len(o), dtype=bool)
-    new[1:] = (fs[1:] != fs[:-1]) | (is_dp[1:] != is_dp[:-1]) | (comp[1:] != comp[:-1])
-    first = np.flatnonzero(new)
+    comp = np.where(is_dp, dp_comp[a], pp_comp[a]).astype(np.int64)
+    n_comp = int(max(len(dp_comp), len(pp_comp)))
+    n_keys = (int(fs.max()) + 1) * 2 * n_comp
+    gid, groups = rank_keys(np.where(inside, (fs.astype(np.int64) * 2 + is_dp) * n_comp + comp, -1), n_keys)
+    n_groups = len(groups)
+    gid[~inside] = n_groups  # the flows outside sort last, and are dropped
+    counts = np.bincount(gid, minlength=n_groups + 1)
+    o = stable_order(gid, n_groups + 1)[: int(inside.sum())]
+    # the order must also be by start within each group (np.lexsort's): it is
+    # when each job's flows come in start order, as a replay's and a window's do
+    sums = _group_sums(o, counts[:n_groups], start, end, size, a, int(a.max()) + 1, MIN_PAUSE_NS)
+    if sums is None:
+        o = np.lexsort((start, gid))[: int(inside.sum())]
+        sums = _group_sums(o, counts[:n_groups], start, end, size, a, int(a.max()) + 1, MIN_PAUSE_NS)
+    first, last_end, flows, nbytes, arrival = sums
     g = pd.DataFrame({
-        "row": fs[first], "dp": is_dp[first], "comp": comp[first],
-        "start_ns": start[first],  # sorted by start within the group
-        "end_ns": np.maximum.reduceat(end, first), "flows": np.diff(np.append(first, len(o))),
-        "bytes": np.add.reduceat(size, first),
-        "arrival_ns": _arrivals(np.append(first, len(o)).astype(np.int64), start, end, a.astype(np.int64),
-                                int(a.max()) + 1, MIN_PAUSE_NS),
+        "row": groups // (2 * n_comp), "dp": (groups // n_comp) % 2 == 1, "comp": groups % n_comp,
+        "start_ns": first,  # its first flow's: sorted by start within the group
+        "end_ns": last_end, "flows": flows, "bytes": nbytes, "arrival_ns": arrival,
     })
     # group names and servers: one lookup per group, not per flow
     nics = topology.nics
@@ -487,9 +499,9 @@ MIN_PAUSE_NS = 20_000
 
 
 @numba.njit(cache=True)
-def _arrivals(bounds, start, end, src, n_src, min_pause):
-    """Per group ``[bounds[g], bounds[g+1])`` of flows sorted by start: when its last member sent its
-    first flow of the group's last burst.
+def _group_sums(order, counts, start, end, size, src, n_src, min_pause):  # pragma: no cover - compiled
+    """Per group (its flows ``order[lo:lo + counts[g]]``, by start): its first start, last end, flows, bytes, and when
+    its last member sent its first flow of the group's last burst.
 
     A group's traffic in a step can come in bursts (a DP ring's parameter all-gather at the step's
     start, gradient buckets during the backward, the reduce-scatter that ends the step). Its members
@@ -497,29 +509,43 @@ def _arrivals(bounds, start, end, src, n_src, min_pause):
     pause over ``min_pause`` (start minus the end of every earlier flow; the last such flow on a tie);
     with no pause, at the group's first flow.
     """
-    n = bounds.shape[0] - 1
-    out = np.empty(n, np.int64)
+    n = len(counts)
+    first = np.empty(n, np.int64)
+    last_end = np.empty(n, np.int64)
+    nbytes = np.zeros(n, np.int64)
+    arrival = np.empty(n, np.int64)
     seen = np.full(n_src, -1, np.int64)
+    s = 0
     for g in range(n):
-        s, e = bounds[g], bounds[g + 1]
-        busy = end[s]
+        e = s + counts[g]
+        f = order[s]
+        first[g] = start[f]
+        busy = end[f]
+        nbytes[g] = size[f]
         best = min_pause
         opener = s
         for i in range(s + 1, e):
-            pause = start[i] - busy
+            f = order[i]
+            if start[f] < start[order[i - 1]]:
+                return None  # not in start order: the caller sorts by start too
+            pause = start[f] - busy
             if pause > min_pause and pause >= best:
                 best = pause
                 opener = i
-            if end[i] > busy:
-                busy = end[i]
+            if end[f] > busy:
+                busy = end[f]
+            nbytes[g] += size[f]
+        last_end[g] = busy
         # flows are in start order: the last member to appear did so last
-        arrival = start[opener]
+        at = start[order[opener]]
         for i in range(opener, e):
-            if seen[src[i]] != g:
-                seen[src[i]] = g
-                arrival = start[i]
-        out[g] = arrival
-    return out
+            f = order[i]
+            if seen[src[f]] != g:
+                seen[src[f]] = g
+                at = start[f]
+        arrival[g] = at
+        s = e
+    return first, last_end, counts.astype(np.int64), nbytes, arrival
 
 
 def _first_flows(fs, a, b, start, end, steps) -> pd.DataFrame:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["order_by", "group_rows", "MAX_COUNTING_KEYS"]
+__all__ = ["order_by", "stable_order", "group_rows", "rank_keys", "MAX_COUNTING_KEYS"]
 
 #: largest combined key range sorted by counting (its count array takes 8 bytes a key; also at most 2 per flow)
 MAX_COUNTING_KEYS = 1 << 24
@@ -64,6 +64,60 @@ def _combine(keys: list, n: int):
         key *= hi + 1
         key += x
     return key, k
+
+
+def stable_order(key: np.ndarray, n_keys: int) -> np.ndarray:
+    """Indices that sort by one key in ``[0, n_keys)``, rows of one key in their input order (a counting sort, O(n + n_keys)).
+
+    >>> import numpy as np
+    >>> stable_order(np.array([1, 0, 1, 0]), 2).tolist()
+    [1, 3, 0, 2]
+    """
+    return _counting_order(np.asarray(key, dtype=np.int64), int(n_keys))
+
+
+def rank_keys(key: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, its key's rank among the keys present (-1 for a negative key), and the keys present, in order.
+
+    What ``np.unique(key, return_inverse=True)`` gives, without its sort:
+    two compiled passes through a table of ``n_keys`` marks when the
+    range is small (as :func:`order_by` counts: at most
+    :data:`MAX_COUNTING_KEYS` and twice the rows), else ``np.unique``.
+
+    >>> import numpy as np
+    >>> [x.tolist() for x in rank_keys(np.array([7, -1, 2, 7]), 10)]
+    [[1, -1, 0, 1], [2, 7]]
+    """
+    key = np.asarray(key, dtype=np.int64)
+    if len(key) and key.max() >= n_keys:
+        raise ValueError("rank_keys: a key is past n_keys")
+    if n_keys <= min(MAX_COUNTING_KEYS, max(2 * len(key), 1 << 16)):
+        return _rank_keys(key, int(n_keys))
+    present, rank = np.unique(key, return_inverse=True)
+    if len(present) and present[0] < 0:
+        present, rank = present[1:], rank - 1
+    return np.where(key < 0, -1, rank), present
+
+
+@numba.njit(cache=True)
+def _rank_keys(key, n_keys):  # pragma: no cover - compiled
+    rank_of = np.full(n_keys, -1, np.int32)
+    for x in key:
+        if x >= 0:
+            rank_of[x] = 0
+    n = 0
+    for x in range(n_keys):
+        if rank_of[x] == 0:
+            rank_of[x] = n
+            n += 1
+    present = np.empty(n, np.int64)
+    rank = np.empty(len(key), np.int64)
+    for i in range(len(key)):
+        x = key[i]
+        rank[i] = rank_of[x] if x >= 0 else -1
+        if x >= 0:
+            present[rank_of[x]] = x
+    return rank, present
 
 
 def group_rows(chunks: list[list[np.ndarray]], keys: list[np.ndarray], counts: np.ndarray, after_column=None) -> list[np.ndarray]:

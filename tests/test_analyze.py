@@ -110,3 +110,48 @@ def test_shapes_equal_the_pandas_reference(seed):
         ids = [names[x] for x in labels if x in names] + (["job-9"] if rng.random() < 0.3 else [])
         jobs = pd.DataFrame({"job_id": ids, "ip": range(len(ids))})
         pd.testing.assert_frame_equal(prism.analyze._shapes(p, labels, comps, names, jobs), _reference_shapes(p, labels, comps, names, jobs))
+
+
+def _phase_reference(fs, a, is_dp, start, end, size, comp, min_pause):
+    """Per (step row, DP, group): first start, last end, flows, bytes, last member's arrival in the last burst; by loops."""
+    out = {}
+    for key in sorted({(int(f), bool(d), int(c)) for f, d, c in zip(fs, is_dp, comp) if f >= 0}):
+        idx = [i for i in np.lexsort((start,)) if (fs[i], bool(is_dp[i]), comp[i]) == key]  # by start, ties in input order
+        busy, best, opener = end[idx[0]], min_pause, 0
+        for j in range(1, len(idx)):
+            pause = start[idx[j]] - busy
+            if pause > min_pause and pause >= best:
+                best, opener = pause, j
+            busy = max(busy, end[idx[j]])
+        firsts = {}
+        for j in idx[opener:]:
+            firsts.setdefault(a[j], start[j])
+        out[key] = (start[idx[0]], busy, len(idx), int(size[idx].sum()), max(firsts.values()))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_phases_are_each_groups_span_and_last_arrival_in_any_flow_order(seed):
+    """The phase table per (step, DP or PP, group), checked against loops; flows given out of start order (a group's
+    flows not sorted) give the same table."""
+    from prism.analyze import MIN_PAUSE_NS, _phases
+
+    rng = np.random.default_rng(seed)
+    n, nics = 600, 12
+    topo = Topology.from_frame(pd.DataFrame({"ip": [f"10.0.0.{i + 1}" for i in range(nics)], "server": [f"s{i // 4}" for i in range(nics)]}))
+    steps = pd.DataFrame({"job_id": ["job-a"] * 3 + ["job-b"] * 2, "step": [0, 1, 2, 0, 1]})
+    dp_comp, pp_comp = np.arange(nics) // 4, np.arange(nics) % 3
+    fs = rng.integers(-1, len(steps), n)
+    a, is_dp = rng.integers(0, nics, n), rng.random(n) < 0.5
+    start = np.sort(rng.integers(0, 40, n) * 10_000)  # pauses around MIN_PAUSE_NS, and ties
+    end = start + rng.integers(1, 15_000, n)
+    size = rng.integers(1, 1 << 20, n)
+    comp = np.where(is_dp, dp_comp[a], pp_comp[a])
+    want = _phase_reference(fs, a, is_dp, start, end, size, comp, MIN_PAUSE_NS)
+    shuffled = rng.permutation(n)
+    for o in (np.arange(n), shuffled):
+        got = _phases(steps, fs[o], a[o], is_dp[o], start[o], end[o], size[o], dp_comp, pp_comp, topo)
+        assert len(got) == len(want)
+        for (row, dp, c), r in zip(want, got.itertuples(index=False)):
+            assert (r.job_id, r.step, r.kind) == (steps["job_id"][row], steps["step"][row], "dp_collective" if dp else "pp_traffic")
+            assert (r.start_ns, r.end_ns, r.flows, r.bytes, r.arrival_ns) == want[(row, dp, c)]

@@ -165,6 +165,23 @@ def test_group_rows_is_the_joined_columns_in_key_order(n, n_chunks, n_keys, seed
 
 
 @SETTINGS
+@given(st.integers(0, 300), st.integers(1, 10**6), st.integers(0, 2**32 - 1))
+def test_rank_keys_and_stable_order_are_numpys(n, n_keys, seed):
+    """rank_keys is np.unique's inverse over the non-negative keys (through a table, or np.unique past its range);
+    stable_order is a stable argsort."""
+    from prism.ordering import rank_keys, stable_order
+
+    rng = np.random.default_rng(seed)
+    key = rng.integers(-1, n_keys, n)
+    present = np.unique(key[key >= 0])
+    rank, got_present = rank_keys(key, n_keys)
+    assert got_present.tolist() == present.tolist()
+    assert rank.tolist() == np.where(key >= 0, np.searchsorted(present, key), -1).tolist()
+    small = rng.integers(0, 5, n)
+    assert stable_order(small, 5).tolist() == np.argsort(small, kind="stable").tolist()
+
+
+@SETTINGS
 @given(st.integers(0, 300), st.integers(0, 2**32 - 1))
 def test_switch_sums_equal_the_groupby(n, seed):
     """The switch accounting's per-chunk sums are the three-key groupby's, in the same (first-seen) order."""
