@@ -270,6 +270,9 @@ def optimizer_gaps(start, busy_end, gap, cut, size, pair, other_start, other_end
     oe_run = np.maximum.accumulate(oe) if len(oe) else oe
     first = np.concatenate([[0], np.asarray(cut) + 1])
     last = np.concatenate([np.asarray(cut), [len(start) - 1]])
+    pair = np.asarray(pair)
+    small_keys = len(pair) > 0 and pair.min() >= 0 and pair.max() < (1 << 16)
+    n_keys = int(pair.max()) + 1 if small_keys else 0
     out = np.full(len(first), -1, dtype=np.int64)
     ends = np.zeros(len(first), dtype=np.int64)
     for k, (f0, f1) in enumerate(zip(first, last)):
@@ -294,8 +297,11 @@ def optimizer_gaps(start, busy_end, gap, cut, size, pair, other_start, other_end
             if abs(b1 - b0) > 0.05 * b0 or osz_cum[j1] - osz_cum[j0] > 0.25 * (b0 + b1):
                 continue
             if pcodes is None:
-                codes, pcodes = np.unique(pair[f0 : f1 + 1], return_inverse=True)
-                n_pairs = len(codes)
+                if small_keys:  # pair numbers: counted as they are (the byte sums are exact either way)
+                    pcodes, n_pairs = pair[f0 : f1 + 1], n_keys
+                else:
+                    codes, pcodes = np.unique(pair[f0 : f1 + 1], return_inverse=True)
+                    n_pairs = len(codes)
             cut_at = i + 1 - f0
             pb0 = np.bincount(pcodes[:cut_at], weights=sz[:cut_at], minlength=n_pairs)
             pb1 = np.bincount(pcodes[cut_at:], weights=sz[cut_at:], minlength=n_pairs)
