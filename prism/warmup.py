@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 __all__ = ["warm_up"]
 
 
@@ -68,3 +70,8 @@ def _run(seconds: float) -> None:
             monitor.ingest(frame)
         monitor.tick(final=True)
     decode_messages(messages[:1], RejectCounter(), "warm-up")  # a poll of one message: read on its own
+    # the switch sums' table grows (a rehash) once a fabric has more keys than the tiny one
+    from .diagnosis.switches import _KeySums
+
+    one = np.zeros(3, dtype=np.int64)
+    _KeySums(capacity=2).add(np.arange(3), one, one, one, one)

@@ -182,17 +182,21 @@ def test_rank_keys_and_stable_order_are_numpys(n, n_keys, seed):
 
 
 @SETTINGS
-@given(st.integers(0, 300), st.integers(0, 2**32 - 1))
-def test_switch_sums_equal_the_groupby(n, seed):
-    """The switch accounting's per-chunk sums are the three-key groupby's, in the same (first-seen) order."""
-    from prism.diagnosis.switches import KEY, _sum_by_key
+@given(st.integers(0, 300), st.integers(1, 4), st.integers(0, 2**32 - 1))
+def test_switch_sums_equal_the_groupby(n, n_chunks, seed):
+    """The switch accounting's sums, chunk after chunk through its hash table (grown from two slots), are the
+    three-key groupby's over every row, sorted by key; exact past 2**53."""
+    from prism.diagnosis.switches import KEY, _KeySums
 
     rng = np.random.default_rng(seed)
     win, pid, src = rng.integers(5, 8, n), rng.integers(0, 6, n), rng.integers(-1, 4, n)
-    nbytes, busy = rng.integers(0, 2**40, n), rng.integers(0, 2**30, n)
+    nbytes, busy = rng.integers(0, 2**54, n), rng.integers(0, 2**30, n)
     df = pd.DataFrame({"window": win, "path": pid, "src": src, "bytes": nbytes, "busy_ns": busy})
-    ref = df.groupby(KEY, sort=False).agg(bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"), flows=("bytes", "size"))
-    pd.testing.assert_frame_equal(_sum_by_key(win, pid, src, nbytes, busy), ref, check_index_type=n > 0)
+    ref = df.groupby(KEY).agg(bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"), flows=("bytes", "size")).reset_index()
+    sums = _KeySums(capacity=2)
+    for lo, hi in zip(*(lambda c: (np.r_[0, c], np.r_[c, n]))(np.sort(rng.integers(0, n + 1, n_chunks - 1)))):
+        sums.add(win[lo:hi], pid[lo:hi], src[lo:hi], nbytes[lo:hi], busy[lo:hi])
+    pd.testing.assert_frame_equal(sums.table(), ref, check_index_type=False)
 
 
 TEXT_VALUES = [b"10.0.0.1", b"10.0.0.2", b" 10.0.0.2 ", b"::ffff:10.0.0.1", b"fe80:0::1", b"fe80::1", b"", b"nope", b"\xff\xfe", b"a|b", b"leaf1|spine2|leaf3"]
