@@ -15,6 +15,7 @@ double, microseconds with three decimals keep nanosecond precision.
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 __all__ = ["chrome_trace", "MAX_SERVER_EVENTS"]
@@ -67,7 +68,10 @@ def _server_slices(phases: pd.DataFrame, pids: dict, t0: int, events: list) -> b
     """Per (job, step, server, kind): the span of the server's traffic."""
     if phases is None or phases.empty:
         return True
-    ph = phases.assign(server=phases["servers"].str.split("|")).explode("server")
+    # one split per distinct server list (a group's), not per phase row
+    codes, lists = pd.factorize(phases["servers"])
+    servers = [str(x).split("|") for x in lists]
+    ph = phases.assign(server=[servers[c] if c >= 0 else np.nan for c in codes]).explode("server")
     per = ph.groupby(["job_id", "step", "server", "kind"], sort=True).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"), flows=("flows", "sum")).reset_index()
     if len(per) > MAX_SERVER_EVENTS:
         return False

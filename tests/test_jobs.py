@@ -124,3 +124,25 @@ def test_tp4_job_whose_rails_cover_overlapping_servers_is_one_job():
             assert adjusted_rand_index(truth, labels[active]) == 1.0
         else:
             assert n > 1, "the identical-set rule alone splits this job (why 'shared' is the default)"
+
+
+@pytest.mark.parametrize("dense_after", [1, 150, 10**9])
+def test_pairs_marked_in_a_table_are_the_sorted_distinct_pairs(dense_after, monkeypatch):
+    """A replay's chunks mark pairs in a table (no sort per chunk); from the first chunk, from a later one (the pairs
+    kept so far move into it), or never: the same distinct pairs, the same jobs."""
+    import prism.jobs
+
+    monkeypatch.setattr(prism.jobs, "DENSE_AFTER_ROWS", dense_after)
+    rng = np.random.default_rng(5)
+    n = 40
+    topo = Topology.from_frame(pd.DataFrame({"ip": [f"10.0.{i // 8}.{i % 8 + 1}" for i in range(n)], "server": [f"s{i // 8}" for i in range(n)]}))
+    rec = JobRecognizer(topo)
+    want = set()
+    for size in (100, 200, 50):  # chunks below and above the threshold
+        a, b = rng.integers(0, n, size), rng.integers(0, n, size)
+        keep = a != b
+        rec.partial_fit_pairs(a[keep], b[keep])
+        want |= {(min(x, y), max(x, y)) for x, y in zip(a[keep], b[keep])}
+    got_a, got_b = rec.pairs
+    assert list(zip(got_a.tolist(), got_b.tolist())) == sorted(want)
+    assert (rec._seen is not None) == (dense_after <= 200)
