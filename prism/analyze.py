@@ -14,7 +14,7 @@ import pandas as pd
 
 from .diagnosis import CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser, empty_anomalies
 from .allocator import release_free_memory
-from .ordering import group_rows, order_by, rank_keys, stable_order
+from .ordering import group_rows, rank_keys, stable_order
 from .parallelism import ParallelismClassifier, pair_ids
 from .spill import DEFAULT_SLICE_FLOWS
 from .timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
@@ -553,9 +553,25 @@ def _first_flows(fs, a, b, start, end, steps) -> pd.DataFrame:
     cols = ["job_id", "step", "src", "dst", "start_ns", "end_ns"]
     if len(fs) == 0:
         return pd.DataFrame(columns=cols)
-    o = order_by([fs, a, b], start)
-    fs, a, b, start, end = fs[o], a[o], b[o], start[o], end[o]
-    new = np.ones(len(fs), dtype=bool)
-    new[1:] = (fs[1:] != fs[:-1]) | (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    # groups (step, src, dst) numbered in that order, through the NICs present
+    # and the directed pairs present: no sort of the flows
+    present = np.zeros(int(max(a.max(), b.max())) + 1, dtype=bool)
+    present[a] = present[b] = True
+    rank = np.cumsum(present) - 1
+    m = int(present.sum())
+    pair, pairs = rank_keys(rank[a].astype(np.int64) * m + rank[b], m * m)
+    group, _ = rank_keys(fs.astype(np.int64) * len(pairs) + pair, (int(fs.max()) + 1) * len(pairs))
+    new = _first_of(group, np.asarray(start, np.int64), int(group.max()) + 1)  # the earliest start; ties: the first given
     st = steps.iloc[fs[new]]
     return pd.DataFrame({"job_id": st["job_id"].to_numpy(), "step": st["step"].to_numpy(), "src": a[new], "dst": b[new], "start_ns": start[new], "end_ns": end[new]})
+
+
+@numba.njit(cache=True)
+def _first_of(group, start, n_groups):  # pragma: no cover - compiled
+    """Per group, its row of the earliest start (the first such row on a tie)."""
+    first = np.full(n_groups, -1, np.int64)
+    for i in range(len(group)):
+        g = group[i]
+        if first[g] < 0 or start[i] < start[first[g]]:
+            first[g] = i
+    return first

@@ -155,3 +155,26 @@ def test_phases_are_each_groups_span_and_last_arrival_in_any_flow_order(seed):
         for (row, dp, c), r in zip(want, got.itertuples(index=False)):
             assert (r.job_id, r.step, r.kind) == (steps["job_id"][row], steps["step"][row], "dp_collective" if dp else "pp_traffic")
             assert (r.start_ns, r.end_ns, r.flows, r.bytes, r.arrival_ns) == want[(row, dp, c)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_first_flows_are_the_earliest_of_each_directed_pair_and_step(seed):
+    """Per (step, src, dst), in that order: the flow that started first (the first given on a tie), as a sort by
+    (step, src, dst, start) finds it; flows out of start order too."""
+    from prism.analyze import _first_flows
+
+    rng = np.random.default_rng(seed)
+    n = 500
+    steps = pd.DataFrame({"job_id": ["j"] * 6, "step": np.arange(6)})
+    fs, a, b = rng.integers(0, 6, n), rng.integers(0, 30, n) * 7, rng.integers(0, 30, n) * 7  # sparse NIC numbers
+    start = rng.integers(0, 50, n)  # ties
+    if seed % 2 == 0:
+        start = np.sort(start)
+    end = start + rng.integers(1, 9, n)
+    o = np.lexsort((start, b, a, fs))
+    new = np.r_[True, (np.diff(fs[o]) != 0) | (np.diff(a[o]) != 0) | (np.diff(b[o]) != 0)]
+    want = o[new]
+    got = _first_flows(fs, a, b, start, end, steps)
+    assert got["src"].tolist() == a[want].tolist() and got["dst"].tolist() == b[want].tolist()
+    assert got["step"].tolist() == fs[want].tolist()
+    assert got["start_ns"].tolist() == start[want].tolist() and got["end_ns"].tolist() == end[want].tolist()

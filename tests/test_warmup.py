@@ -6,7 +6,7 @@ import textwrap
 
 # compiled functions no daemon window calls: the replay's phases and its grouping by job (the daemon analyses
 # a window at once), the what-if simulator, and pair_episodes (public; the classifier finds episodes in its own pass)
-NOT_ON_THE_DAEMONS_PATH = {"prism.analyze._group_sums", "prism.ordering._rank_keys", "prism.whatif.graph._topo_order", "prism.ordering._places", "prism.ordering._scatter",
+NOT_ON_THE_DAEMONS_PATH = {"prism.analyze._group_sums", "prism.whatif.graph._topo_order", "prism.ordering._places", "prism.ordering._scatter",
                            "prism.parallelism._new_episode"}
 
 
