@@ -491,8 +491,12 @@ class StepTimeline:
             if label < 0:
                 continue
             idx = order[f0:f1]
-            mark = is_dp[idx] if is_dp[idx].any() else collective[idx]  # DP bursts, else other collectives, else the flush
-            ends = self._boundaries(label, start[idx], end[idx], mark, capture_end, size[idx], pair[idx])
+            # a job's flows given together and in start order (a replay's batches, a window of one job) are a
+            # slice: views, not copies
+            rows = slice(int(idx[0]), int(idx[-1]) + 1) if bool(np.all(np.diff(idx) == 1)) else idx
+            is_dp_j = is_dp[rows]
+            mark = is_dp_j if is_dp_j.any() else collective[rows]  # DP bursts, else other collectives, else the flush
+            ends = self._boundaries(label, start[rows], end[rows], mark, capture_end, size[rows], pair[rows])
             if len(ends) < 2:
                 continue
             name = job_names[label] if job_names is not None else label
