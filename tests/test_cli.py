@@ -1,5 +1,7 @@
 """The prism command line, end to end."""
 import json
+import os
+import sys
 
 import pandas as pd
 import pytest
@@ -308,3 +310,21 @@ def test_detection_delay_is_measured_from_the_fault_start(tiny_cluster, tiny_dir
         assert d.delay_s > 0
     # an anomaly never reported (no time) finds nothing
     assert detection_delays(an.assign(detected_ns=None), tiny_cluster.faults, names)["delay_s"].isna().all()
+
+
+def test_the_prism_command_exits_quickly_after_a_replay_with_everything_said(tiny_dir, tmp_path):
+    """`python -m prism replay` skips the interpreter's teardown once done: its report still arrives whole through
+    a pipe, its outputs are complete, and a failure keeps its exit status."""
+    import subprocess
+
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout to a pipe is then block-buffered
+    r = subprocess.run([sys.executable, "-m", "prism", "replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"),
+                        "--out", str(out), "--no-progress"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip().endswith(f"results in {out}")  # the last line of the report, after everything else
+    assert json.loads((out / "summary.json").read_text())["rows_read"] > 0
+    assert all((out / name).stat().st_size > 0 for name in ("jobs.csv", "pairs.csv", "steps.csv", "timeline.json"))
+    bad = subprocess.run([sys.executable, "-m", "prism", "replay", str(tmp_path / "missing.parquet"), "--topology", str(tiny_dir / "topology.csv"),
+                          "--out", str(tmp_path / "o2"), "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "missing.parquet" in bad.stderr
