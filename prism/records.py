@@ -369,17 +369,18 @@ class _AddressDictionary:
     @classmethod
     def of(cls, dictionary: pa.Array) -> "_AddressDictionary | None":
         """The table of an Arrow dictionary of text (the previous one's when equal); None if it cannot hold text."""
-        for i, (seen, table) in enumerate(cls._recent):
+        recent = cls._recent  # read once, replaced whole: decoding threads never see it change under them
+        for i, (seen, table) in enumerate(recent):
             if seen is dictionary or (seen.type == dictionary.type and seen.equals(dictionary)):
                 if i:
-                    cls._recent.insert(0, cls._recent.pop(i))
+                    cls._recent = [recent[i]] + recent[:i] + recent[i + 1:]
                 return table
         text, invalid = _as_text(dictionary)
         if text is None:
             return None
         # a null entry is a missing value: its text is never used
         table = cls([_NOT_TEXT if bad else (u or "") for u, bad in zip(text.to_pylist(), invalid)], dictionary.is_null().to_numpy(zero_copy_only=False))
-        cls._recent = [(dictionary, table)] + cls._recent[: cls._RECENT - 1]
+        cls._recent = [(dictionary, table)] + recent[: cls._RECENT - 1]
         return table
 
     def rows(self, codes: np.ndarray) -> tuple[pd.Categorical, np.ndarray, np.ndarray]:
