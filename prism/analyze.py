@@ -553,14 +553,10 @@ def _first_flows(fs, a, b, start, end, steps) -> pd.DataFrame:
     cols = ["job_id", "step", "src", "dst", "start_ns", "end_ns"]
     if len(fs) == 0:
         return pd.DataFrame(columns=cols)
-    # groups (step, src, dst) numbered in that order, through the NICs present
-    # and the directed pairs present: no sort of the flows
-    present = np.zeros(int(max(a.max(), b.max())) + 1, dtype=bool)
-    present[a] = present[b] = True
-    rank = np.cumsum(present) - 1
-    m = int(present.sum())
-    pair, pairs = rank_keys(rank[a].astype(np.int64) * m + rank[b], m * m)
-    group, _ = rank_keys(fs.astype(np.int64) * len(pairs) + pair, (int(fs.max()) + 1) * len(pairs))
+    # groups (step, src, dst) numbered in that order, through the directed
+    # pairs present: no sort of the flows
+    pair, n_pairs = pair_ids(a, b, int(max(a.max(), b.max())) + 1, directed=True)
+    group, _ = rank_keys(fs.astype(np.int64) * n_pairs + pair, (int(fs.max()) + 1) * n_pairs)
     new = _first_of(group, np.asarray(start, np.int64), int(group.max()) + 1)  # the earliest start; ties: the first given
     st = steps.iloc[fs[new]]
     return pd.DataFrame({"job_id": st["job_id"].to_numpy(), "step": st["step"].to_numpy(), "src": a[new], "dst": b[new], "start_ns": start[new], "end_ns": end[new]})

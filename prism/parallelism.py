@@ -58,9 +58,9 @@ import pandas as pd
 
 from .changepoint import BOCD
 from .components import connected_components
-from .ordering import order_by
+from .ordering import order_by, rank_keys
 
-__all__ = ["ParallelismClassifier", "SizeRuleClassifier", "SIGNALS", "UNCERTAIN_BELOW", "pair_steps", "refine_by_dp_components", "pair_episodes", "pair_ids", "DENSE_PAIR_NICS"]
+__all__ = ["ParallelismClassifier", "SizeRuleClassifier", "SIGNALS", "UNCERTAIN_BELOW", "pair_steps", "refine_by_dp_components", "pair_episodes", "pair_ids"]
 
 #: Flows of one pair starting closer than this are one event (e.g. both
 #: directions of a two-member ring start together).
@@ -417,45 +417,25 @@ def _new_episode(pair_id, start, end, merge_ns):  # pragma: no cover - compiled
     return new
 
 
-@numba.njit(cache=True)
-def _dense_pair_ids(src, dst, rank, m):  # pragma: no cover - compiled
-    """Per flow, its pair's number in ``min * m + max`` order of the NICs' ranks; and the number of pairs."""
-    slot = np.full(m * m, -1, np.int32)
-    for i in range(len(src)):
-        ra, rb = rank[src[i]], rank[dst[i]]
-        slot[min(ra, rb) * m + max(ra, rb)] = 0
-    n_pairs = 0
-    for j in range(m * m):
-        if slot[j] == 0:
-            slot[j] = n_pairs
-            n_pairs += 1
-    pair = np.empty(len(src), np.int32)
-    for i in range(len(src)):
-        ra, rb = rank[src[i]], rank[dst[i]]
-        pair[i] = slot[min(ra, rb) * m + max(ra, rb)]
-    return pair, n_pairs
+def pair_ids(src: np.ndarray, dst: np.ndarray, n_nodes: int, directed: bool = False) -> tuple[np.ndarray, int]:
+    """Per flow, the number of its pair of NICs, and how many pairs there are.
 
-
-#: NICs whose pairs are numbered through a dense table (m * m entries of 4 bytes: 64 MiB at most); past it, by a sort
-DENSE_PAIR_NICS = 4096
-
-
-def pair_ids(src: np.ndarray, dst: np.ndarray, n_nodes: int) -> tuple[np.ndarray, int]:
-    """Per flow, the number of its (unordered) pair of NICs, pairs numbered in ``(min, max)`` order; and how many pairs.
-
-    O(flows + m^2) through a table over the m NICs present, up to
-    :data:`DENSE_PAIR_NICS` of them; O(flows log flows) past it.
+    Pairs are unordered and numbered in ``(min, max)`` order; ``directed``
+    pairs are numbered in ``(src, dst)`` order. Keys run over the m NICs
+    present, so :func:`prism.ordering.rank_keys` numbers them through a
+    table of m^2 marks (O(flows + m^2)) where that range is small, by a
+    sort otherwise.
     """
     present = np.zeros(n_nodes, dtype=bool)
     present[src] = True
     present[dst] = True
     rank = np.cumsum(present) - 1  # keeps the NICs' order, so the pairs' too
     m = int(present.sum())
-    if m <= DENSE_PAIR_NICS:
-        return _dense_pair_ids(src, dst, rank, m)
     ra, rb = rank[src], rank[dst]
-    uniq, pair = np.unique(np.minimum(ra, rb) * m + np.maximum(ra, rb), return_inverse=True)
-    return pair, len(uniq)
+    if not directed:
+        ra, rb = np.minimum(ra, rb), np.maximum(ra, rb)
+    pair, pairs = rank_keys(ra * m + rb, m * m)
+    return pair, len(pairs)
 
 
 @numba.njit(cache=True)

@@ -148,7 +148,7 @@ def _pair_sums_by_sorting(src, dst, start, end, size, merge_ns, every_flow):
 def test_pair_sums_equal_the_sorted_bincounts(seed, monkeypatch):
     """The compiled per-pair pass gives exactly (floats too) what a sort by (pair, start) and numpy's bincounts give,
     on flows in start order (no sort) and out of it (ties in start included), light flows on or off."""
-    from prism import parallelism
+    from prism import ordering
     from prism.parallelism import _pair_sums, pair_ids
 
     rng = np.random.default_rng(seed)
@@ -162,7 +162,7 @@ def test_pair_sums_equal_the_sorted_bincounts(seed, monkeypatch):
     size = rng.choice([8, 100, 300, 4096, 10_000, 30_000], n)  # 100 and 300: a pair's floor, met exactly
     want_by_flags = {f: _pair_sums_by_sorting(src, dst, start, end, size, 20_000, f) for f in (False, True)}
     for every_flow, dense in ((False, True), (True, True), (False, False)):
-        monkeypatch.setattr(parallelism, "DENSE_PAIR_NICS", nics if dense else 2)  # numbered by a table, or by a sort
+        monkeypatch.setattr(ordering, "MAX_COUNTING_KEYS", 1 << 24 if dense else 1)  # numbered by a table, or by a sort
         in_time = np.argsort(start, kind="stable") if seed % 2 else np.zeros(0, np.int64)
         pair, n_pairs = pair_ids(src, dst, nics)
         lo, hi, *got = _pair_sums(src, dst, start, end, size.astype(np.float64), in_time, pair, n_pairs, np.int64(20_000), every_flow)
