@@ -101,7 +101,9 @@ def analyse(
                         phases=pd.DataFrame(columns=PHASE_COLUMNS), anomalies=empty_anomalies())
     n = len(topology)
     stage("pairs")
-    clf = s.classifier.fit(a, b, start, size, labels, end=start + duration, **({"server_of": topology.server_codes} if isinstance(s.classifier, ParallelismClassifier) else {}))
+    flow_pair, n_pairs = pair_ids(a, b, n)  # numbered once: the classifier's and the per-flow lookups below
+    ours = isinstance(s.classifier, ParallelismClassifier)
+    clf = s.classifier.fit(a, b, start, size, labels, end=start + duration, **({"server_of": topology.server_codes, "pair_numbers": (flow_pair, n_pairs)} if ours else {}))
     p = clf.pairs_
     src_ip, dst_ip = topology.pair_addresses(p["a"], p["b"])
     ip_job = jobs.set_index("ip")["job_id"]
@@ -125,7 +127,6 @@ def analyse(
     pk = _pair_key(pa, pb, n)
     o = np.argsort(pk)
     pk, pdp = pk[o], dp_mask[o]
-    flow_pair, n_pairs = pair_ids(a, b, n)
     if n_pairs != len(pk):  # a classifier that left pairs out (or added some): look each flow's pair up
         flow_pair = np.searchsorted(pk, _pair_key(a, b, n))
     is_dp = pdp[flow_pair]

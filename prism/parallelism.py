@@ -626,7 +626,7 @@ class ParallelismClassifier:
         self.asymmetric_share = float(asymmetric_share)
         self.uncertain_below = float(uncertain_below)
 
-    def fit(self, src, dst, start, size, job_of, end=None, server_of=None) -> "ParallelismClassifier":
+    def fit(self, src, dst, start, size, job_of, end=None, server_of=None, pair_numbers=None) -> "ParallelismClassifier":
         """Type the pairs.
 
         Parameters
@@ -644,6 +644,8 @@ class ParallelismClassifier:
             that a pipeline pair of its job already links be typed as that
             pipeline's (the embedding pair when the stages next to the ends
             share their servers).
+        pair_numbers : (int array, int), optional
+            :func:`pair_ids` of ``src, dst``, when the caller has it already.
 
         Notes
         -----
@@ -657,7 +659,7 @@ class ParallelismClassifier:
         size = np.asarray(size, np.float64)
         n_nodes = int(max(src.max(initial=0), dst.max(initial=0))) + 1
         in_time = np.zeros(0, np.int64) if len(start) < 2 or bool(np.all(start[1:] >= start[:-1])) else np.argsort(start, kind="stable")
-        pair, n_pairs = pair_ids(src, dst, n_nodes)
+        pair, n_pairs = pair_ids(src, dst, n_nodes) if pair_numbers is None else pair_numbers
         lo_nic, hi_nic, flows, first, last, nbytes, fwd_bytes, episodes, both = _pair_sums(
             src, dst, start, end, size, in_time, pair, n_pairs, np.int64(self.merge_ns), "light" in self.without)
         del in_time, pair
