@@ -322,11 +322,10 @@ def _dictionary_text(values) -> tuple[np.ndarray, list, np.ndarray] | None:
 
 
 def _address_codes(values) -> tuple[np.ndarray, list]:
-    """(codes, distinct raw values as text) of an address column; -1 codes are missing values."""
-    encoded = _dictionary_text(values)
-    if encoded is not None:
-        codes, uniq, invalid = encoded
-        return codes, [_NOT_TEXT if bad else u for u, bad in zip(uniq, invalid)]
+    """(codes, distinct raw values as text) of an address column that is no dictionary of text; -1 codes are missing values.
+
+    (A dictionary of text is :class:`_AddressDictionary`'s.)
+    """
     codes, uniques = pd.factorize(_address_column(values), use_na_sentinel=True)
     return codes, pd.Index(uniques).astype(str).tolist()  # a list: iterating an Arrow-backed Index goes element by element
 
