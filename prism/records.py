@@ -246,16 +246,7 @@ _NOT_TEXT = "\x00not text"  # stands for a value no address or path can be (a nu
 
 
 def _address_column(values) -> pd.Series:
-    if isinstance(values, (pa.Array, pa.ChunkedArray)):
-        arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-        text, invalid = _as_text(arr)
-        if text is None:
-            return pd.Series(np.where(arr.is_null().to_numpy(zero_copy_only=False), None, _NOT_TEXT), dtype=object)
-        values = text.to_pandas()
-        if invalid.any():
-            values = values.astype(object)
-            values[invalid] = _NOT_TEXT
-        return pd.Series(values)
+    """A column of addresses that is no Arrow array, with values no address can be (lists, objects) as :data:`_NOT_TEXT`."""
     values = pd.Series(values)
     if values.dtype == object and pd.api.types.infer_dtype(values, skipna=True) not in ("string", "empty"):
         # the JSON fallback's Python values: a nested object or list cannot be hashed
@@ -324,8 +315,24 @@ def _dictionary_text(values) -> tuple[np.ndarray, list, np.ndarray] | None:
 def _address_codes(values) -> tuple[np.ndarray, list]:
     """(codes, distinct raw values as text) of an address column that is no dictionary of text; -1 codes are missing values.
 
-    (A dictionary of text is :class:`_AddressDictionary`'s.)
+    (A dictionary of text is :class:`_AddressDictionary`'s.) An Arrow column
+    is dictionary-encoded by Arrow's hash table, in C on the text's bytes:
+    a pandas factorisation would first make a Python string of every row.
+    Values no address can be (a number, invalid UTF-8) are coded as
+    :data:`_NOT_TEXT`.
     """
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+        text, invalid = _as_text(arr)
+        if text is None:  # a type no address can have: every present value is bad
+            return np.where(arr.is_null().to_numpy(zero_copy_only=False), -1, 0), [_NOT_TEXT]
+        encoded = pc.dictionary_encode(text)
+        uniq = encoded.dictionary.to_pylist()
+        codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        if invalid.any():  # made null by _valid_text: bad, not missing
+            codes[invalid] = len(uniq)
+            uniq.append(_NOT_TEXT)
+        return codes, uniq
     codes, uniques = pd.factorize(_address_column(values), use_na_sentinel=True)
     return codes, pd.Index(uniques).astype(str).tolist()  # a list: iterating an Arrow-backed Index goes element by element
 
@@ -405,7 +412,8 @@ class _AddressDictionary:
             renumber = np.cumsum(used) - 1
             cat_codes = np.where(present, renumber[np.maximum(cat_codes, 0)], -1)
             categories = self.categories[used]
-        return pd.Categorical.from_codes(cat_codes, categories=categories), empty, bad
+        # codes made here, in range by construction: no validating pass
+        return pd.Categorical.from_codes(cat_codes, categories=categories, validate=False), empty, bad
 
 
 def _path_text(v):

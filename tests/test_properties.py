@@ -199,6 +199,31 @@ def test_switch_sums_equal_the_groupby(n, n_chunks, seed):
     pd.testing.assert_frame_equal(sums.table(), ref, check_index_type=False)
 
 
+@SETTINGS
+@given(st.integers(0, 300), st.integers(1, 4), st.integers(0, 2**32 - 1), st.booleans())
+def test_switch_bandwidth_sums_the_large_flows_with_a_path(n, n_chunks, seed, senders):
+    """SwitchBandwidth.partial_fit, chunk after chunk (its table grown from two slots mid-chunk), sums what a groupby
+    of the flows of at least ``min_bytes`` with a path sums, per (window, path, sender); it counts the smaller ones."""
+    from prism.diagnosis.switches import KEY, SwitchBandwidth, _KeySums
+
+    rng = np.random.default_rng(seed)
+    paths = np.array(["l1|s1|l2", "l2|s1|l1", "l1|s2|l3", "l3", None], dtype=object)
+    path = paths[rng.integers(0, len(paths), n)]
+    size = rng.integers(0, 1 << 20, n)
+    start, duration = np.sort(rng.integers(0, 5 * 10**9, n)), rng.integers(0, 10**6, n)
+    src = rng.integers(0, 6, n) if senders else None
+    bw = SwitchBandwidth(window_s=1.0, min_bytes=1 << 19)
+    bw._sums = _KeySums(capacity=2)
+    for lo, hi in zip(*(lambda c: (np.r_[0, c], np.r_[c, n]))(np.sort(rng.integers(0, n + 1, n_chunks - 1)))):
+        bw.partial_fit(start[lo:hi], duration[lo:hi], size[lo:hi], pd.Categorical(path[lo:hi]), src=None if src is None else src[lo:hi])
+    assert bw.skipped_ == int((size < 1 << 19).sum())
+    keep = (size >= 1 << 19) & pd.notna(path)
+    df = pd.DataFrame({"window": start[keep] // 10**9, "path": [bw.path_ids[p] for p in path[keep]],
+                       "src": src[keep] if senders else np.full(int(keep.sum()), -1), "bytes": size[keep], "busy_ns": duration[keep]})
+    ref = df.groupby(KEY).agg(bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"), flows=("bytes", "size")).reset_index()
+    pd.testing.assert_frame_equal(bw.table(), ref.astype(np.int64), check_index_type=False)
+
+
 TEXT_VALUES = [b"10.0.0.1", b"10.0.0.2", b" 10.0.0.2 ", b"::ffff:10.0.0.1", b"fe80:0::1", b"fe80::1", b"", b"nope", b"\xff\xfe", b"a|b", b"leaf1|spine2|leaf3"]
 
 
@@ -257,6 +282,41 @@ def test_dictionary_columns_validate_as_their_decoded_values(values, unused, as_
     assert dict(r_enc.counts) == dict(r_plain.counts)
     assert r_enc.examples == r_plain.examples
     pd.testing.assert_frame_equal(got_enc, got_plain)
+
+
+@SETTINGS
+@given(st.lists(st.sampled_from(TEXT_VALUES + [None]), max_size=40), st.booleans())
+def test_arrow_address_columns_validate_as_python_values(values, as_binary):
+    """An Arrow address column (coded by Arrow's hash table) gives what the same values as Python objects give.
+
+    The Python path factorises in pandas, independently of Arrow's coding:
+    the rejects (empty, bad, invalid UTF-8 as a bad address), the rows and
+    the categories must agree.
+    """
+    import pyarrow as pa
+
+    from prism.records import validate_flows
+
+    n = len(values)
+
+    def python_value(v):  # what a JSON decoder leaves: text, or the bytes that are not UTF-8
+        if v is None:
+            return None
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            return v
+
+    def frame(src):
+        return {"start_ns": range(n), "duration_ns": [1] * n, "src": src, "dst": ["10.0.0.9"] * n, "size": [1 << 20] * n, "switches": ["a"] * n}
+
+    arrow = pa.table(frame(pa.array(values, type=pa.binary()).view(pa.binary() if as_binary else pa.string())))
+    python = pd.DataFrame(frame(pd.Series([python_value(v) for v in values], dtype=object)))
+    r_arrow, r_python = RejectCounter(), RejectCounter()
+    got_arrow = validate_flows(arrow, r_arrow, "t")
+    got_python = validate_flows(python, r_python, "t")
+    assert dict(r_arrow.counts) == dict(r_python.counts)
+    pd.testing.assert_frame_equal(got_arrow, got_python)
 
 
 @SETTINGS
@@ -342,3 +402,25 @@ def test_the_deduper_stays_within_its_bound():
     # the newest are remembered, the oldest forgotten
     assert not d.filter(np.arange(19 * 5000, 20 * 5000, dtype=np.uint64) + 7, np.full(5000, 20)).any()
     assert d.filter(np.array([7], np.uint64), np.array([21])).all()
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.integers(2, 40))
+def test_monitor_pairs_hold_each_pairs_latest_start(seed, batches, nics):
+    """The monitor's pair table (updated in place for known pairs, merged for new ones) is a groupby max of every batch."""
+    from prism.monitor import Monitor
+
+    rng = np.random.default_rng(seed)
+    m = Monitor.__new__(Monitor)  # only the pair table is exercised
+    m._n = nics
+    m._pair_keys, m._pair_last = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    seen = []
+    for _ in range(batches):
+        k = int(rng.integers(0, 300))
+        a, b = rng.integers(0, nics, k).astype(np.int32), rng.integers(0, nics, k).astype(np.int32)
+        start = rng.integers(0, 1000, k).astype(np.int64)  # out of order, repeats, ties
+        m._see_pairs(a, b, start)
+        seen.append(pd.DataFrame({"key": np.minimum(a, b).astype(np.int64) * nics + np.maximum(a, b), "start": start}))
+        ref = pd.concat(seen).groupby("key")["start"].max()
+        assert m._pair_keys.tolist() == ref.index.tolist()
+        assert m._pair_last.tolist() == ref.tolist()
