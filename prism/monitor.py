@@ -37,7 +37,7 @@ from .diagnosis import SwitchBandwidth
 from .jobs import JobRecognizer, gpu_clusters
 from .parallelism import UNCERTAIN_BELOW
 from .topology import Topology
-from .window import FlowWindow, RecordDeduper, record_hashes
+from .window import FlowWindow, RecordDeduper, latest_into, record_hashes
 
 log = logging.getLogger("prism.monitor")
 
@@ -265,8 +265,12 @@ class Monitor:
 
     def _see_pairs(self, a, b, start) -> None:
         key = np.minimum(a, b).astype(np.int64) * self._n + np.maximum(a, b)
-        keys = np.concatenate([self._pair_keys, key])
-        last = np.concatenate([self._pair_last, start])
+        # pairs seen before (nearly all, once the first windows are in) are updated in place
+        unseen = latest_into(self._pair_keys, self._pair_last, key, np.asarray(start, dtype=np.int64))
+        if not unseen.any():
+            return
+        keys = np.concatenate([self._pair_keys, key[unseen]])
+        last = np.concatenate([self._pair_last, start[unseen]])
         o = np.lexsort((last, keys))  # by key, then time: the last of each run is the latest
         keys, last = keys[o], last[o]
         end = np.r_[keys[1:] != keys[:-1], True]

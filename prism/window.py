@@ -16,7 +16,7 @@ import numba
 import numpy as np
 import pandas as pd
 
-__all__ = ["RecordDeduper", "FlowWindow", "record_hashes"]
+__all__ = ["RecordDeduper", "FlowWindow", "record_hashes", "latest_into"]
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -200,6 +200,26 @@ def _insert(keys, times, hashes, start, new):  # pragma: no cover - compiled
                 break
             j = (j + np.uint64(1)) & mask
     return added
+
+
+@numba.njit(cache=True, nogil=True)
+def latest_into(keys, last, key, start):  # pragma: no cover - compiled
+    """Raise ``last`` to each row's ``start`` where its ``key`` is among ``keys``; return the rows whose key is not.
+
+    ``keys`` is sorted and unique, ``last`` its latest start per key
+    (updated in place). A binary search per row: O(rows log keys), no sort
+    of the rows, which a batch of records mostly of known pairs does not
+    need.
+    """
+    unseen = np.zeros(len(key), dtype=np.bool_)
+    for i in range(len(key)):
+        j = np.searchsorted(keys, key[i])
+        if j < len(keys) and keys[j] == key[i]:
+            if start[i] > last[j]:
+                last[j] = start[i]
+        else:
+            unseen[i] = True
+    return unseen
 
 
 class FlowWindow:
