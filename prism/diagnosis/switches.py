@@ -99,14 +99,12 @@ class SwitchBandwidth:
             for i in np.flatnonzero(lut < 0):
                 lut[i] = self._path_id(cat.categories[i])
             self._known = pd.Index(list(self.path_ids), dtype=object)
-        codes = cat.codes
-        big = np.asarray(size) >= self.min_bytes
-        self.skipped_ += int((~big).sum())
-        ok = (codes >= 0) & big
-        pid = lut[codes[ok]] if len(lut) else np.zeros(0, dtype=np.int64)
-        win = np.asarray(start)[ok] // self.window_ns
-        sender = np.full(int(ok.sum()), -1, dtype=np.int64) if src is None else np.asarray(src, dtype=np.int64)[ok]
-        self._sums.add(win, pid, sender, np.asarray(size, dtype=np.int64)[ok], np.asarray(duration, dtype=np.int64)[ok])
+        size = np.asarray(size, dtype=np.int64)
+        sender = np.full(len(size), -1, dtype=np.int64) if src is None else np.asarray(src)
+        # one compiled pass: the size floor, the path lookup and the window
+        # number per flow, without a masked copy of each column
+        self.skipped_ += self._sums.add_flows(np.asarray(start, dtype=np.int64), self.window_ns, cat.codes, lut, sender, size,
+                                              np.asarray(duration, dtype=np.int64), self.min_bytes)
         self._table = None
         return self
 
@@ -151,6 +149,19 @@ class _KeySums:
             self._grow()
             done, self.n = _accumulate(self.keys, self.sums, self.slot_of, self.n, win, pid, sender, nbytes, busy, flows, done)
 
+    def add_flows(self, start, window_ns: int, codes, lut, sender, size, duration, min_bytes: int) -> int:
+        """Add flows: window ``start // window_ns``, path ``lut[codes]`` (a code < 0: no path), ``sender``.
+
+        Flows under ``min_bytes`` or with no path are left out; returns how
+        many were under ``min_bytes``.
+        """
+        done, self.n, small = _accumulate_flows(self.keys, self.sums, self.slot_of, self.n, start, window_ns, codes, lut, sender, size, duration, min_bytes, 0)
+        while done < len(start):
+            self._grow()
+            done, self.n, more = _accumulate_flows(self.keys, self.sums, self.slot_of, self.n, start, window_ns, codes, lut, sender, size, duration, min_bytes, done)
+            small += more
+        return small
+
     def _grow(self) -> None:
         cap = 2 * len(self.slot_of)
         keys, sums = np.zeros((cap, 3), dtype=np.int64), np.zeros((cap, 3), dtype=np.int64)
@@ -172,29 +183,54 @@ def _slot(w, p, s, mask):  # pragma: no cover - compiled
     return np.int64(h & np.uint64(mask))
 
 
+@numba.njit(cache=True, inline="always")
+def _row(keys, slot_of, n, w, p, s):  # pragma: no cover - compiled
+    """(the key's row, or -1 if it is new and half the slots are taken; the keys now), the key added if new."""
+    mask = len(slot_of) - 1
+    j = _slot(w, p, s, mask)
+    while True:
+        r = slot_of[j]
+        if r < 0:
+            if 2 * (n + 1) > len(slot_of):
+                return -1, n
+            slot_of[j] = n
+            keys[n, 0], keys[n, 1], keys[n, 2] = w, p, s
+            return n, n + 1
+        if keys[r, 0] == w and keys[r, 1] == p and keys[r, 2] == s:
+            return r, n
+        j = (j + 1) & mask
+
+
 @numba.njit(cache=True)
 def _accumulate(keys, sums, slot_of, n, win, pid, sender, nbytes, busy, flows, start):  # pragma: no cover - compiled
     """Add rows ``start..``; (the row it stopped at: all of them, or the first new key past half the slots; the keys now)."""
-    mask = len(slot_of) - 1
     for i in range(start, len(win)):
-        j = _slot(win[i], pid[i], sender[i], mask)
-        while True:
-            r = slot_of[j]
-            if r < 0:
-                if 2 * (n + 1) > len(slot_of):
-                    return i, n
-                slot_of[j] = n
-                keys[n, 0], keys[n, 1], keys[n, 2] = win[i], pid[i], sender[i]
-                r = n
-                n += 1
-                break
-            if keys[r, 0] == win[i] and keys[r, 1] == pid[i] and keys[r, 2] == sender[i]:
-                break
-            j = (j + 1) & mask
+        r, n = _row(keys, slot_of, n, win[i], pid[i], sender[i])
+        if r < 0:
+            return i, n
         sums[r, 0] += nbytes[i]
         sums[r, 1] += busy[i]
         sums[r, 2] += flows[i]
     return len(win), n
+
+
+@numba.njit(cache=True)
+def _accumulate_flows(keys, sums, slot_of, n, start, window_ns, codes, lut, sender, size, duration, min_bytes, at):  # pragma: no cover - compiled
+    """As :func:`_accumulate`, for flows from ``at`` on (see :meth:`_KeySums.add_flows`); also the flows under ``min_bytes``."""
+    small = 0
+    for i in range(at, len(start)):
+        if size[i] < min_bytes:
+            small += 1
+            continue
+        if codes[i] < 0:
+            continue
+        r, n = _row(keys, slot_of, n, start[i] // window_ns, lut[codes[i]], np.int64(sender[i]))
+        if r < 0:
+            return i, n, small
+        sums[r, 0] += size[i]
+        sums[r, 1] += duration[i]
+        sums[r, 2] += 1
+    return len(start), n, small
 
 
 @numba.njit(cache=True)
