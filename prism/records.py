@@ -19,6 +19,7 @@ import ipaddress
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -195,6 +196,8 @@ def _parse_int(values) -> tuple[np.ndarray, np.ndarray]:
         arr = arr.combine_chunks()
     t = arr.type
     if pa.types.is_integer(t):
+        if arr.null_count == 0 and t == pa.int64():  # the usual column: its values as they are, no copy
+            return arr.to_numpy(zero_copy_only=False), np.zeros(len(arr), dtype=bool)
         bad = arr.is_null().to_numpy(zero_copy_only=False)
         if pa.types.is_unsigned_integer(t) and t.bit_width == 64:
             bad |= pc.fill_null(pc.greater(arr, pa.scalar(2**63 - 1, pa.uint64())), False).to_numpy(zero_copy_only=False)
@@ -393,27 +396,65 @@ class _AddressDictionary:
         """(categorical, empty mask, bad mask) of rows coded into these texts (-1: missing).
 
         The categories are those the rows use, as a factorisation of the
-        decoded column would give them.
+        decoded column would give them. One compiled pass over the rows
+        (two when they use only some of the texts, as a chunk of a Parquet
+        file whose dictionary holds every address does).
         """
-        if len(self.missing) and self.missing.any():
-            codes = np.where((codes >= 0) & self.missing[np.maximum(codes, 0)], -1, codes)
-        present = codes >= 0
-        safe = np.where(present, codes, 0)
-        empty = ~present
-        bad = np.zeros(len(codes), dtype=bool)
-        if len(self.remap):
-            empty |= present & self.empty[safe]
-            bad = present & self.bad[safe]
-        cat_codes = np.where(present, self.remap[safe], -1) if len(self.remap) else np.full(len(codes), -1)
-        used = np.bincount(cat_codes[present], minlength=len(self.categories)) > 0
+        cat_codes, empty, bad, used = _code_rows(np.asarray(codes), self.missing, self.empty, self.bad, self.remap, len(self.categories))
         if used.all():
             categories = self.categories
         else:  # only the categories some row has
-            renumber = np.cumsum(used) - 1
-            cat_codes = np.where(present, renumber[np.maximum(cat_codes, 0)], -1)
+            _renumber(cat_codes, np.cumsum(used) - 1)
             categories = self.categories[used]
         # codes made here, in range by construction: no validating pass
         return pd.Categorical.from_codes(cat_codes, categories=categories, validate=False), empty, bad
+
+
+@numba.njit(cache=True, nogil=True)
+def _code_rows(codes, missing, empty_of, bad_of, remap, n_categories):  # pragma: no cover - compiled
+    """Per row: its category (-1 if missing), whether empty, whether bad; and which categories the rows use."""
+    n = len(codes)
+    cat = np.empty(n, dtype=np.int64)
+    empty = np.empty(n, dtype=np.bool_)
+    bad = np.empty(n, dtype=np.bool_)
+    used = np.zeros(n_categories, dtype=np.bool_)
+    for i in range(n):
+        c = codes[i]
+        if c < 0 or missing[c]:
+            cat[i] = -1
+            empty[i] = True
+            bad[i] = False
+        else:
+            k = remap[c]
+            cat[i] = k
+            used[k] = True
+            empty[i] = empty_of[c]
+            bad[i] = bad_of[c]
+    return cat, empty, bad, used
+
+
+@numba.njit(cache=True, nogil=True)
+def _renumber(cat, new_number):  # pragma: no cover - compiled
+    for i in range(len(cat)):
+        if cat[i] >= 0:
+            cat[i] = new_number[cat[i]]
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_seen(codes, n_codes):  # pragma: no cover - compiled
+    """``pd.factorize`` of codes in ``[0, n_codes)``: each row's number in order of first appearance, and the codes so numbered."""
+    number = np.full(n_codes, -1, dtype=np.int64)
+    order = np.empty(n_codes, dtype=np.int64)
+    out = np.empty(len(codes), dtype=np.int64)
+    m = 0
+    for i in range(len(codes)):
+        c = codes[i]
+        if number[c] < 0:
+            number[c] = m
+            order[m] = c
+            m += 1
+        out[i] = number[c]
+    return out, order[:m]
 
 
 def _path_text(v):
@@ -437,7 +478,7 @@ def _switches_column(values) -> tuple[pd.Series, np.ndarray]:
             text.append("")
         codes = np.where(codes < 0, text.index(""), codes)
         codes = np.where(bad, text.index(""), codes)
-        first, order = pd.factorize(codes)
+        first, order = _first_seen(codes, len(text))
         cats = [text[i] for i in order]
         if len(set(cats)) == len(cats):  # else two entries were one path: decode as below
             # built as the decoded path builds it (Arrow to pandas), so the dtypes match too
@@ -588,7 +629,8 @@ def validate_flows(
                 value = f" {fname}={v!r}"
             rejects.add(rname, int(cnt), f"{where}:{value}" if value else where)
 
-    keep = ~rejected
+    # the frame copies its columns (a dict's default): a mask that keeps every row would copy them twice
+    keep = ~rejected if rejected.any() else slice(None)
     out = pd.DataFrame(
         {
             "start_ns": ints["start_ns"][keep],
