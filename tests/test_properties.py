@@ -424,3 +424,28 @@ def test_monitor_pairs_hold_each_pairs_latest_start(seed, batches, nics):
         ref = pd.concat(seen).groupby("key")["start"].max()
         assert m._pair_keys.tolist() == ref.index.tolist()
         assert m._pair_last.tolist() == ref.tolist()
+
+
+@SETTINGS
+@given(st.lists(st.sampled_from(["10.0.0.1", " 10.0.0.2", "::ffff:10.0.0.1", "fe80:0::1", "fe80::1", "", "nope", None]), min_size=1, max_size=8),
+       st.lists(st.integers(-1, 7), max_size=40))
+def test_address_rows_are_each_rows_canonical_text(entries, picks):
+    """_AddressDictionary.rows against a loop: each row's canonical address (missing -> NaN; empty and bad -> ""),
+    its empty and bad marks, and as categories exactly the canonical texts the rows use, sorted."""
+    from prism.records import _AddressDictionary, normalise_address
+
+    missing = np.array([e is None for e in entries])
+    table = _AddressDictionary([e or "" for e in entries], missing)
+    codes = np.array([p if p < len(entries) else -1 for p in picks], dtype=np.int64)
+    got, empty, bad = table.rows(codes)
+    want_text, want_empty, want_bad = [], [], []
+    for c in codes:
+        entry = None if c < 0 else entries[c]
+        text = None if entry is None else entry.strip()
+        canon = normalise_address(text) if text else None
+        want_text.append(None if entry is None else (canon or ""))
+        want_empty.append(not text)
+        want_bad.append(bool(text) and canon is None)
+    assert [None if pd.isna(v) else v for v in got] == want_text
+    assert list(got.categories) == sorted({t for t in want_text if t is not None})
+    assert empty.tolist() == want_empty and bad.tolist() == want_bad
