@@ -289,32 +289,6 @@ def normalise_address(text) -> str | None:
     return out
 
 
-def _dictionary_text(values) -> tuple[np.ndarray, list, np.ndarray] | None:
-    """(codes, distinct values, invalid per distinct value) of a dictionary-encoded text column, else None.
-
-    Parquet stores repeated strings (addresses, paths) as a dictionary and
-    the reader hands them over as one: the indices are the codes, and only
-    the distinct values are checked and converted, never the rows. Codes
-    are -1 for a missing value (a null index or a null dictionary entry);
-    dictionary entries no row uses are dropped, so the result is what a
-    factorisation of the decoded column gives (up to the order).
-    """
-    if not isinstance(values, (pa.Array, pa.ChunkedArray)) or not pa.types.is_dictionary(values.type):
-        return None
-    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values  # unifies the chunks' dictionaries
-    text, invalid = _as_text(arr.dictionary)
-    if text is None:
-        return None
-    uniq = text.to_pylist()
-    codes = pc.fill_null(arr.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    used = np.bincount(codes[codes >= 0], minlength=len(uniq)) > 0
-    used &= ~arr.dictionary.is_null().to_numpy(zero_copy_only=False)  # a null entry is a missing value
-    keep = np.flatnonzero(used)
-    remap = np.full(len(uniq) + 1, -1, dtype=np.int64)  # the extra slot maps -1 to -1
-    remap[keep] = np.arange(len(keep))
-    return remap[codes], [uniq[i] for i in keep], invalid[keep]
-
-
 def _address_codes(values) -> tuple[np.ndarray, list]:
     """(codes, distinct raw values as text) of an address column that is no dictionary of text; -1 codes are missing values.
 
@@ -357,12 +331,37 @@ def _normalise_addresses(values) -> tuple[pd.Categorical, np.ndarray, np.ndarray
     return _AddressDictionary(uniq).rows(codes)
 
 
-class _AddressDictionary:
+class _TextDictionary:
+    """What a dictionary of text takes to code rows, built once per Arrow dictionary: a Parquet file's batches share theirs."""
+
+    _recent: list = []  # (Arrow dictionary, its table), newest first; each subclass keeps its own
+    _RECENT = 4
+
+    @classmethod
+    def of(cls, dictionary: pa.Array):
+        """The table of an Arrow dictionary of text (the previous one's when equal); None if it cannot hold text."""
+        recent = cls._recent  # read once, replaced whole: decoding threads never see it change under them
+        for i, (seen, table) in enumerate(recent):
+            if seen is dictionary or (seen.type == dictionary.type and seen.equals(dictionary)):
+                if i:
+                    cls._recent = [recent[i]] + recent[:i] + recent[i + 1:]
+                return table
+        text, invalid = _as_text(dictionary)
+        if text is None:
+            return None
+        table = cls._from_text(text, invalid, dictionary)
+        cls._recent = [(dictionary, table)] + recent[: cls._RECENT - 1]
+        return table
+
+    @classmethod
+    def _from_text(cls, text: pa.Array, invalid: np.ndarray, dictionary: pa.Array):
+        raise NotImplementedError
+
+
+class _AddressDictionary(_TextDictionary):
     """Distinct address texts, normalised once: the categorical, empty and bad masks of rows given as codes into them."""
 
-    # (Arrow dictionary, its table), newest first: a Parquet file's batches share its dictionaries (src's and dst's)
-    _recent: list = []
-    _RECENT = 4
+    _recent: list = []  # src's and dst's dictionaries
 
     def __init__(self, uniq: list, missing: np.ndarray | None = None):
         stripped = [u.strip() for u in uniq]
@@ -376,21 +375,9 @@ class _AddressDictionary:
         self.categories = pd.Index(cats, dtype=object)
 
     @classmethod
-    def of(cls, dictionary: pa.Array) -> "_AddressDictionary | None":
-        """The table of an Arrow dictionary of text (the previous one's when equal); None if it cannot hold text."""
-        recent = cls._recent  # read once, replaced whole: decoding threads never see it change under them
-        for i, (seen, table) in enumerate(recent):
-            if seen is dictionary or (seen.type == dictionary.type and seen.equals(dictionary)):
-                if i:
-                    cls._recent = [recent[i]] + recent[:i] + recent[i + 1:]
-                return table
-        text, invalid = _as_text(dictionary)
-        if text is None:
-            return None
+    def _from_text(cls, text: pa.Array, invalid: np.ndarray, dictionary: pa.Array) -> "_AddressDictionary":
         # a null entry is a missing value: its text is never used
-        table = cls([_NOT_TEXT if bad else (u or "") for u, bad in zip(text.to_pylist(), invalid)], dictionary.is_null().to_numpy(zero_copy_only=False))
-        cls._recent = [(dictionary, table)] + recent[: cls._RECENT - 1]
-        return table
+        return cls([_NOT_TEXT if bad else (u or "") for u, bad in zip(text.to_pylist(), invalid)], dictionary.is_null().to_numpy(zero_copy_only=False))
 
     def rows(self, codes: np.ndarray) -> tuple[pd.Categorical, np.ndarray, np.ndarray]:
         """(categorical, empty mask, bad mask) of rows coded into these texts (-1: missing).
@@ -441,20 +428,53 @@ def _renumber(cat, new_number):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _first_seen(codes, n_codes):  # pragma: no cover - compiled
-    """``pd.factorize`` of codes in ``[0, n_codes)``: each row's number in order of first appearance, and the codes so numbered."""
-    number = np.full(n_codes, -1, dtype=np.int64)
-    order = np.empty(n_codes, dtype=np.int64)
+def _first_seen(codes, text_id, n_texts):  # pragma: no cover - compiled
+    """``pd.factorize`` of ``text_id[codes]`` (a code < 0 takes ``text_id``'s last entry): each row's number in order of first appearance, and the ids so numbered."""
+    number = np.full(n_texts, -1, dtype=np.int64)
+    order = np.empty(n_texts, dtype=np.int64)
     out = np.empty(len(codes), dtype=np.int64)
+    missing = len(text_id) - 1
     m = 0
     for i in range(len(codes)):
-        c = codes[i]
-        if number[c] < 0:
-            number[c] = m
-            order[m] = c
+        t = text_id[codes[i] if codes[i] >= 0 else missing]
+        if number[t] < 0:
+            number[t] = m
+            order[m] = t
             m += 1
-        out[i] = number[c]
+        out[i] = number[t]
     return out, order[:m]
+
+
+class _PathDictionary(_TextDictionary):
+    """Distinct path texts of a dictionary, numbered once: rows given as codes into it become the path column.
+
+    Parquet stores repeated paths as a dictionary and the reader hands them
+    over as one: only its entries are checked and converted, never the
+    rows. A missing or invalid path is "" (invalid ones are also bad), and
+    entries of one text share a number, as the decoded column has them.
+    """
+
+    _recent: list = []
+
+    def __init__(self, texts: list, invalid: np.ndarray):
+        number: dict[str, int] = {}
+        ids = [number.setdefault("" if t is None or bad else t, len(number)) for t, bad in zip(texts, invalid)]
+        self.text_id = np.array(ids + [number.setdefault("", len(number))], dtype=np.int64)  # the last: a row with no entry
+        self.texts = list(number)
+        self.invalid = np.asarray(invalid, dtype=bool)
+
+    @classmethod
+    def _from_text(cls, text: pa.Array, invalid: np.ndarray, dictionary: pa.Array) -> "_PathDictionary":
+        return cls(text.to_pylist(), invalid)
+
+    def rows(self, codes: np.ndarray) -> tuple[pd.Series, np.ndarray]:
+        """(path column, bad mask) of rows coded into this dictionary (-1: missing); categories in order of first appearance."""
+        first, order = _first_seen(codes, self.text_id, len(self.texts))
+        bad = (codes >= 0) & self.invalid[np.maximum(codes, 0)] if self.invalid.any() else np.zeros(len(codes), dtype=bool)
+        # the categories converted as the decoded path converts them (Arrow to pandas; with no rows), so the dtypes match too
+        texts = pa.array([self.texts[i] for i in order], pa.string())
+        categories = pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), texts).to_pandas().cat.categories
+        return pd.Series(pd.Categorical.from_codes(first, categories=categories, validate=False)), bad
 
 
 def _path_text(v):
@@ -467,23 +487,11 @@ def _path_text(v):
 
 def _switches_column(values) -> tuple[pd.Series, np.ndarray]:
     """The path column as text (a list of names is joined with ``|``), and the rows that are neither."""
-    encoded = _dictionary_text(values)
-    if encoded is not None:
-        codes, uniq, invalid = encoded
-        bad = np.zeros(len(codes), dtype=bool) if not invalid.any() else (codes >= 0) & invalid[np.maximum(codes, 0)]
-        # what the decoded column gives below: missing and invalid paths are
-        # "", categories unique and in order of first appearance
-        text = ["" if b else u for u, b in zip(uniq, invalid)]
-        if "" not in text:
-            text.append("")
-        codes = np.where(codes < 0, text.index(""), codes)
-        codes = np.where(bad, text.index(""), codes)
-        first, order = _first_seen(codes, len(text))
-        cats = [text[i] for i in order]
-        if len(set(cats)) == len(cats):  # else two entries were one path: decode as below
-            # built as the decoded path builds it (Arrow to pandas), so the dtypes match too
-            cat = pa.DictionaryArray.from_arrays(pa.array(first, pa.int32()), pa.array(cats, pa.string()))
-            return pd.Series(cat.to_pandas()), bad
+    if isinstance(values, (pa.Array, pa.ChunkedArray)) and pa.types.is_dictionary(values.type):
+        arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values  # unifies the chunks' dictionaries
+        table = _PathDictionary.of(arr.dictionary)
+        if table is not None:
+            return table.rows(pc.fill_null(arr.indices, -1).to_numpy(zero_copy_only=False))
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
         if (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) and (
