@@ -70,6 +70,16 @@ def _run(seconds: float) -> None:
             monitor.ingest(frame)
         monitor.tick(final=True)
     decode_messages(messages[:1], RejectCounter(), "warm-up")  # a poll of one message: read on its own
+    # dictionary-encoded text (Parquet files under --source, a producer's dictionary arrays), the rows using
+    # part of each dictionary, as a file's chunks do
+    import pyarrow as pa
+
+    from .records import validate_flows
+
+    row = pa.Table.from_pandas(flows.iloc[:1], preserve_index=False)
+    one_of_two = {c: pa.DictionaryArray.from_arrays(pa.array([0], pa.int32()), pa.array([row.column(c)[0].as_py(), row.column(c)[0].as_py() + "~"]))
+                  for c in ("src", "dst", "switches")}
+    validate_flows(pa.table({c: one_of_two.get(c, row.column(c)) for c in row.column_names}), RejectCounter(), "warm-up")
     # the switch sums' table grows (a rehash) once a fabric has more keys than the tiny one
     from .diagnosis.switches import _KeySums
 
