@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numba
 import numpy as np
 import pandas as pd
 
@@ -177,6 +178,14 @@ DENSE_PAIR_MARKS = 1 << 24
 DENSE_AFTER_ROWS = 1 << 16
 
 
+@numba.njit(cache=True, nogil=True)
+def _mark_pairs(seen, a, b, n):  # pragma: no cover - compiled
+    """Mark each row's unordered pair ``min * n + max`` in ``seen``."""
+    for i in range(len(a)):
+        x, y = np.int64(a[i]), np.int64(b[i])
+        seen[min(x, y) * n + max(x, y)] = True
+
+
 class JobRecognizer:
     """Streaming job recognition over flow chunks.
 
@@ -222,16 +231,14 @@ class JobRecognizer:
 
     def partial_fit_pairs(self, a: np.ndarray, b: np.ndarray) -> "JobRecognizer":
         """Add GPU pairs given as NIC indices (both >= 0)."""
-        lo = np.minimum(a, b).astype(np.int64)
-        hi = np.maximum(a, b).astype(np.int64)
-        keys = lo * self._n + hi
-        if self._seen is None and len(keys) >= DENSE_AFTER_ROWS and self._n * self._n <= DENSE_PAIR_MARKS:
+        if self._seen is None and len(a) >= DENSE_AFTER_ROWS and self._n * self._n <= DENSE_PAIR_MARKS:
             self._seen = np.zeros(self._n * self._n, dtype=bool)
             self._seen[self._pairs] = True
             self._pairs = np.empty(0, dtype=np.int64)
         if self._seen is not None:
-            self._seen[keys] = True
+            _mark_pairs(self._seen, np.asarray(a), np.asarray(b), self._n)  # one pass, no key column
         else:
+            keys = np.minimum(a, b).astype(np.int64) * self._n + np.maximum(a, b)
             self._pairs = np.union1d(self._pairs, np.unique(keys))
         self._labels = None
         return self

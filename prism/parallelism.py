@@ -426,16 +426,30 @@ def pair_ids(src: np.ndarray, dst: np.ndarray, n_nodes: int, directed: bool = Fa
     table of m^2 marks (O(flows + m^2)) where that range is small, by a
     sort otherwise.
     """
-    present = np.zeros(n_nodes, dtype=bool)
-    present[src] = True
-    present[dst] = True
-    rank = np.cumsum(present) - 1  # keeps the NICs' order, so the pairs' too
-    m = int(present.sum())
-    ra, rb = rank[src], rank[dst]
-    if not directed:
-        ra, rb = np.minimum(ra, rb), np.maximum(ra, rb)
-    pair, pairs = rank_keys(ra * m + rb, m * m)
+    key, m = _ranked_pair_keys(np.asarray(src), np.asarray(dst), n_nodes, directed)
+    pair, pairs = rank_keys(key, m * m)
     return pair, len(pairs)
+
+
+@numba.njit(cache=True, nogil=True)
+def _ranked_pair_keys(src, dst, n_nodes, directed):  # pragma: no cover - compiled
+    """Per flow, ``rank(src) * m + rank(dst)`` (unordered: the smaller rank first), ranks over the m NICs present; and m."""
+    rank = np.zeros(n_nodes, np.int64)
+    for i in range(len(src)):
+        rank[src[i]] = 1
+        rank[dst[i]] = 1
+    m = 0
+    for v in range(n_nodes):  # keeps the NICs' order, so the pairs' too
+        if rank[v]:
+            rank[v] = m
+            m += 1
+    key = np.empty(len(src), np.int64)
+    for i in range(len(src)):
+        x, y = rank[src[i]], rank[dst[i]]
+        if not directed and y < x:
+            x, y = y, x
+        key[i] = x * m + y
+    return key, m
 
 
 @numba.njit(cache=True)

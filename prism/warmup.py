@@ -85,3 +85,7 @@ def _run(seconds: float) -> None:
 
     one = np.zeros(3, dtype=np.int64)
     _KeySums(capacity=2).add(np.arange(3), one, one, one, one)
+    # a window of 65,536 pairs or more (a large fabric) has the job recogniser mark them in a table
+    from .jobs import _mark_pairs
+
+    _mark_pairs(np.zeros(4, dtype=bool), one, one, 2)
