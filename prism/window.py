@@ -222,6 +222,28 @@ def latest_into(keys, last, key, start):  # pragma: no cover - compiled
     return unseen
 
 
+@numba.njit(cache=True, nogil=True)
+def _merge_sorted(a, b, start, duration, size, na, nb, nstart, nduration, nsize, order):  # pragma: no cover - compiled
+    """The columns of sorted rows and of new rows (``order``: the new rows by start, stably) merged by start.
+
+    On equal starts the sorted rows come first, as in a stable sort of the
+    sorted rows followed by the new ones.
+    """
+    h, m = len(start), len(order)
+    oa, ob = np.empty(h + m, a.dtype), np.empty(h + m, b.dtype)
+    os_, od, oz = np.empty(h + m, start.dtype), np.empty(h + m, duration.dtype), np.empty(h + m, size.dtype)
+    i = j = 0
+    for k in range(h + m):
+        if j == m or (i < h and start[i] <= nstart[order[j]]):
+            oa[k], ob[k], os_[k], od[k], oz[k] = a[i], b[i], start[i], duration[i], size[i]
+            i += 1
+        else:
+            r = order[j]
+            oa[k], ob[k], os_[k], od[k], oz[k] = na[r], nb[r], nstart[r], nduration[r], nsize[r]
+            j += 1
+    return oa, ob, os_, od, oz
+
+
 class FlowWindow:
     """The GPU flows of the last window, as compact columns.
 
@@ -235,6 +257,7 @@ class FlowWindow:
     def __init__(self, max_flows: int = 20_000_000):
         self.max_flows = int(max_flows)
         self._parts: list[tuple] = []
+        self._sorted_head = False  # the first part is sorted by start (columns()' result, or a slice of it)
         self._n = 0
         self.shed = 0
 
@@ -252,13 +275,24 @@ class FlowWindow:
             self._shed(self._n - int(self.max_flows * 0.9))
 
     def columns(self) -> tuple[np.ndarray, ...]:
-        """The window's columns, sorted by start time (joined once, cached)."""
-        if len(self._parts) != 1:
-            if not self._parts:
-                return tuple(np.empty(0, dtype=np.int64) for _ in self.COLUMNS)
+        """The window's columns, sorted by start time (joined once, cached).
+
+        What a stable sort of all the parts, in the order they came, gives.
+        The first part is mostly the last call's result, already sorted: only
+        the parts added since are sorted, then merged into it in one compiled
+        pass that writes every column (a sort of the whole window and a
+        gather per column cost the daemon a third of each window's analysis).
+        """
+        if not self._parts:
+            return tuple(np.empty(0, dtype=np.int64) for _ in self.COLUMNS)
+        if self._sorted_head and len(self._parts) > 1:
+            new = [np.concatenate([p[i] for p in self._parts[1:]]) for i in range(len(self.COLUMNS))]
+            self._parts = [_merge_sorted(*self._parts[0], *new, np.argsort(new[2], kind="stable"))]
+        elif not self._sorted_head:  # (a single batch added is no more sorted than several)
             cols = [np.concatenate([p[i] for p in self._parts]) for i in range(len(self.COLUMNS))]
             o = np.argsort(cols[2], kind="stable")
             self._parts = [tuple(c[o] for c in cols)]
+        self._sorted_head = True
         return self._parts[0]
 
     def evict(self, before_ns: int) -> int:

@@ -450,3 +450,36 @@ def test_address_rows_are_each_rows_canonical_text(entries, picks):
     assert [None if pd.isna(v) else v for v in got] == want_text
     assert list(got.categories) == sorted({t for t in want_text if t is not None})
     assert empty.tolist() == want_empty and bad.tolist() == want_bad
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.lists(st.sampled_from(["add", "add", "add", "columns", "evict"]), max_size=12), st.integers(5, 200))
+def test_flow_window_columns_are_a_stable_sort_of_what_it_holds(seed, ops, max_flows):
+    """FlowWindow (batches merged into its sorted columns, evictions, shedding past max_flows) holds what a stable
+    sort by start of every row still in it gives, rows in the order they were added."""
+    from prism.window import FlowWindow
+
+    rng = np.random.default_rng(seed)
+    w = FlowWindow(max_flows=max_flows)
+    rows = np.empty((0, 6), dtype=np.int64)  # a, b, start, duration, size, sequence
+    seq = 0
+    for op in ops + ["columns"]:
+        if op == "add":
+            k = int(rng.integers(0, 40))
+            start = rng.integers(0, 50, k)  # ties across and within batches, out of order
+            batch = np.column_stack([rng.integers(0, 9, k), rng.integers(0, 9, k), start, rng.integers(0, 99, k), rng.integers(0, 99, k), np.arange(seq, seq + k)])
+            seq += k
+            w.add(*(batch[:, i] for i in range(5)))
+            rows = rows[np.argsort(rows[:, 2], kind="stable")]
+            rows = np.vstack([rows, batch])
+            if len(rows) > max_flows:
+                rows = rows[np.lexsort((rows[:, 5], rows[:, 2]))][len(rows) - int(max_flows * 0.9):]
+        elif op == "evict":
+            before = int(rng.integers(0, 50))
+            assert w.evict(before) == int((rows[:, 2] < before).sum())
+            rows = rows[rows[:, 2] >= before]
+        else:
+            want = rows[np.lexsort((rows[:, 5], rows[:, 2]))]
+            got = w.columns()
+            assert [c.tolist() for c in got] == [want[:, i].tolist() for i in range(5)]
+            assert len(w) == len(want)
