@@ -28,6 +28,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from .jsonlines import SCHEMA as JSON_SCHEMA, read_flow_lines
 from .records import (
     FLOW_COLUMNS,
     OPTIONAL_COLUMNS,
@@ -56,22 +57,6 @@ _FORMATS = {
     ".ndjson": "jsonl",
     ".json": "jsonl",
 }
-# The JSON fast path parses with these types; a value of another type sends
-# that block to the line-by-line fallback, which counts the bad rows.
-_JSON_SCHEMA = pa.schema(
-    [
-        ("start_ns", pa.int64()),
-        ("duration_ns", pa.int64()),
-        ("src", pa.string()),
-        ("dst", pa.string()),
-        ("size", pa.int64()),
-        ("switches", pa.string()),
-        ("src_qp", pa.int64()),
-        ("dst_qp", pa.int64()),
-    ]
-)
-
-
 def _is_text(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
@@ -510,7 +495,7 @@ class FlowReader:
                             pending = data
                         continue
                     block, pending = data[: cut + 1], data[cut + 1 :]
-                if block.strip():
+                if block and not block.isspace():  # strip() would copy the block
                     for table, malformed, offsets, nlines in self._json_block(block):
                         if len(table):
                             if not seen_columns and self.check_columns:
@@ -542,6 +527,10 @@ class FlowReader:
 
         Yields (table, malformed_mask, line_offsets, lines_consumed).
         """
+        plain = read_flow_lines(block)  # one compiled pass; None: some line is for pyarrow's reader
+        if plain is not None:
+            yield from self._json_slices(plain.table, plain.row_lines, plain.lines)
+            return
         nlines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
         has_blank = b"\n\n" in block or block.startswith(b"\n") or b"\n\r\n" in block
         kept = None  # line index of each row, where blank lines sit between rows
@@ -555,7 +544,7 @@ class FlowReader:
         try:
             t = pajson.read_json(
                 io.BytesIO(clean),
-                parse_options=pajson.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="ignore"),
+                parse_options=pajson.ParseOptions(explicit_schema=JSON_SCHEMA, unexpected_field_behavior="ignore"),
                 # blocks pyarrow parses on its threads (1.3x on two cores); a line kept (at most
                 # MAX_LINE_BYTES) always fits in one, so none is sent to the per-line parser for its length
                 read_options=pajson.ReadOptions(block_size=2 * MAX_LINE_BYTES),
@@ -563,19 +552,31 @@ class FlowReader:
             if t is not None:
                 t.validate(full=True)  # JSON is UTF-8: a line that is not goes to the slow path (malformed_row)
             if t is not None and t.num_rows == (nlines if kept is None else len(kept)):
-                done = 0  # lines consumed so far
-                for lo, sub in _offset_slices(t, self.chunk_rows):
-                    if kept is None:
-                        yield sub, None, None, sub.num_rows
-                        continue
-                    last = lo + sub.num_rows == t.num_rows
-                    upto = nlines if last else int(kept[lo + sub.num_rows - 1]) + 1
-                    yield sub, None, kept[lo:lo + sub.num_rows] - done, upto - done
-                    done = upto
+                yield from self._json_slices(t, kept, nlines)
                 return
         except pa.ArrowInvalid:
             pass  # some line is not clean: parse line by line below
         yield (*self._json_lines_slow(block), nlines)
+
+    def _json_slices(self, t: pa.Table, kept: np.ndarray | None, nlines: int):
+        """``_json_block``'s items of a block's table: ``kept``, each row's line where blank lines sit between rows.
+
+        An optional column no row of the block has is left out, as the
+        per-line parser leaves it out: its nulls would be carried through
+        every window for nothing.
+        """
+        absent = [c for c in OPTIONAL_COLUMNS if c in t.column_names and t.column(c).null_count == t.num_rows]
+        if absent:
+            t = t.drop_columns(absent)
+        done = 0  # lines consumed so far
+        for lo, sub in _offset_slices(t, self.chunk_rows):
+            if kept is None:
+                yield sub, None, None, sub.num_rows
+                continue
+            last = lo + sub.num_rows == t.num_rows
+            upto = nlines if last else int(kept[lo + sub.num_rows - 1]) + 1
+            yield sub, None, kept[lo:lo + sub.num_rows] - done, upto - done
+            done = upto
 
     def _json_lines_slow(self, block: bytes):
         """Line-by-line fallback for a block that holds a bad line.

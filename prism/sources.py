@@ -333,7 +333,7 @@ class KafkaSource:
         paused = self.consumer.paused()
         if paused:
             self.consumer.resume(*paused)  # after keep_alive
-        batch = dict(self.consumer.poll(timeout_ms=timeout_ms))
+        batch = self._fetch(timeout_ms)
         if self._topic_recreated():
             batch = {}  # fetched from the new log at the old offsets: read again from the start
         if self._rebalanced:
@@ -342,6 +342,24 @@ class KafkaSource:
         # watermark back while the batch is ingested (see Monitor.watermark)
         monitor.backlogged = self._backlog(batch)
         return self._ingest(monitor, self._decode(batch))
+
+    def _fetch(self, timeout_ms: int) -> dict:
+        """A poll's records by partition, the next fetch already on its way.
+
+        kafka-python (3.0) sends a fetch from a poll that finds nothing
+        buffered, then waits for it and returns its records; nothing more is
+        asked for until the next poll. Polled again right away, without
+        waiting, it sends the next fetch now: the broker serves it while
+        this batch is decoded and ingested, as the Java consumer pipelines
+        its fetches. On the demo's backlog, the poll loop waited 15 ms of
+        every 35 ms for the broker before. What that second poll returns
+        (records that arrived in between) joins the batch.
+        """
+        batch = dict(self.consumer.poll(timeout_ms=timeout_ms))
+        if batch:
+            for tp, recs in self.consumer.poll(timeout_ms=0).items():
+                batch[tp] = batch[tp] + recs if tp in batch else recs  # in offset order: this poll's come after
+        return batch
 
     def _decode(self, batch: dict) -> list:
         """``(partition, frames, reject counts, first offset, next offset, messages)`` per partition of a fetched batch."""
@@ -384,7 +402,7 @@ class KafkaSource:
             paused = self.consumer.paused()
             if paused:
                 self.consumer.resume(*paused)
-            batch = dict(self.consumer.poll(timeout_ms=timeout_ms))
+            batch = self._fetch(timeout_ms)
             if self._topic_recreated():
                 self._drop_prefetched()  # positions and fetch offsets are reset: read all again
                 return

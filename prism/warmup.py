@@ -52,7 +52,7 @@ def warm_up(seconds: float = 3.0) -> float:
 def _run(seconds: float) -> None:
     from synthetic import preset
 
-    from .messages import decode_messages, encode_arrow
+    from .messages import decode_messages, encode_arrow, encode_jsonl
     from .monitor import Monitor, MonitorSettings
     from .records import RejectCounter
     from .topology import Topology
@@ -70,6 +70,7 @@ def _run(seconds: float) -> None:
             monitor.ingest(frame)
         monitor.tick(final=True)
     decode_messages(messages[:1], RejectCounter(), "warm-up")  # a poll of one message: read on its own
+    decode_messages([(encode_jsonl(flows.iloc[:20]), [], "warm-up@jsonl")], RejectCounter(), "warm-up")  # a producer of JSON Lines
     # dictionary-encoded text (Parquet files under --source, a producer's dictionary arrays), the rows using
     # part of each dictionary, as a file's chunks do
     import pyarrow as pa

@@ -56,3 +56,27 @@ def test_taking_read_ahead_keeps_only_the_partitions_still_owned():
     assert [d[0] for d in taken] == [T0]
     assert src.read_ahead_dropped == 10 and src.consumer.seeks == []
     assert src._prefetched == [] and src._prefetched_records == 0
+
+
+class Polls:
+    """A consumer whose polls return the given batches in turn, and note their timeouts."""
+
+    def __init__(self, *batches):
+        self.batches, self.timeouts = list(batches), []
+
+    def poll(self, timeout_ms=0):
+        self.timeouts.append(timeout_ms)
+        return self.batches.pop(0) if self.batches else {}
+
+
+def test_a_fetched_batch_sends_the_next_fetch_before_it_is_decoded():
+    """kafka-python sends the next fetch only from a poll that finds nothing buffered: a second poll, not waiting, sends it.
+
+    Its records (arrived in between) follow the first poll's, partition by partition.
+    """
+    src = KafkaSource.__new__(KafkaSource)
+    src.consumer = Polls({T0: [1, 2], T1: [7]}, {T0: [3], T2: [9]})
+    assert src._fetch(200) == {T0: [1, 2, 3], T1: [7], T2: [9]}
+    assert src.consumer.timeouts == [200, 0]
+    src.consumer = Polls({})
+    assert src._fetch(200) == {} and src.consumer.timeouts == [200]  # nothing came: nothing to overlap
