@@ -289,9 +289,9 @@ def read_flow_lines(block: bytes) -> FlowLines | None:
     buf = np.frombuffer(block, dtype=np.uint8)
     n_int, n_text = int((~_IS_TEXT).sum()), int(_IS_TEXT.sum())
     capacity = len(block) // 64 + 16  # rows (a flow record takes 80 bytes or more); doubled when short
-    ints = np.zeros((n_int, capacity), dtype=np.int64)
-    text_start = np.zeros((n_text, capacity), dtype=np.int64)
-    text_end = np.zeros((n_text, capacity), dtype=np.int64)
+    ints = np.zeros((n_int, capacity), dtype=np.int64)  # zeros: a null's slot holds 0, not what memory held
+    text_start = np.empty((n_text, capacity), dtype=np.int64)  # read only where present
+    text_end = np.empty((n_text, capacity), dtype=np.int64)
     present = np.zeros((len(SCHEMA), capacity), dtype=np.bool_)
     row_line = np.empty(capacity, dtype=np.int64)
     i = rows = lines = 0
