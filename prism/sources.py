@@ -354,11 +354,18 @@ class KafkaSource:
         its fetches. On the demo's backlog, the poll loop waited 15 ms of
         every 35 ms for the broker before. What that second poll returns
         (records that arrived in between) joins the batch.
+
+        A rebalance can begin in that second poll: the first one's records
+        of a partition no longer assigned are then left to its next owner,
+        which reads on from the offset this replica published on revocation
+        (the records would otherwise be counted by both).
         """
         batch = dict(self.consumer.poll(timeout_ms=timeout_ms))
         if batch:
             for tp, recs in self.consumer.poll(timeout_ms=0).items():
                 batch[tp] = batch[tp] + recs if tp in batch else recs  # in offset order: this poll's come after
+            owned = self.consumer.assignment()
+            batch = {tp: recs for tp, recs in batch.items() if tp in owned}
         return batch
 
     def _decode(self, batch: dict) -> list:
