@@ -248,6 +248,7 @@ def _gather(buf, start, end, present):  # pragma: no cover - compiled
 
 
 def _validity(present: np.ndarray) -> tuple[pa.Buffer | None, int]:
+    """An Arrow validity bitmap of ``present`` (None when every row is) and the null count."""
     nulls = len(present) - int(np.count_nonzero(present))
     return (pa.py_buffer(np.packbits(present, bitorder="little")) if nulls else None), nulls
 

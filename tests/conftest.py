@@ -14,6 +14,12 @@ def tiny_cluster():
 
 
 @pytest.fixture(scope="session")
+def sample(tiny_cluster):
+    """3,000 flows of the tiny cluster (every 30th), with storage traffic among them."""
+    return tiny_cluster.flows.iloc[::30].head(3000).reset_index(drop=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_dir(tiny_cluster, tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     tiny_cluster.write(d)

@@ -16,11 +16,6 @@ from prism.messages import decode_messages, encode_jsonl
 from prism.readers import FlowReader
 from prism.records import RejectCounter
 
-
-@pytest.fixture(scope="module")
-def sample(tiny_cluster):
-    return tiny_cluster.flows.iloc[::30].head(3000).reset_index(drop=True)
-
 SETTINGS = settings(max_examples=int(os.environ.get("PRISM_HYPOTHESIS_EXAMPLES", 60)) * 4, deadline=None)
 
 KEYS = [f.name for f in SCHEMA]

@@ -16,12 +16,6 @@ from synthetic.generator import write_flows
 FORMATS = ["csv", "csv.gz", "parquet", "jsonl", "jsonl.gz"]
 
 
-@pytest.fixture(scope="module")
-def sample(tiny_cluster):
-    """3,000 synthetic flows, with storage traffic among them."""
-    return tiny_cluster.flows.iloc[::30].head(3000).reset_index(drop=True)
-
-
 def _canon(df):
     out = df[["start_ns", "duration_ns", "src", "dst", "size", "switches"]].copy()
     for c in ("src", "dst", "switches"):
