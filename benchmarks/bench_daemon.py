@@ -246,6 +246,8 @@ def main():
     ap.add_argument("--formats", default="arrow,jsonl")
     ap.add_argument("--runs", type=int, default=3, help="runs of the floor and of the daemon per format, alternating; the table shows the best of each")
     args = ap.parse_args()
+    if args.runs < 1:
+        ap.error(f"--runs must be 1 or more, not {args.runs}")
     cluster = preset(args.preset, seed=0, duration_s=args.duration).generate()
     gpus = cluster.jobs["ip"].nunique()
     rate = len(cluster.flows) / (cluster.flows["start_ns"].max() - cluster.flows["start_ns"].min()) * 1e9
