@@ -559,15 +559,8 @@ class FlowReader:
         yield (*self._json_lines_slow(block), nlines)
 
     def _json_slices(self, t: pa.Table, kept: np.ndarray | None, nlines: int):
-        """``_json_block``'s items of a block's table: ``kept``, each row's line where blank lines sit between rows.
-
-        An optional column no row of the block has is left out, as the
-        per-line parser leaves it out: its nulls would be carried through
-        every window for nothing.
-        """
-        absent = [c for c in OPTIONAL_COLUMNS if c in t.column_names and t.column(c).null_count == t.num_rows]
-        if absent:
-            t = t.drop_columns(absent)
+        """``_json_block``'s items of a block's table: ``kept``, each row's line where blank lines sit between rows."""
+        t = _without_absent_options(t)
         done = 0  # lines consumed so far
         for lo, sub in _offset_slices(t, self.chunk_rows):
             if kept is None:
@@ -599,9 +592,7 @@ class FlowReader:
             for c in FLOW_COLUMNS:
                 rows[c].append(obj.get(c) if ok else None)
             malformed.append(not ok)
-        df = pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in rows.items()})
-        present = [c for c in OPTIONAL_COLUMNS if df[c].notna().any()]
-        df = df.drop(columns=[c for c in OPTIONAL_COLUMNS if c not in present])
+        df = _without_absent_options(pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in rows.items()}))
         return df, np.array(malformed, dtype=bool), np.array(lines, dtype=np.int64)
 
 
@@ -610,6 +601,20 @@ def _present_columns(table) -> list[str]:
     if isinstance(table, pa.Table):
         return [c for c in table.column_names if table.column(c).null_count < table.num_rows]
     return [c for c in table.columns if table[c].notna().any()]
+
+
+def _without_absent_options(table):
+    """A JSON block's table (Arrow or pandas) without the optional columns no row of it has.
+
+    JSON rows may omit keys; a column of nulls only would be carried
+    through every window for nothing.
+    """
+    present = set(_present_columns(table))
+    names = table.column_names if isinstance(table, pa.Table) else list(table.columns)
+    absent = [c for c in OPTIONAL_COLUMNS if c in names and c not in present]
+    if not absent:
+        return table
+    return table.drop_columns(absent) if isinstance(table, pa.Table) else table.drop(columns=absent)
 
 
 def _offset_slices(table: pa.Table, n: int):
