@@ -37,7 +37,7 @@ tools:
 	  echo "installing test tools (apt-get install $(strip $(TOOLS_PKGS)))"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(strip $(TOOLS_PKGS)) >/dev/null; }
 
-# alert rules, Grafana files and the chart's generated templates, from prism/alerting.py and prism/grafana.py
+# alert rules, Grafana files and the chart's generated templates, from prism/deploy/alerting.py and prism/deploy/grafana.py
 generate: $(VENV)/.installed
 	$(VENV)/bin/prism alerts --out alerts --chart helm/prism
 

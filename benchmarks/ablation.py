@@ -5,7 +5,7 @@ scenario of :mod:`synthetic.scenarios` (SYNTHETIC) at several seeds, and the
 flows DERIVED FROM the real StragglerAnalysis traces at three placements.
 Rows: the published size rule (LLMPrism Algorithm 2), the size rule with
 our earlier additions, ours, and ours without each signal in turn
-(:data:`prism.parallelism.SIGNALS`). Cells: accuracy, worst case, wrong
+(:data:`prism.analysis.parallelism.SIGNALS`). Cells: accuracy, worst case, wrong
 pairs, and pairs flagged uncertain.
 
     python benchmarks/ablation.py [--seeds 0,1,2] [--window 60]
@@ -21,10 +21,10 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prism.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth  # noqa: E402
-from prism.jobs import JobRecognizer  # noqa: E402
-from prism.parallelism import SIGNALS, ParallelismClassifier, SizeRuleClassifier  # noqa: E402
-from prism.topology import Topology  # noqa: E402
+from prism.analysis.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth  # noqa: E402
+from prism.analysis.jobs import JobRecognizer  # noqa: E402
+from prism.analysis.parallelism import SIGNALS, ParallelismClassifier, SizeRuleClassifier  # noqa: E402
+from prism.ingest.topology import Topology  # noqa: E402
 
 from synthetic.fromtrace import shared_data_dir  # noqa: E402
 

@@ -16,10 +16,10 @@ import time
 import numpy as np
 import pandas as pd
 
-from prism.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth
-from prism.jobs import JobRecognizer
-from prism.parallelism import ParallelismClassifier, SizeRuleClassifier
-from prism.topology import Topology
+from prism.analysis.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth
+from prism.analysis.jobs import JobRecognizer
+from prism.analysis.parallelism import ParallelismClassifier, SizeRuleClassifier
+from prism.ingest.topology import Topology
 from synthetic import preset
 
 CONFIGS = {

@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prism.evaluation import job_name_map, score_anomalies, score_steps  # noqa: E402
-from prism.replay import replay  # noqa: E402
-from prism.topology import Topology  # noqa: E402
+from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps  # noqa: E402
+from prism.offline.replay import replay  # noqa: E402
+from prism.ingest.topology import Topology  # noqa: E402
 from synthetic import preset  # noqa: E402
 
 

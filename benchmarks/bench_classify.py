@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 
-from prism.changepoint import BOCD
-from prism.evaluation import gpu_flow_arrays, pair_type_truth
-from prism.jobs import JobRecognizer
-from prism.parallelism import ParallelismClassifier
-from prism.topology import Topology
+from prism.analysis.changepoint import BOCD
+from prism.analysis.evaluation import gpu_flow_arrays, pair_type_truth
+from prism.analysis.jobs import JobRecognizer
+from prism.analysis.parallelism import ParallelismClassifier
+from prism.ingest.topology import Topology
 from synthetic import ClusterGenerator, Fabric, JobSpec
 
 MiB = 1 << 20

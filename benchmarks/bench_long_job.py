@@ -76,7 +76,7 @@ def same(a: Path, b: Path) -> str:
 
 def truth(data: Path, out: Path) -> str:
     """Steps found and faults found, against the generator's truth."""
-    from prism.evaluation import job_name_map, score_anomalies, score_steps
+    from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps
 
     names = job_name_map(pd.read_csv(out / "jobs.csv"), pd.read_csv(data / "truth" / "jobs.csv"))
     steps = pd.read_csv(out / "steps.csv")

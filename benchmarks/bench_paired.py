@@ -121,7 +121,7 @@ def main() -> int:
         if "daemon" in what:
             from bench_daemon import fill_topic, time_daemon
 
-            from prism.broker import LocalBroker
+            from prism.serve.broker import LocalBroker
             from synthetic import preset
 
             cluster = preset("demo", seed=0).generate()

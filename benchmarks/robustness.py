@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from prism.analyze import Settings  # noqa: E402
-from prism.evaluation import score_cluster, score_stream  # noqa: E402
-from prism.monitor import MonitorSettings  # noqa: E402
-from prism.replay import replay  # noqa: E402
-from prism.topology import Topology  # noqa: E402
+from prism.analysis.analyse import Settings  # noqa: E402
+from prism.analysis.evaluation import score_cluster, score_stream  # noqa: E402
+from prism.serve.monitor import MonitorSettings  # noqa: E402
+from prism.offline.replay import replay  # noqa: E402
+from prism.ingest.topology import Topology  # noqa: E402
 
 from synthetic.fromtrace import shared_data_dir  # noqa: E402
 
@@ -64,9 +64,9 @@ def run_stream(cluster, name, settings: MonitorSettings, slice_s: float = 0.25, 
     """
     import pyarrow as pa
 
-    from prism.diagnosis import ANOMALY_COLUMNS
-    from prism.monitor import Monitor
-    from prism.records import RejectCounter, validate_flows
+    from prism.analysis.diagnosis import ANOMALY_COLUMNS
+    from prism.serve.monitor import Monitor
+    from prism.ingest.records import RejectCounter, validate_flows
 
     # The monitor keeps its last step_history steps per job, and a young job's steps come all at
     # once (a capture shorter than the window: at the last tick): keep enough of them to score all.

@@ -35,7 +35,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from prism.records import empty_flows
+from prism.ingest.records import empty_flows
 
 from .decode import K_FIRST, K_LAST, K_ONLY, STATUS, STATUS_NAMES, _OP_CLASS, PacketTable, address_strings, opcode_kind
 
@@ -71,7 +71,7 @@ class SwitchMap:
     @classmethod
     def load(cls, path) -> "SwitchMap":
         """From YAML: ``{sessions: {17: leaf-03}, sources: {10.0.0.3: leaf-03}}``."""
-        from prism.daemon import read_yaml
+        from prism.serve.daemon import read_yaml
 
         doc = read_yaml(path, "--switch-map")
         if not isinstance(doc, dict) or set(doc) - {"sessions", "sources"}:

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from prism.argtypes import non_negative_float, positive_int
-from prism.output import EXIT_BAD_INPUT, EXIT_FAILED, add_output_flags, finish
+from prism.common.argtypes import non_negative_float, positive_int
+from prism.common.output import EXIT_BAD_INPUT, EXIT_FAILED, add_output_flags, finish
 
 DESCRIPTION = (
     "Decode pcap/pcapng captures of ERSPAN-mirrored (Type I, II, III) or plain host-side RoCEv2 traffic, assemble RDMA "
@@ -38,13 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="TLS and basic auth for --web.listen-address, in the Prometheus exporter-toolkit format")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     add_output_flags(p)
-    from prism.kafkaconf import add_security_flags
+    from prism.serve.kafkaconf import add_security_flags
 
     add_security_flags(p)  # for --out kafka://
 
 
 def run(args) -> int:
-    from prism.kafkaconf import KafkaConnectError, check_connection, security_from_args
+    from prism.serve.kafkaconf import KafkaConnectError, check_connection, security_from_args
 
     from .assemble import SwitchMap
     from .collect import Collector, capture_files, open_sink, packets_hint
@@ -61,7 +61,7 @@ def run(args) -> int:
         if args.web_config:
             if not (args.follow and args.listen):
                 raise ValueError("--web.config.file needs --follow and --web.listen-address (it secures the metrics endpoint)")
-            from prism.webconfig import load_web_config
+            from prism.serve.webconfig import load_web_config
 
             load_web_config(args.web_config)
         security = security_from_args(args)
@@ -157,7 +157,7 @@ def _serve_metrics(collector, address: str, web_config: str | None = None):
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily
 
-    from prism.metrics import Health, MetricsServer
+    from prism.serve.metrics import Health, MetricsServer
 
     class CollectorMetrics:
         def collect(self):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from prism.readers import write_flows
-from prism.records import empty_flows
+from prism.ingest.readers import write_flows
+from prism.ingest.records import empty_flows
 
 from .assemble import FlowAssembler, SwitchMap
 from .decode import decode_packets, scratch_for
@@ -52,7 +52,7 @@ class KafkaSink:
     """Send flows to a topic as the daemon reads them (Arrow IPC, one message per GPU pair)."""
 
     def __init__(self, bootstrap: str, topic: str, fmt: str = "arrow", security=None):
-        from prism.produce import FlowProducer
+        from prism.serve.produce import FlowProducer
 
         self.producer = FlowProducer(bootstrap, topic, fmt, security=security)
         self.records = 0

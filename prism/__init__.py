@@ -2,10 +2,10 @@
 
 Data flows one way: source -> records -> windows -> analyzers -> sinks.
 
-- :mod:`prism.records`: the flow-record schema and validation
-- :mod:`prism.readers`: CSV / Parquet / JSON Lines readers (streaming)
-- :mod:`prism.topology`: GPU NIC -> server map
-- :mod:`prism.jobs`: job recognition (LLMPrism Algorithm 1)
-- :mod:`prism.replay`: the offline pipeline behind ``prism replay``
+- :mod:`prism.ingest.records`: the flow-record schema and validation
+- :mod:`prism.ingest.readers`: CSV / Parquet / JSON Lines readers (streaming)
+- :mod:`prism.ingest.topology`: GPU NIC -> server map
+- :mod:`prism.analysis.jobs`: job recognition (LLMPrism Algorithm 1)
+- :mod:`prism.offline.replay`: the offline pipeline behind ``prism replay``
 """
 __version__ = "0.1.0"

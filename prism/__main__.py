@@ -1,3 +1,3 @@
-from .cli import run
+from prism.cli import run
 
 run()

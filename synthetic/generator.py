@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from prism.readers import write_flows  # noqa: F401  (also re-exported: tests and benchmarks import it from here)
+from prism.ingest.readers import write_flows  # noqa: F401  (also re-exported: tests and benchmarks import it from here)
 
 from .fabric import Fabric
 from .faults import DegradedSwitch, SlowServer, SlowStep

@@ -1,12 +1,12 @@
 """The cross-step diagnosis as it was written first: a Python loop per step with numpy medians.
 
-Kept as the reference the compiled :class:`prism.diagnosis.CrossStepDiagnoser`
+Kept as the reference the compiled :class:`prism.analysis.diagnosis.CrossStepDiagnoser`
 is tested against (tests/test_diagnosis.py): same anomalies, same baselines.
 """
 import numpy as np
 import pandas as pd
 
-from prism.diagnosis import ANOMALY_COLUMNS, CrossStepDiagnoser, empty_anomalies
+from prism.analysis.diagnosis import ANOMALY_COLUMNS, CrossStepDiagnoser, empty_anomalies
 
 
 class ReferenceCrossStepDiagnoser(CrossStepDiagnoser):

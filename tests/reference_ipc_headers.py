@@ -1,15 +1,15 @@
 """The rows an Arrow IPC stream declares, as first written: a Python walk of the headers.
 
-Kept as the reference the compiled :func:`prism.ipc_headers.declared_rows`
+Kept as the reference the compiled :func:`prism.ingest.ipc_headers.declared_rows`
 is tested against (tests/test_ipc_headers.py): the same counts, and None
 for the same damaged streams. The format and
-the fields read are described in :mod:`prism.ipc_headers`.
+the fields read are described in :mod:`prism.ingest.ipc_headers`.
 """
 from __future__ import annotations
 
 import struct
 
-from prism.ipc_headers import Declared
+from prism.ingest.ipc_headers import Declared
 
 __all__ = ["declared_rows"]
 
@@ -72,7 +72,7 @@ def _message(metadata: bytes) -> tuple[int, int, int]:
 
 
 def declared_rows(value) -> Declared | None:
-    """The reference walk: :func:`prism.ipc_headers.declared_rows` without saturation."""
+    """The reference walk: :func:`prism.ingest.ipc_headers.declared_rows` without saturation."""
     buf = bytes(value)
     rows = entries = pos = 0
     try:

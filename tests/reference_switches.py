@@ -1,13 +1,13 @@
 """The switch diagnosis as it was written first, with pandas merges and groupbys.
 
-Kept as the reference the vectorised :class:`prism.diagnosis.switches.SwitchDiagnoser`
+Kept as the reference the vectorised :class:`prism.analysis.diagnosis.switches.SwitchDiagnoser`
 is property-tested against (tests/test_properties.py): same tables, same anomalies.
 """
 import numpy as np
 import pandas as pd
 
-from prism.diagnosis import ANOMALY_COLUMNS, empty_anomalies
-from prism.diagnosis.switches import SWITCH_COLUMNS, SwitchBandwidth, SwitchDiagnoser, _tiers
+from prism.analysis.diagnosis import ANOMALY_COLUMNS, empty_anomalies
+from prism.analysis.diagnosis.switches import SWITCH_COLUMNS, SwitchBandwidth, SwitchDiagnoser, _tiers
 
 
 class ReferenceSwitchDiagnoser(SwitchDiagnoser):

@@ -1,4 +1,4 @@
-"""The batch commands' allocator settings (prism.allocator), each in a fresh interpreter: they are process-wide."""
+"""The batch commands' allocator settings (prism.common.allocator), each in a fresh interpreter: they are process-wide."""
 import json
 import os
 import platform
@@ -9,7 +9,7 @@ import pytest
 
 PROBE = """
 import json
-from prism.allocator import tune_for_batch
+from prism.common.allocator import tune_for_batch
 applied = tune_for_batch()
 try:
     from numpy._core.multiarray import _set_madvise_hugepage
@@ -51,7 +51,7 @@ def test_freed_chunks_go_back_to_the_kernel():
     """release_free_memory hands back the pages of many small freed arrays (a replay's read chunks)."""
     probe = """
 import numpy as np
-from prism.allocator import release_free_memory, tune_for_batch
+from prism.common.allocator import release_free_memory, tune_for_batch
 tune_for_batch()  # the replay's settings: freed memory is kept unless released
 def rss():
     return int([l for l in open("/proc/self/status") if l.startswith("VmRSS:")][0].split()[1]) // 1024

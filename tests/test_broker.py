@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 
-from prism.broker import KNOWN_BROKER_SHA256, verified_broker_bin
+from prism.serve.broker import KNOWN_BROKER_SHA256, verified_broker_bin
 
 
 def test_the_bundled_broker_is_a_known_build():

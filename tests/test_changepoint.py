@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import ruptures as rpt
 
-from prism.changepoint import BOCD
+from prism.analysis.changepoint import BOCD
 
 
 def piecewise(seed, n_segments=5, length=(80, 200), shift=(3.0, 6.0)):

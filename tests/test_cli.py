@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from prism.cli import main
-from prism.records import FlowFormatError
-from prism.replay import OUTPUT_COLUMNS
+from prism.ingest.records import FlowFormatError
+from prism.offline.replay import OUTPUT_COLUMNS
 
 
 def test_replay_writes_the_output_contract(tiny_dir, tmp_path, capsys):
@@ -46,9 +46,9 @@ def test_replay_plots(tiny_dir, tmp_path):
 def test_plots_read_in_real_time_with_every_anomaly_marked(tiny_dir, tmp_path):
     import matplotlib.dates as mdates
 
-    from prism.plots import steps_figure, switches_figure
-    from prism.replay import replay
-    from prism.topology import Topology
+    from prism.offline.plots import steps_figure, switches_figure
+    from prism.offline.replay import replay
+    from prism.ingest.topology import Topology
 
     res = replay([str(tiny_dir / "flows.parquet")], Topology.from_csv(tiny_dir / "topology.csv"), out_dir=tmp_path / "out", progress=False)
     an = res.analysis
@@ -100,7 +100,7 @@ def test_topology_errors_name_the_line(tmp_path, data_dir):
     topo = tmp_path / "t.csv"
     topo.write_text("ip,server\n10.0.0.1,s0\n10.0.0.1,s1\n")
     with pytest.raises(FlowFormatError) as err:
-        from prism.topology import Topology
+        from prism.ingest.topology import Topology
 
         Topology.from_csv(topo)
     assert "line 3" in str(err.value) and "line 2" in str(err.value)
@@ -291,9 +291,9 @@ def test_every_command_takes_the_logging_flags():
 
 def test_detection_delay_is_measured_from_the_fault_start(tiny_cluster, tiny_dir, tmp_path):
     """The live demo's time-to-detect, on anomalies stamped with the stream time they appeared at."""
-    from prism.evaluation import detection_delays, job_name_map, score_anomalies
-    from prism.replay import replay
-    from prism.topology import Topology
+    from prism.analysis.evaluation import detection_delays, job_name_map, score_anomalies
+    from prism.offline.replay import replay
+    from prism.ingest.topology import Topology
 
     res = replay([str(tiny_dir / "flows.parquet")], Topology.from_csv(tiny_dir / "topology.csv"), out_dir=tmp_path / "out", progress=False)
     names = job_name_map(res.jobs, tiny_cluster.jobs)

@@ -167,7 +167,7 @@ def test_synthetic_flows_equal_the_generators(synthetic_capture):
     assert info["lossy_messages"] > 0 and s.counts["retransmitted_packets"] > 0
     assert s.counts["incomplete_messages"] == 0 and not s.unmapped_mirrors
     # what the collector writes, prism reads with no rejects
-    from prism.records import RejectCounter, validate_flows
+    from prism.ingest.records import RejectCounter, validate_flows
 
     rej = RejectCounter()
     valid = validate_flows(got, rej)
@@ -394,10 +394,10 @@ def test_prism_collect_cli_writes_jsonl_and_stats(synthetic_capture, tmp_path, c
 def test_collect_to_kafka_in_the_daemons_format(synthetic_capture, tmp_path):
     from kafka import KafkaConsumer
 
-    from prism.broker import LocalBroker
+    from prism.serve.broker import LocalBroker
     from prism.cli import main
-    from prism.messages import decode_message
-    from prism.records import RejectCounter
+    from prism.ingest.messages import decode_message
+    from prism.ingest.records import RejectCounter
 
     d, info = synthetic_capture
     with LocalBroker() as broker:
@@ -422,7 +422,7 @@ def test_follow_reads_new_captures_serves_metrics_and_stops_on_sigterm(synthetic
     import time
     import urllib.request
 
-    from prism.broker import free_port
+    from prism.serve.broker import free_port
 
     d, info = synthetic_capture
     watch = tmp_path / "captures"

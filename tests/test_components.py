@@ -4,7 +4,7 @@ import pytest
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components as scipy_components
 
-from prism.components import connected_components
+from prism.common.components import connected_components
 
 
 @pytest.mark.parametrize("seed", range(8))

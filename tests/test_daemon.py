@@ -20,16 +20,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from prism.broker import LocalBroker, free_port
-from prism.daemon import Daemon
-from prism.evaluation import job_name_map
-from prism.live import stream_flows
-from prism.messages import JSONL_CONTENT_TYPE, encode_arrow
-from prism.metrics import Health, MetricsServer, PrismCollector
-from prism.monitor import Monitor, MonitorSettings
-from prism.produce import FlowProducer
-from prism.sources import KafkaSource, ensure_topic
-from prism.topology import Topology
+from prism.serve.broker import LocalBroker, free_port
+from prism.serve.daemon import Daemon
+from prism.analysis.evaluation import job_name_map
+from prism.serve.live import stream_flows
+from prism.ingest.messages import JSONL_CONTENT_TYPE, encode_arrow
+from prism.serve.metrics import Health, MetricsServer, PrismCollector
+from prism.serve.monitor import Monitor, MonitorSettings
+from prism.serve.produce import FlowProducer
+from prism.serve.sources import KafkaSource, ensure_topic
+from prism.ingest.topology import Topology
 from synthetic import preset
 from support import scrape_total as _scrape_total, stop_process, wait_for
 
@@ -523,7 +523,7 @@ def test_a_rebalance_during_an_analysis_drops_what_was_read_ahead(broker, topic,
 
 
 def test_directory_source_without_kafka(cluster, tmp_path):
-    from prism.sources import DirectorySource
+    from prism.serve.sources import DirectorySource
 
     flows = cluster.flows.sort_values("start_ns").reset_index(drop=True)
     half = len(flows) // 2
@@ -549,7 +549,7 @@ def test_a_topology_matching_no_flow_is_warned_once(cluster, tmp_path, caplog):
     """Another cluster's inventory: every record is ignored, and the daemon says so (once) instead of staying silent."""
     import logging
 
-    from prism.sources import DirectorySource
+    from prism.serve.sources import DirectorySource
     from synthetic.generator import write_flows
 
     other = Topology.from_frame(pd.DataFrame({"ip": ["192.168.200.1", "192.168.200.2"], "server": ["x1", "x2"]}))
@@ -574,7 +574,7 @@ def test_directory_source_skips_bad_files_and_goes_on(cluster, tmp_path):
     import gzip
     import tempfile
 
-    from prism.sources import DirectorySource
+    from prism.serve.sources import DirectorySource
     from synthetic.generator import write_flows
 
     flows = cluster.flows.sort_values("start_ns").reset_index(drop=True)
@@ -613,7 +613,7 @@ def test_directory_source_skips_bad_files_and_goes_on(cluster, tmp_path):
 
 
 def test_directory_source_gone_is_not_ready(cluster, tmp_path):
-    from prism.sources import DirectorySource
+    from prism.serve.sources import DirectorySource
 
     d = tmp_path / "dumps"
     d.mkdir()

@@ -262,7 +262,7 @@ def test_daemon_pod_is_locked_down_and_probed():
 
 def test_daemon_config_from_values_is_what_the_daemon_reads(tmp_path):
     from prism.cli import DAEMON_FLAGS
-    from prism.daemon import load_config
+    from prism.serve.daemon import load_config
 
     objs = objects(render({"config": {"window": "300s", "kafka.bootstrap-servers": "k1:9092,k2:9092"}}))
     path = tmp_path / "prism.yaml"
@@ -380,7 +380,7 @@ def test_hardening_options_render_valid_kubernetes():
 def test_rendered_arguments_are_accepted_by_the_commands():
     """The flags the chart writes parse with prism's own parser, and the settings they make are consistent."""
     from prism.cli import build_parser
-    from prism.kafkaconf import security_from_args
+    from prism.serve.kafkaconf import security_from_args
 
     objs = objects(render(SECURE))
     parser = build_parser()

@@ -3,8 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prism.diagnosis import ANOMALY_COLUMNS, CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser
-from prism.diagnosis.cross_group import pipeline_stages
+from prism.analysis.diagnosis import ANOMALY_COLUMNS, CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser
+from prism.analysis.diagnosis.cross_group import pipeline_stages
 
 
 def _steps(durations, job="j"):
@@ -196,7 +196,7 @@ def test_slow_sender_is_not_a_slow_switch():
 
 def test_most_common_value_per_group_equals_value_counts():
     """The stage-0 vote without a Python call per pipeline: what pandas' value_counts().idxmax() gives, ties included."""
-    from prism.diagnosis.cross_group import _most_common
+    from prism.analysis.diagnosis.cross_group import _most_common
 
     rng = np.random.default_rng(0)
     for _ in range(500):

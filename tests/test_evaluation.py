@@ -1,6 +1,6 @@
 """Scoring what the daemon reports against the SYNTHETIC tiny cluster's truth."""
-from prism.diagnosis import empty_anomalies
-from prism.evaluation import score_stream
+from prism.analysis.diagnosis import empty_anomalies
+from prism.analysis.evaluation import score_stream
 
 
 def test_score_stream_counts_found_missing_and_spurious_steps(tiny_cluster):

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prism.evaluation import score_cluster
-from prism.replay import replay
-from prism.topology import Topology
+from prism.analysis.evaluation import score_cluster
+from prism.offline.replay import replay
+from prism.ingest.topology import Topology
 from synthetic.fromtrace import CollectorNoise, Straggler, collector_view, read_trace_job, shared_data_dir, trace_cluster, with_straggler
 
 SA = shared_data_dir() / "straggler-analysis"

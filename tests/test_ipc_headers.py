@@ -3,7 +3,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from prism.ipc_headers import Declared, declared_rows
+from prism.ingest.ipc_headers import Declared, declared_rows
 
 from reference_ipc_headers import declared_rows as reference_rows
 

@@ -3,10 +3,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prism.evaluation import adjusted_rand_index
-from prism.jobs import JobRecognizer, gpu_clusters, merge_identical_server_sets
-from prism.replay import replay
-from prism.topology import Topology
+from prism.analysis.evaluation import adjusted_rand_index
+from prism.analysis.jobs import JobRecognizer, gpu_clusters, merge_identical_server_sets
+from prism.offline.replay import replay
+from prism.ingest.topology import Topology
 from synthetic import preset
 
 
@@ -106,7 +106,7 @@ def test_adjusted_rand_index_detects_a_wrong_partition():
 
 def test_tp4_job_whose_rails_cover_overlapping_servers_is_one_job():
     """TP=4: two DP replicas per server, ring edges on NVLink there; the paper's identical-set rule splits it."""
-    from prism.evaluation import adjusted_rand_index
+    from prism.analysis.evaluation import adjusted_rand_index
     from synthetic import ClusterGenerator, Fabric, JobSpec
 
     c = ClusterGenerator(Fabric(servers=8, servers_per_group=4, spines=2), [JobSpec("tp2-pp2-dp8", tp=2, pp=2, dp=8, microbatches=4, fwd_ms=3)],
@@ -130,9 +130,9 @@ def test_tp4_job_whose_rails_cover_overlapping_servers_is_one_job():
 def test_pairs_marked_in_a_table_are_the_sorted_distinct_pairs(dense_after, monkeypatch):
     """A replay's chunks mark pairs in a table (no sort per chunk); from the first chunk, from a later one (the pairs
     kept so far move into it), or never: the same distinct pairs, the same jobs."""
-    import prism.jobs
+    import prism.analysis.jobs
 
-    monkeypatch.setattr(prism.jobs, "DENSE_AFTER_ROWS", dense_after)
+    monkeypatch.setattr(prism.analysis.jobs, "DENSE_AFTER_ROWS", dense_after)
     rng = np.random.default_rng(5)
     n = 40
     topo = Topology.from_frame(pd.DataFrame({"ip": [f"10.0.{i // 8}.{i % 8 + 1}" for i in range(n)], "server": [f"s{i // 8}" for i in range(n)]}))

@@ -11,10 +11,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from prism import readers
-from prism.jsonlines import SCHEMA, read_flow_lines
-from prism.messages import decode_messages, encode_jsonl
-from prism.readers import FlowReader
-from prism.records import RejectCounter
+from prism.ingest.jsonlines import SCHEMA, read_flow_lines
+from prism.ingest.messages import decode_messages, encode_jsonl
+from prism.ingest.readers import FlowReader
+from prism.ingest.records import RejectCounter
 
 SETTINGS = settings(max_examples=int(os.environ.get("PRISM_HYPOTHESIS_EXAMPLES", 60)) * 4, deadline=None)
 

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from prism.broker import LocalBroker, free_port
-from prism.kafkaconf import PASSWORD_ENV, KafkaConnectError, KafkaSecurity, check_connection
-from prism.live import stream_flows
-from prism.produce import FlowProducer
-from prism.sources import ensure_topic
+from prism.serve.broker import LocalBroker, free_port
+from prism.serve.kafkaconf import PASSWORD_ENV, KafkaConnectError, KafkaSecurity, check_connection
+from prism.serve.live import stream_flows
+from prism.serve.produce import FlowProducer
+from prism.serve.sources import ensure_topic
 from synthetic import preset
 from support import make_pki, scrape_total as _scrape_total, stop_process, wait_for
 
@@ -219,7 +219,7 @@ def test_password_from_file_or_environment_never_shown(tmp_path):
 def test_scram_refusal_recognised_when_the_last_attempt_timed_out():
     """kafka-python retries a refused SCRAM exchange until the deadline; on a loaded machine its last attempt ends
     in a timeout. The refusal seen earlier is the reason (log lines recorded from kafka-python 3.0 against Tansu)."""
-    from prism.kafkaconf import _explain
+    from prism.serve.kafkaconf import _explain
 
     refused = ["Exchanging credentials in the clear during Sasl Authentication",
                "<KafkaConnection node_id=bootstrap-0 broker_version=(3, 9) (disconnected)>: Connection lost: 'v'",

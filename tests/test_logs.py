@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from prism.logs import setup_logging
+from prism.common.logs import setup_logging
 
 
 @pytest.fixture

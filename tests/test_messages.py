@@ -11,9 +11,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-import prism.messages as messages
-from prism.messages import DEFAULT_MAX_MESSAGE_BYTES, decode_messages, encode_arrow, encode_jsonl
-from prism.records import RejectCounter
+import prism.ingest.messages as messages
+from prism.ingest.messages import DEFAULT_MAX_MESSAGE_BYTES, decode_messages, encode_arrow, encode_jsonl
+from prism.ingest.records import RejectCounter
 
 
 def good(n=100, offset=0):

@@ -5,7 +5,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from prism.metrics import Health, MetricsServer, parse_listen_address
+from prism.serve.metrics import Health, MetricsServer, parse_listen_address
 
 
 def _connect(address):

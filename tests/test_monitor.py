@@ -6,9 +6,9 @@ export interval, so a partition's records arrive out of event-time order.
 import pandas as pd
 import pytest
 
-from prism.messages import pair_keys
-from prism.monitor import Monitor, MonitorSettings
-from prism.topology import Topology
+from prism.ingest.messages import pair_keys
+from prism.serve.monitor import Monitor, MonitorSettings
+from prism.ingest.topology import Topology
 from synthetic import preset
 
 SETTINGS = dict(window_s=3, step_s=1, switch_window_s=2, lateness_s=0.1, idle_flush_s=3)
@@ -126,14 +126,14 @@ class _ScriptedSwitches:
         return self
 
     def predict(self):
-        from prism.diagnosis import ANOMALY_COLUMNS
+        from prism.analysis.diagnosis import ANOMALY_COLUMNS
 
         return pd.DataFrame([("slow_link", None, -1, 0, name, 0.5, f"link {name}") for name in self.flagged], columns=ANOMALY_COLUMNS)
 
 
 def test_a_slow_link_is_reported_when_still_slow_at_the_next_window(cluster):
     """A link flagged in one window only (a switch degrading mid-window: its links cross first) is not news."""
-    from prism.analyze import Settings
+    from prism.analysis.analyse import Settings
 
     script = [["a>b"], [], ["c>d"], ["c>d"], ["c>d"], ["e>f"]]
     m = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS), Settings(switches=_ScriptedSwitches(script)))

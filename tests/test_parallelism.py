@@ -3,11 +3,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prism.changepoint import BOCD
-from prism.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth
-from prism.jobs import JobRecognizer
-from prism.parallelism import ParallelismClassifier, SizeRuleClassifier, pair_steps, refine_by_dp_components
-from prism.topology import Topology
+from prism.analysis.changepoint import BOCD
+from prism.analysis.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth
+from prism.analysis.jobs import JobRecognizer
+from prism.analysis.parallelism import ParallelismClassifier, SizeRuleClassifier, pair_steps, refine_by_dp_components
+from prism.ingest.topology import Topology
 from synthetic import preset
 
 
@@ -123,7 +123,7 @@ def test_two_member_ring_and_pipeline_told_apart_by_symmetry():
 
 def _pair_sums_by_sorting(src, dst, start, end, size, merge_ns, every_flow):
     """The per-pair sums as numpy gave them before the compiled pass: one sort by (pair, start), bincounts over it."""
-    from prism.parallelism import pair_episodes
+    from prism.analysis.parallelism import pair_episodes
 
     n_nodes = int(max(src.max(), dst.max())) + 1
     key = np.minimum(src, dst).astype(np.int64) * n_nodes + np.maximum(src, dst)
@@ -149,7 +149,7 @@ def test_pair_sums_equal_the_sorted_bincounts(seed, monkeypatch):
     """The compiled per-pair pass gives exactly (floats too) what a sort by (pair, start) and numpy's bincounts give,
     on flows in start order (no sort) and out of it (ties in start included), light flows on or off."""
     from prism import ordering
-    from prism.parallelism import _pair_sums, pair_ids
+    from prism.analysis.parallelism import _pair_sums, pair_ids
 
     rng = np.random.default_rng(seed)
     n, nics = 3_000, 40

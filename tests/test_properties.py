@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prism.messages import decode_messages, encode_arrow, encode_jsonl
-from prism.readers import FlowReader
-from prism.records import FlowFormatError, RejectCounter
+from prism.ingest.messages import decode_messages, encode_arrow, encode_jsonl
+from prism.ingest.readers import FlowReader
+from prism.ingest.records import FlowFormatError, RejectCounter
 
 SETTINGS = settings(max_examples=int(os.environ.get("PRISM_HYPOTHESIS_EXAMPLES", 60)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -94,9 +94,9 @@ def test_a_poll_with_a_mutated_message_keeps_its_neighbours(edits, where, arrow,
 def test_the_directory_source_never_stalls_and_counts_every_row(tmp_path_factory, edits, fmt):
     """A mutated dump between two good ones: every file is done, nothing raises, and the monitor's
     counts equal what the reader reads: ingested + duplicate == kept, rejected == rows rejected (+1 per bad file)."""
-    from prism.monitor import Monitor, MonitorSettings
-    from prism.sources import DirectorySource
-    from prism.topology import Topology
+    from prism.serve.monitor import Monitor, MonitorSettings
+    from prism.serve.sources import DirectorySource
+    from prism.ingest.topology import Topology
 
     d = tmp_path_factory.mktemp("dir")
     data = mutate(csv_bytes() if fmt.startswith("csv") else encode_jsonl(flows(40)), edits)
@@ -129,7 +129,7 @@ def test_the_directory_source_never_stalls_and_counts_every_row(tmp_path_factory
 @given(st.integers(0, 400), st.integers(1, 4), st.booleans(), st.integers(0, 2**32 - 1))
 def test_order_by_is_lexsort(n, n_keys, presorted, seed):
     """The counting sort gives exactly np.lexsort's order; unsorted starts and wide keys fall back to it."""
-    from prism.ordering import order_by
+    from prism.common.ordering import order_by
 
     rng = np.random.default_rng(seed)
     keys = [rng.integers(0 if rng.random() < 0.9 else -3, rng.choice([2, 50, 10**9]), n) for _ in range(n_keys)]
@@ -144,7 +144,7 @@ def test_order_by_is_lexsort(n, n_keys, presorted, seed):
 @given(st.integers(0, 300), st.integers(1, 5), st.integers(1, 6), st.integers(0, 2**32 - 1))
 def test_group_rows_is_the_joined_columns_in_key_order(n, n_chunks, n_keys, seed):
     """Chunks scattered by key give the joined columns in order_by's order; one chunk is grouped in place."""
-    from prism.ordering import group_rows, order_by
+    from prism.common.ordering import group_rows, order_by
 
     rng = np.random.default_rng(seed)
     key = rng.integers(0, n_keys, n)
@@ -169,7 +169,7 @@ def test_group_rows_is_the_joined_columns_in_key_order(n, n_chunks, n_keys, seed
 def test_rank_keys_and_stable_order_are_numpys(n, n_keys, seed):
     """rank_keys is np.unique's inverse over the non-negative keys (through a table, or np.unique past its range);
     stable_order is a stable argsort."""
-    from prism.ordering import rank_keys, stable_order
+    from prism.common.ordering import rank_keys, stable_order
 
     rng = np.random.default_rng(seed)
     key = rng.integers(-1, n_keys, n)
@@ -186,7 +186,7 @@ def test_rank_keys_and_stable_order_are_numpys(n, n_keys, seed):
 def test_switch_sums_equal_the_groupby(n, n_chunks, seed):
     """The switch accounting's sums, chunk after chunk through its hash table (grown from two slots), are the
     three-key groupby's over every row, sorted by key; exact past 2**53."""
-    from prism.diagnosis.switches import KEY, _KeySums
+    from prism.analysis.diagnosis.switches import KEY, _KeySums
 
     rng = np.random.default_rng(seed)
     win, pid, src = rng.integers(5, 8, n), rng.integers(0, 6, n), rng.integers(-1, 4, n)
@@ -204,7 +204,7 @@ def test_switch_sums_equal_the_groupby(n, n_chunks, seed):
 def test_switch_bandwidth_sums_the_large_flows_with_a_path(n, n_chunks, seed, senders):
     """SwitchBandwidth.partial_fit, chunk after chunk (its table grown from two slots mid-chunk), sums what a groupby
     of the flows of at least ``min_bytes`` with a path sums, per (window, path, sender); it counts the smaller ones."""
-    from prism.diagnosis.switches import KEY, SwitchBandwidth, _KeySums
+    from prism.analysis.diagnosis.switches import KEY, SwitchBandwidth, _KeySums
 
     rng = np.random.default_rng(seed)
     paths = np.array(["l1|s1|l2", "l2|s1|l1", "l1|s2|l3", "l3", None], dtype=object)
@@ -232,7 +232,7 @@ def test_chunks_sharing_a_dictionary_validate_as_their_decoded_values():
     still gets the categories its own rows use (a chunk that uses fewer entries, or other ones, too)."""
     import pyarrow as pa
 
-    from prism.records import validate_flows
+    from prism.ingest.records import validate_flows
 
     dictionary = pa.array(["10.0.0.3", " 10.0.0.1", "10.0.0.2", None, "nope", "::ffff:10.0.0.2", ""])
     for indices in ([0, 1, 2, 5], [2, 2, 5], [3, 4, 6, 0], [1, 0, 1], [0, 1, 2, 3, 4, 5, 6]):  # the same object each time
@@ -261,7 +261,7 @@ def test_dictionary_columns_validate_as_their_decoded_values(values, unused, as_
     """
     import pyarrow as pa
 
-    from prism.records import validate_flows
+    from prism.ingest.records import validate_flows
 
     n = len(values)
     typ = pa.binary() if as_binary else pa.string()
@@ -296,7 +296,7 @@ def test_arrow_address_columns_validate_as_python_values(values, as_binary):
     """
     import pyarrow as pa
 
-    from prism.records import validate_flows
+    from prism.ingest.records import validate_flows
 
     n = len(values)
 
@@ -333,7 +333,7 @@ def test_switch_diagnosis_equals_the_pandas_reference(seed, n, slow, senders, sh
     """
     from reference_switches import ReferenceSwitchDiagnoser
 
-    from prism.diagnosis.switches import SwitchBandwidth, SwitchDiagnoser
+    from prism.analysis.diagnosis.switches import SwitchBandwidth, SwitchDiagnoser
 
     rng = np.random.default_rng(seed)
     leaves, spines = [f"leaf-{i}" for i in range(4)], [f"spine-{i}" for i in range(3)]
@@ -365,7 +365,7 @@ def test_the_deduper_is_a_set_with_a_horizon(ops, seed):
     wrap around the table's end, growth past the table's size, evictions
     that empty it, that shrink it and that delete in place.
     """
-    from prism.window import RecordDeduper
+    from prism.serve.window import RecordDeduper
 
     rng = np.random.default_rng(seed)
     d, model = RecordDeduper(), {}
@@ -393,7 +393,7 @@ def test_the_deduper_is_a_set_with_a_horizon(ops, seed):
 
 
 def test_the_deduper_stays_within_its_bound():
-    from prism.window import RecordDeduper
+    from prism.serve.window import RecordDeduper
 
     d = RecordDeduper(max_records=10_000)
     for k in range(20):
@@ -409,7 +409,7 @@ def test_the_deduper_stays_within_its_bound():
 @given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.integers(2, 40))
 def test_monitor_pairs_hold_each_pairs_latest_start(seed, batches, nics):
     """The monitor's pair table (updated in place for known pairs, merged for new ones) is a groupby max of every batch."""
-    from prism.monitor import Monitor
+    from prism.serve.monitor import Monitor
 
     rng = np.random.default_rng(seed)
     m = Monitor.__new__(Monitor)  # only the pair table is exercised
@@ -433,7 +433,7 @@ def test_monitor_pairs_hold_each_pairs_latest_start(seed, batches, nics):
 def test_address_rows_are_each_rows_canonical_text(entries, picks):
     """_AddressDictionary.rows against a loop: each row's canonical address (missing -> NaN; empty and bad -> ""),
     its empty and bad marks, and as categories exactly the canonical texts the rows use, sorted."""
-    from prism.records import _AddressDictionary, normalise_address
+    from prism.ingest.records import _AddressDictionary, normalise_address
 
     missing = np.array([e is None for e in entries])
     table = _AddressDictionary([e or "" for e in entries], missing)
@@ -457,7 +457,7 @@ def test_address_rows_are_each_rows_canonical_text(entries, picks):
 def test_flow_window_columns_are_a_stable_sort_of_what_it_holds(seed, ops, max_flows):
     """FlowWindow (batches merged into its sorted columns, evictions, shedding past max_flows) holds what a stable
     sort by start of every row still in it gives, rows in the order they were added."""
-    from prism.window import FlowWindow
+    from prism.serve.window import FlowWindow
 
     rng = np.random.default_rng(seed)
     w = FlowWindow(max_flows=max_flows)

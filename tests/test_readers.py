@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prism.readers import FlowReader, detect_format, read_flows
-from prism.records import FlowFormatError, RejectCounter
+from prism.ingest.readers import FlowReader, detect_format, read_flows
+from prism.ingest.records import FlowFormatError, RejectCounter
 from synthetic.generator import write_flows
 
 FORMATS = ["csv", "csv.gz", "parquet", "jsonl", "jsonl.gz"]
@@ -170,7 +170,7 @@ def test_ipv6_spellings_are_one_address(tmp_path):
 
 def test_ipv4_mapped_addresses_match_the_topology(tmp_path):
     """``::ffff:10.0.0.1`` (a dual-stack socket's spelling) is 10.0.0.1, in flows and in the topology."""
-    from prism.topology import Topology
+    from prism.ingest.topology import Topology
 
     (tmp_path / "f.csv").write_text("start_ns,duration_ns,src,dst,size,switches\n1,1,::ffff:10.0.0.1,10.0.0.2,1,\n2,1,10.0.0.1,::FFFF:a00:2,1,\n")
     (df,) = list(read_flows([str(tmp_path / "f.csv")]))
@@ -213,7 +213,7 @@ def test_one_bad_csv_row_costs_only_itself(tmp_path, case):
 
 
 def test_a_line_too_long_for_memory_is_skipped_in_json_lines(tmp_path):
-    from prism.readers import MAX_LINE_BYTES
+    from prism.ingest.readers import MAX_LINE_BYTES
 
     good = '{"start_ns":%d,"duration_ns":5,"src":"10.0.0.1","dst":"10.0.0.2","size":64,"switches":"l"}'
     body = [good % i for i in range(5)] + ['{"start_ns":' + "9" * (2 * MAX_LINE_BYTES)] + [good % i for i in range(5, 10)]
@@ -226,7 +226,7 @@ def test_a_line_too_long_for_memory_is_skipped_in_json_lines(tmp_path):
 
 
 def test_long_lines_within_the_limit_stay_on_the_fast_path(tmp_path, monkeypatch):
-    from prism.readers import MAX_LINE_BYTES
+    from prism.ingest.readers import MAX_LINE_BYTES
 
     def no_slow_path(*_):
         raise AssertionError("a block of valid lines went to the per-line parser")
@@ -301,7 +301,7 @@ def test_blank_lines_keep_json_lines_on_the_fast_path_and_the_line_numbers(sampl
     path.write_text("\n" + text)
     want_line = 1 + 13 + len([i for i in range(13) if i % 3 == 0]) + 1  # the leading blank, rows 0-12 and their blanks, then row 13
 
-    from prism.readers import FlowReader as Reader
+    from prism.ingest.readers import FlowReader as Reader
 
     def no_slow_path(self, block):
         raise AssertionError("the per-line parser ran")
@@ -315,7 +315,7 @@ def test_blank_lines_keep_json_lines_on_the_fast_path_and_the_line_numbers(sampl
 
 
 def test_messages_end_in_one_newline(sample):
-    from prism.messages import encode_jsonl
+    from prism.ingest.messages import encode_jsonl
 
     m = encode_jsonl(sample.head(5))
     assert m.endswith(b"}\n") and m.count(b"\n") == 5
@@ -326,7 +326,7 @@ def test_read_ahead_keeps_order_raises_in_place_and_stops_its_thread():
     early stops the thread even while the queue is full."""
     import threading
 
-    from prism.readers import _read_ahead
+    from prism.ingest.readers import _read_ahead
 
     def source(n, fail_at=None):
         for i in range(n):

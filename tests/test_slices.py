@@ -6,10 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prism.analyze import Settings, plan_analysis
-from prism.replay import replay
-from prism.slices import _vote_pairs
-from prism.topology import Topology
+from prism.analysis.analyse import Settings
+from prism.analysis.batches import plan_analysis
+from prism.offline.replay import replay
+from prism.analysis.slices import _vote_pairs
+from prism.ingest.topology import Topology
 
 #: GPU flows a slice holds: the tiny preset's three biggest jobs (19k-50k flows, 600-1,000 flows a step) in 2-5 slices of 12+ steps
 SLICE = 12_000
@@ -110,12 +111,12 @@ def test_replay_cli_slices_with_byte_identical_outputs_and_refuses_tiny_slices(t
 @pytest.mark.parametrize("spill", [False, True])
 def test_files_that_each_cover_the_capture_are_sliced_in_time_order(tiny_cluster, tmp_path, spill, monkeypatch):
     """Two collectors' dumps, each of the whole capture, given one after the other: the slices still see time in order."""
-    import prism.analyze
-    import prism.spill
+    import prism.analysis.batches
+    import prism.offline.spill
 
     # chunks far smaller than a job, as a long capture's are (else a job's flows come in one chunk, sorted whole)
-    monkeypatch.setattr(prism.analyze, "_CHUNK_ROWS", 3_000)
-    monkeypatch.setattr(prism.spill, "SLICE_ROWS", 3_000)
+    monkeypatch.setattr(prism.analysis.batches, "_CHUNK_ROWS", 3_000)
+    monkeypatch.setattr(prism.offline.spill, "SLICE_ROWS", 3_000)
     tiny_cluster.write(tmp_path / "c")
     topo = Topology.from_csv(tmp_path / "c" / "topology.csv")
     flows = pd.read_parquet(tmp_path / "c" / "flows.parquet")
@@ -133,8 +134,8 @@ def test_files_that_each_cover_the_capture_are_sliced_in_time_order(tiny_cluster
 
 
 def test_flows_given_out_of_time_order_are_warned_about(tiny_dir, caplog):
-    from prism.jobs import JobRecognizer
-    from prism.slices import analyse_sliced
+    from prism.analysis.jobs import JobRecognizer
+    from prism.analysis.slices import analyse_sliced
 
     topo = Topology.from_csv(tiny_dir / "topology.csv")
     flows = pd.read_parquet(tiny_dir / "flows.parquet")

@@ -9,7 +9,7 @@ partition, and by nobody here if it does not.
 import pandas as pd
 from kafka.structs import TopicPartition
 
-from prism.sources import KafkaSource
+from prism.serve.sources import KafkaSource
 
 
 class Consumer:

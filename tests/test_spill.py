@@ -4,11 +4,11 @@ import builtins
 import numpy as np
 import pytest
 
-import prism.spill
-from prism.analyze import plan_job_batches
+import prism.offline.spill
+from prism.analysis.batches import plan_job_batches
 from prism.cli import main
-from prism.ordering import order_by
-from prism.spill import SpilledFlows
+from prism.common.ordering import order_by
+from prism.offline.spill import SpilledFlows
 
 
 def _flows(rng, n, n_nics):
@@ -22,7 +22,7 @@ def test_job_batches_are_the_grouped_capture_sliced(seed, tmp_path, monkeypatch)
     n_nics, n = 40, 5_000
     labels = rng.integers(-1, 9, n_nics)  # some NICs in no job
     cols = _flows(rng, n, n_nics)
-    monkeypatch.setattr(prism.spill, "SLICE_ROWS", int(rng.integers(100, 2_000)))
+    monkeypatch.setattr(prism.offline.spill, "SLICE_ROWS", int(rng.integers(100, 2_000)))
     with SpilledFlows(n_nics, tmp_path) as s:
         cuts = np.sort(rng.integers(0, n, 6))
         for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, n]):  # chunks of any size, empty ones too
@@ -60,7 +60,7 @@ def test_a_flow_of_no_planned_batch_is_an_error(tmp_path):
 def test_a_full_disk_is_a_clear_error_and_leaves_nothing(tiny_dir, tmp_path, monkeypatch, capsys):
     """Writing the spill fails (ENOSPC from /dev/full): the replay says where and why, exits 1, and removes its directory."""
     real_open = builtins.open
-    monkeypatch.setattr(prism.spill, "open", lambda path, mode="r": real_open("/dev/full", mode) if "w" in mode else real_open(path, mode), raising=False)
+    monkeypatch.setattr(prism.offline.spill, "open", lambda path, mode="r": real_open("/dev/full", mode) if "w" in mode else real_open(path, mode), raising=False)
     spill = tmp_path / "spill"
     spill.mkdir()
     rc = main(["replay", str(tiny_dir / "flows.parquet"), "--topology", str(tiny_dir / "topology.csv"), "--out", str(tmp_path / "o"),

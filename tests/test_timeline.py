@@ -3,10 +3,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prism.evaluation import job_name_map, score_anomalies, score_steps
-from prism.replay import replay
-from prism.timeline import StepTimeline, busy_gaps, natural_break
-from prism.topology import Topology
+from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps
+from prism.offline.replay import replay
+from prism.analysis.timeline import StepTimeline, busy_gaps, natural_break
+from prism.ingest.topology import Topology
 from synthetic import preset
 
 SEEDS = (0, 1, 2)
@@ -157,7 +157,7 @@ def test_last_burst_cut_by_capture_is_not_a_step():
 @pytest.mark.parametrize("scenario", ["dist-opt", "overlap", "clip", "all"])
 def test_steps_and_silence_on_confounded_scenarios(scenario, tmp_path):
     """Distributed optimizer, overlapped buckets, the grad-norm ring, all at once (SYNTHETIC, fault-free 8 s)."""
-    from prism.evaluation import score_cluster
+    from prism.analysis.evaluation import score_cluster
     from synthetic.scenarios import scenario_cluster
 
     c = scenario_cluster(scenario, seed=5, duration_s=8, with_faults=False)
@@ -172,7 +172,7 @@ def test_steps_and_silence_on_confounded_scenarios(scenario, tmp_path):
 
 def test_optimizer_split_needs_balanced_edges():
     """A pause inside one collective is no step boundary: its edges are unbalanced around it."""
-    from prism.timeline import optimizer_gaps
+    from prism.analysis.timeline import optimizer_gaps
 
     # one burst: pair 0 sends 4 messages, pause, 2 more (a reduce-scatter paused mid-way), then the compute gap
     st = np.array([0, 10, 20, 30, 500, 510, 5000])

@@ -6,8 +6,8 @@ from collections import defaultdict
 
 import pytest
 
-from prism.replay import replay
-from prism.topology import Topology
+from prism.offline.replay import replay
+from prism.ingest.topology import Topology
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import textwrap
 
 # compiled functions no daemon window calls: the replay's phases and its grouping by job (the daemon analyses
 # a window at once), the what-if simulator, and pair_episodes (public; the classifier finds episodes in its own pass)
-NOT_ON_THE_DAEMONS_PATH = {"prism.analyze._group_sums", "prism.whatif.graph._topo_order", "prism.ordering._places", "prism.ordering._scatter",
-                           "prism.parallelism._new_episode"}
+NOT_ON_THE_DAEMONS_PATH = {"prism.analysis.analyse._group_sums", "prism.whatif.graph._topo_order", "prism.common.ordering._places", "prism.common.ordering._scatter",
+                           "prism.analysis.parallelism._new_episode"}
 
 
 def test_warm_up_loads_every_kernel_of_the_daemons_path_and_says_nothing():
@@ -15,11 +15,11 @@ def test_warm_up_loads_every_kernel_of_the_daemons_path_and_says_nothing():
     script = textwrap.dedent("""
         import io, json, logging, sys
         import numba
-        import prism, prism.cli, prism.daemon, prism.sources  # what `prism daemon` imports
+        import prism, prism.cli, prism.serve.daemon, prism.serve.sources  # what `prism daemon` imports
         log = io.StringIO()
         logging.basicConfig(stream=log, level=logging.DEBUG, force=True)
         logging.getLogger("prism").setLevel(logging.INFO)
-        from prism.warmup import warm_up
+        from prism.serve.warmup import warm_up
         seconds = warm_up()
         kernels = {f"{name}.{attr}": obj for name, mod in sorted(sys.modules.items()) if name.startswith("prism")
                    for attr, obj in vars(mod).items() if isinstance(obj, numba.core.registry.CPUDispatcher) and obj.__module__ == name}
@@ -32,6 +32,6 @@ def test_warm_up_loads_every_kernel_of_the_daemons_path_and_says_nothing():
     got = json.loads(out.splitlines()[-1])
     cold = set(got["cold"])
     assert cold <= NOT_ON_THE_DAEMONS_PATH, f"compiled on first use in a window, not at start: {sorted(cold - NOT_ON_THE_DAEMONS_PATH)}"
-    assert "prism.ipc_headers._walk_many" not in cold and "prism.window._insert" not in cold
+    assert "prism.ingest.ipc_headers._walk_many" not in cold and "prism.serve.window._insert" not in cold
     assert "prism" not in got["log"]  # the throwaway monitor's warnings are not the daemon's
     assert got["seconds"] > 0

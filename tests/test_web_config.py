@@ -10,8 +10,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter
 
-from prism.broker import free_port
-from prism.metrics import Health, MetricsServer
+from prism.serve.broker import free_port
+from prism.serve.metrics import Health, MetricsServer
 from support import make_pki, stop_process, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None or shutil.which("openssl") is None, reason="needs curl and openssl")
@@ -188,7 +188,7 @@ def test_bcrypt_check_is_cached_not_repeated(monkeypatch):
     """A scrape every few seconds must not pay bcrypt (~50 ms) each time; exporter-toolkit caches too."""
     import base64
 
-    from prism.webconfig import WebAuth, WebConfig
+    from prism.serve.webconfig import WebAuth, WebConfig
 
     calls = []
     real = bcrypt.checkpw

@@ -12,7 +12,7 @@ def __getattr__(name):
     # loaded when used: the CLI imports .scenarios for its --help text, and
     # .graph brings numba (half a second at every start of every command)
     if name in __all__:
-        from . import graph
+        from prism.whatif import graph
 
         return getattr(graph, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .graph import ExecutionGraph
+from prism.whatif.graph import ExecutionGraph
 
 __all__ = ["ReplayGraph", "read_replay"]
 

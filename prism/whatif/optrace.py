@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..components import connected_components
-from .graph import ExecutionGraph
+from prism.common.components import connected_components
+from prism.whatif.graph import ExecutionGraph
 
 __all__ = ["COLLECTIVE_GROUPS", "COMMUNICATION", "OpGraph", "read_op_trace", "observed_step_times"]
 

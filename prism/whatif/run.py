@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .graph import simulate
-from .scenarios import Scenario
+from prism.whatif.graph import simulate
+from prism.whatif.scenarios import Scenario
 
 __all__ = ["WhatIfResult", "whatif_ops", "whatif_replay", "write_outputs"]
 
@@ -77,8 +77,8 @@ _PP_COMM = {"forward-send": "forward-pp-comm", "forward-recv": "forward-pp-comm"
 
 def attribute_ops(g) -> tuple[pd.DataFrame, dict]:
     """An :class:`~.optrace.OpGraph`'s slowdown by worker (rank), DP rank, stage and op type, and M_W, M_S."""
-    from .attribution import attribute, worker_and_stage_metrics
-    from .scenarios import ideal_op_work
+    from prism.whatif.attribution import attribute, worker_and_stage_metrics
+    from prism.whatif.scenarios import ideal_op_work
 
     observed, ideal = g.work(), ideal_op_work(g)
 
@@ -118,8 +118,8 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario], attribu
     predicted with baseline. With ``attribution``, the summary holds the slowdown attribution (S, M_W,
     M_S) and the result its per-group table.
     """
-    from .optrace import OpGraph, observed_step_times, read_op_trace
-    from .scenarios import apply_op_scenarios
+    from prism.whatif.optrace import OpGraph, observed_step_times, read_op_trace
+    from prism.whatif.scenarios import apply_op_scenarios
 
     meta = _checked_meta(meta or {})
     ops = read_op_trace(trace_path)
@@ -131,7 +131,7 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario], attribu
     gp = g
     for sc in scenarios:
         if sc.kind == "microbatches":
-            from .schedule import rebuild_microbatches
+            from prism.whatif.schedule import rebuild_microbatches
 
             gp = OpGraph(rebuild_microbatches(gp.ops, int(sc.arg), meta.get("pp_size")))
     pred = simulate(gp.graph(apply_op_scenarios(gp, scenarios, meta.get("dp_size")), launch_delay=False)) if scenarios else replay
@@ -177,7 +177,7 @@ def attribute_replay(g) -> tuple[pd.DataFrame, dict]:
     """A :class:`~.netreplay.ReplayGraph`'s slowdown by DP ring, stage (the servers a ring spans), server and
     task kind. The network sees when each ring's collective starts (its last member's arrival), so a ring
     is the finest unit: a server's share is that of the rings it is in."""
-    from .attribution import attribute
+    from prism.whatif.attribution import attribute
 
     nw = len(g.work)
     observed = np.concatenate([g.work, g.coll])
@@ -207,7 +207,7 @@ def whatif_replay(replay_dir, scenarios: list[Scenario], topology=None, attribut
     dropped: ``WhatIfResult.skipped`` names it with the reason. A job modelled from fewer than half of
     its steps, or a ``heal-switch`` without a topology, carries a warning.
     """
-    from .netreplay import ReplayGraph, read_replay
+    from prism.whatif.netreplay import ReplayGraph, read_replay
 
     rep = read_replay(replay_dir, topology)
     jobs, tables, events, skipped, attributions, run_warnings = {}, [], [], dict(rep["invalid"]), [], []

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .optrace import COMPUTE, P2P
+from prism.whatif.optrace import COMPUTE, P2P
 
 __all__ = ["rebuild_microbatches", "one_f_one_b_calls"]
 

@@ -1,0 +1,228 @@
+"""Whole jobs in batches: what one :func:`~prism.analysis.analyse.analyse` over every flow gives, with bounded memory.
+
+Every analysis but the switches' is per job, so batches of whole jobs give
+what one run over all flows gives (tested equal), while the analyses'
+temporaries scale with the batch, not the capture. A job too long for one
+batch is analysed in time slices (:mod:`prism.analysis.slices`). The offline
+replay drives these, from memory or from flows spilled to disk.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from prism.analysis.analyse import Analysis, Settings, add_anomalies, analyse
+from prism.analysis.slices import analyse_sliced
+from prism.common.allocator import release_free_memory
+from prism.common.ordering import group_rows
+
+__all__ = ["JOB_BATCH_FLOWS", "JobChunks", "analyse_by_jobs", "analyse_chunks_by_jobs", "analyse_job_batches", "plan_analysis", "plan_job_batches"]
+
+
+#: flows analysed together at most (whole jobs: a bigger job is analysed alone)
+JOB_BATCH_FLOWS = 2_000_000
+
+
+class JobChunks:
+    """One job's flows as column chunks (``[a, b, start, duration, size]``), roughly in time order.
+
+    A batch of :func:`analyse_job_batches` given this way, rather than as
+    columns, is a job too big to analyse at once: it is analysed in time
+    slices (:func:`prism.analysis.slices.analyse_sliced`), its flows read a chunk
+    at a time.
+    """
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+    def __iter__(self):
+        return iter(self.chunks)
+
+
+def plan_analysis(flows_per_label: np.ndarray, slice_flows: int, max_flows: int | None = None) -> tuple[list[np.ndarray], list[bool]]:
+    """:func:`plan_job_batches`, and per batch whether it is one job analysed in time slices.
+
+    A job of more than ``slice_flows`` flows is a batch alone, analysed
+    ``slice_flows`` flows at a time (:func:`prism.analysis.slices.analyse_sliced`).
+
+    >>> plan, sliced = plan_analysis(np.array([0, 3, 2, 9]), slice_flows=4, max_flows=5)
+    >>> [b.tolist() for b in plan], sliced
+    ([[0, 1], [2]], [False, True])
+    """
+    counts = np.asarray(flows_per_label)
+    big = counts > slice_flows  # by label + 1
+    big[:1] = False  # flows of no job are not analysed
+    plan = []
+    for batch in plan_job_batches(counts, max_flows):  # loops over batches and jobs, not flows
+        lo = 0
+        for i in np.flatnonzero(big[batch + 1]):  # a big job alone; the jobs around it as they were packed
+            plan += [batch[lo:i]] if i > lo else []
+            plan.append(batch[i:i + 1])
+            lo = i + 1
+        plan += [batch[lo:]] if lo < len(batch) else []
+    return plan, [len(b) == 1 and bool(big[b[0] + 1]) for b in plan]
+
+
+#: rows a chunk of an in-memory job analysed in slices hands over at a time
+_CHUNK_ROWS = 1 << 20
+
+
+def _row_chunks(cols: list[np.ndarray], f0: int, f1: int):
+    """Rows ``f0:f1`` of the columns, :data:`_CHUNK_ROWS` at a time (views, no copies)."""
+    for i in range(f0, f1, _CHUNK_ROWS):
+        yield [c[i:min(i + _CHUNK_ROWS, f1)] for c in cols]
+
+
+def plan_job_batches(flows_per_label: np.ndarray, max_flows: int | None = None) -> list[np.ndarray]:
+    """Batches of whole jobs: consecutive job labels, at most ``max_flows`` flows a batch.
+
+    Parameters
+    ----------
+    flows_per_label : int array
+        Flows per job label, indexed by label + 1 (index 0: flows of no job).
+    max_flows : int, optional
+        Default :data:`JOB_BATCH_FLOWS`. A job bigger than it is a batch alone.
+
+    Returns
+    -------
+    list of int arrays
+        The labels of each batch, in label order (the order one run reports
+        jobs in). Labels without flows are left out.
+
+    Examples
+    --------
+    >>> [b.tolist() for b in plan_job_batches(np.array([0, 3, 2, 0, 5]), max_flows=5)]
+    [[0, 1], [3]]
+    """
+    max_flows = JOB_BATCH_FLOWS if max_flows is None else int(max_flows)
+    counts = np.asarray(flows_per_label)
+    uniq = np.flatnonzero(counts) - 1
+    bounds = np.concatenate([[0], np.cumsum(counts[uniq + 1])])
+    batches, lo = [], 0
+    for k in range(1, len(uniq) + 1):
+        if k == len(uniq) or bounds[k + 1] - bounds[lo] > max_flows:
+            batches.append(uniq[lo:k])
+            lo = k
+    return batches
+
+
+def analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, capture_end, switch_bw=None, settings=None,
+                    stop_after="diagnosis", on_stage=None, max_flows: int | None = None) -> Analysis:
+    """:func:`analyse`, run over batches of whole jobs of at most ``max_flows`` flows (default :data:`JOB_BATCH_FLOWS`).
+
+    Every analysis but the switches' is per job, so batches of whole jobs
+    give what one run over all flows gives (tested equal); the analyses'
+    temporaries (over a hundred bytes a flow at their peak) then scale
+    with the batch, not the capture. The flows are grouped by job once (a
+    stable counting sort: each job's flows keep their order) and the
+    switch diagnosis runs once over ``switch_bw``.
+
+    The column arrays are reordered in place (the caller's copies are
+    consumed: no second set of columns is held).
+    """
+    return analyse_chunks_by_jobs([[a, b, start, duration, size]], labels, jobs, topology, capture_end, switch_bw, settings,
+                                  stop_after, on_stage, max_flows)
+
+
+def analyse_chunks_by_jobs(chunks, labels, jobs, topology, capture_end, switch_bw=None, settings=None,
+                           stop_after="diagnosis", on_stage=None, max_flows: int | None = None) -> Analysis:
+    """:func:`analyse_by_jobs` over flows given as chunks of columns (``[a, b, start, duration, size]`` each), in capture order.
+
+    The chunks are consumed: each chunk's column goes as the whole column
+    fills, so the flows are held once, plus one column (one chunk's
+    columns are reordered in place). Grouped by job straight from the
+    chunks (:func:`prism.common.ordering.group_rows`), not joined first and then
+    reordered: one pass over each column instead of three.
+    """
+    key_of = (np.asarray(labels) + 1).astype(np.int32)  # by label + 1 (0: no job); 4 bytes a flow
+    keys = [key_of[c[0]] for c in chunks]
+    counts = np.zeros(int(labels.max(initial=-1)) + 2, dtype=np.int64)
+    for k in keys:
+        counts += np.bincount(k, minlength=len(counts))
+    plan, sliced = plan_analysis(counts, (settings or Settings()).slice_flows, max_flows)
+    if len(plan) <= 1 and not any(sliced):  # one batch: the flows as given, not regrouped
+        del keys
+        return analyse(*_joined(chunks), labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
+    cols = group_rows(chunks, keys, counts, after_column=release_free_memory if len(chunks) > 1 else None)
+    del keys, chunks
+
+    def batches():  # the grouped flows run job after job, in label order, as the plan does
+        f0 = 0
+        for batch_labels, in_slices in zip(plan, sliced):
+            f1 = f0 + int(counts[batch_labels + 1].sum())
+            if in_slices:
+                # in time order: a job's flows may come file after file (several collectors, each covering the capture)
+                o = np.argsort(cols[2][f0:f1], kind="stable")
+                for c in cols:
+                    c[f0:f1] = c[f0:f1][o]
+                del o
+                yield batch_labels, JobChunks(_row_chunks(cols, f0, f1))
+            else:
+                yield batch_labels, [c[f0:f1] for c in cols]
+            f0 = f1
+
+    return analyse_job_batches(batches(), labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
+
+
+def _joined(chunks: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """The chunks' columns, each joined whole; a column's chunks go once it is joined."""
+    if len(chunks) == 1:
+        return chunks[0]
+    cols = []
+    for i in range(len(chunks[0])):
+        cols.append(np.concatenate([c[i] for c in chunks]))
+        for c in chunks:
+            c[i] = None
+        release_free_memory()  # the chunks' pages: holes no whole column fits in
+    return cols
+
+
+def analyse_job_batches(batches, labels, jobs, topology, capture_end, switch_bw=None, settings=None,
+                        stop_after="diagnosis", on_stage=None) -> Analysis:
+    """:func:`analyse` over each batch of whole jobs, combined into what one run over all of them gives.
+
+    Parameters
+    ----------
+    batches : iterable of (labels, columns)
+        Per batch (from :func:`plan_job_batches`, at least one): its job
+        labels and its flows' ``a, b, start, duration, size`` columns, each
+        job's flows together and in their capture order. Consumed one at a
+        time: a batch's columns can be read when it is reached (see
+        :class:`prism.offline.spill.SpilledFlows`). A batch given as
+        :class:`JobChunks` is one job analysed in time slices.
+    labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage
+        As for :func:`analyse`; the switch diagnosis runs once, over
+        ``switch_bw``, after the batches.
+    """
+    job_label = labels[topology.ips.get_indexer(jobs["ip"])]
+    parts = []
+    for batch_labels, cols in batches:
+        batch_jobs = jobs[np.isin(job_label, batch_labels)]
+        # each batch runs every stage: on_stage is called per batch (a stage's time is the sum over batches)
+        if isinstance(cols, JobChunks):
+            parts.append(analyse_sliced(cols, labels, batch_jobs, topology, capture_end, settings, stop_after, on_stage))
+        else:
+            parts.append(analyse(*cols, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage))
+        del cols
+    return _combine(parts, switch_bw, settings or Settings(), stop_after)
+
+
+def _combine(parts: list[Analysis], switch_bw, s: Settings, stop_after: str) -> Analysis:
+    """One :class:`Analysis` from per-batch ones, in the order a single run gives."""
+    def cat(name):
+        frames = [getattr(p, name) for p in parts if getattr(p, name) is not None]
+        return pd.concat(frames, ignore_index=True) if frames else None
+
+    out = Analysis(pairs=cat("pairs").sort_values(["job_id", "src", "dst"]).reset_index(drop=True))
+    out.shapes = cat("shapes").sort_values("job_id").reset_index(drop=True)
+    out.slices = {job: n for p in parts for job, n in p.slices.items()}
+    if stop_after == "pairs":
+        return out
+    out.steps, out.phases = cat("steps"), cat("phases")
+    if stop_after == "steps":
+        return out
+    lag = [p.group_lag for p in parts if p.group_lag is not None and len(p.group_lag.columns)]
+    # the cross-group diagnosis orders its rows by job id, not by job label
+    out.group_lag = pd.concat(lag, ignore_index=True).sort_values(["job_id", "server", "step"], kind="stable").reset_index(drop=True) if lag else pd.DataFrame()
+    add_anomalies(out, [p.anomalies for p in parts if p.anomalies is not None], switch_bw, s)
+    return out

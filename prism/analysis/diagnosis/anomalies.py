@@ -1,0 +1,25 @@
+"""The anomaly table every diagnoser returns, and the one order anomalies are reported in.
+
+Its own module so that the diagnosers and the package's front door import it
+without a cycle.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+__all__ = ["ANOMALY_COLUMNS", "empty_anomalies", "in_time_order"]
+
+ANOMALY_COLUMNS = ["kind", "job_id", "step", "start_ns", "subject", "score", "explanation"]
+
+
+def empty_anomalies() -> pd.DataFrame:
+    """An anomaly table with no rows and the columns' types."""
+    return pd.DataFrame({c: pd.Series(dtype="int64" if c in ("step", "start_ns") else "float64" if c == "score" else "object") for c in ANOMALY_COLUMNS})
+
+
+def in_time_order(found: list[pd.DataFrame]) -> pd.DataFrame:
+    """Anomaly frames as one, by time, kind, subject and job: an order that does not depend on which came first."""
+    found = [f for f in found if len(f)]
+    if not found:
+        return empty_anomalies()
+    return pd.concat(found, ignore_index=True).sort_values(["start_ns", "kind", "subject", "job_id"], kind="stable").reset_index(drop=True)

@@ -1,0 +1,155 @@
+"""Cross-step diagnosis: steps slow against the job's own recent steps.
+
+Each step's duration is compared with the median of the job's previous
+``window`` normal steps, in units of their spread (MAD). A step is slow when
+it is both ``min_excess`` longer than that baseline (it matters) and ``z``
+spreads above it (it is not noise). A run of ``regime_steps`` or more slow
+steps in a row is not that many slow steps but one lasting change (a
+straggler appeared, a link degraded): it is reported once, as a
+``regime_change`` at its first step, and the baseline restarts from it.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pandas as pd
+
+from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies
+
+__all__ = ["CrossStepDiagnoser"]
+
+
+class CrossStepDiagnoser:
+    """Find slow steps and lasting slow-downs per job.
+
+    Parameters
+    ----------
+    window : int, default 16
+        Normal steps in the baseline.
+    min_excess : float, default 0.15
+        A slow step is at least this much longer than the baseline (0.15:
+        15%).
+    z : float, default 6.0
+        ... and this many robust standard deviations (1.4826 MAD) above it.
+    min_rel_spread : float, default 0.005
+        Floor on the spread, as a share of the baseline (very regular jobs
+        would otherwise flag every wobble).
+    regime_steps : int, default 3
+        This many slow steps in a row are one regime change.
+
+    Examples
+    --------
+    >>> d = [100.0] * 20 + [180.0] + [100.0] * 5 + [130.0] * 10
+    >>> steps = pd.DataFrame({"job_id": "j", "step": range(len(d)), "start_ns": range(len(d)), "duration_ns": d})
+    >>> CrossStepDiagnoser().fit(steps).predict()[["kind", "step"]].values.tolist()
+    [['slow_step', 20], ['regime_change', 26]]
+    """
+
+    def __init__(self, window: int = 16, min_excess: float = 0.15, z: float = 6.0, min_rel_spread: float = 0.005, regime_steps: int = 3):
+        if int(window) < 1:
+            raise ValueError(f"window must be at least one step (got {window})")
+        self.window = int(window)
+        self.min_excess = float(min_excess)
+        self.z = float(z)
+        self.min_rel_spread = float(min_rel_spread)
+        self.regime_steps = int(regime_steps)
+
+    def fit(self, steps: pd.DataFrame) -> "CrossStepDiagnoser":
+        """``steps``: ``job_id, step, start_ns, duration_ns`` (a timeline's ``steps_``)."""
+        rows = []
+        base_parts = []
+        for job_id, g in steps.sort_values(["job_id", "step"]).groupby("job_id", sort=True):
+            step, start = g["step"].to_numpy(), g["start_ns"].to_numpy()
+            dur = g["duration_ns"].to_numpy().astype(np.float64)
+            base, slow, event, event_base, level = _scan(dur, self.window, self.min_excess, self.z, self.min_rel_spread, self.regime_steps)
+            rows.extend(self._rows(job_id, step, start, dur, event, event_base, level))
+            base_parts.append(pd.DataFrame({"job_id": job_id, "step": step.astype(np.int64), "baseline_ns": base, "slow": slow}))
+        self.anomalies_ = pd.DataFrame(rows, columns=ANOMALY_COLUMNS) if rows else empty_anomalies()
+        #: per step: the baseline it was judged against and whether it was slow
+        self.baseline_ = (pd.concat(base_parts, ignore_index=True) if base_parts
+                          else pd.DataFrame(columns=["job_id", "step", "baseline_ns", "slow"]))
+        return self
+
+    @staticmethod
+    def _rows(job_id, step, start, dur, event, event_base, level) -> list[tuple]:
+        """Anomaly rows of one job's scan: Python work per anomaly, not per step."""
+        out = []
+        for i in np.flatnonzero(event):
+            base = float(event_base[i])
+            if event[i] == _SLOW_STEP:
+                exc = dur[i] / base - 1
+                out.append(("slow_step", job_id, int(step[i]), int(start[i]), f"step {int(step[i])}", round(1 + exc, 4),
+                            f"step {int(step[i])} took {dur[i] / 1e6:,.1f} ms, {1 + exc:.2f}x the job's recent median {base / 1e6:,.1f} ms"))
+            else:
+                lv = float(level[i])
+                out.append(("regime_change", job_id, int(step[i]), int(start[i]), f"from step {int(step[i])}", round(lv / base, 4),
+                            f"steps slowed from {base / 1e6:,.1f} ms to {lv / 1e6:,.1f} ms ({lv / base:.2f}x) at step {int(step[i])} and stayed slow"))
+        return out
+
+    def predict(self) -> pd.DataFrame:
+        """Anomaly rows (:data:`prism.analysis.diagnosis.ANOMALY_COLUMNS`)."""
+        return self.anomalies_
+
+
+_SLOW_STEP, _REGIME_CHANGE = 1, 2
+
+
+@numba.njit(cache=True)
+def _scan(dur, window, min_excess, z, min_rel_spread, regime_steps):  # pragma: no cover - compiled
+    """One job's steps in order against the median of its previous ``window`` normal steps.
+
+    Returns per step: the baseline, whether it was slow, its event
+    (0, ``_SLOW_STEP``, or ``_REGIME_CHANGE`` at the first step of a run of
+    ``regime_steps`` slow steps), the baseline the event was judged
+    against, and a regime's level (median of its run). A regime restarts
+    the history from its run. A loop per step (hundreds per job and
+    window), compiled: two medians of at most ``window`` values a step.
+    """
+    n = len(dur)
+    base = np.empty(n)
+    slow = np.zeros(n, dtype=np.bool_)
+    event = np.zeros(n, dtype=np.int8)
+    event_base = np.zeros(n)
+    level = np.zeros(n)
+    if n == 0:
+        return base, slow, event, event_base, level
+    history = np.empty(n)
+    h = 0  # history length; the baseline is its last ``window`` values
+    pending = np.empty(n, dtype=np.int64)  # a run of slow steps not yet reported
+    pending_base = np.empty(n)
+    p = 0
+    first = np.empty(1)
+    first[0] = np.median(dur[:window])
+    for i in range(n):
+        recent = history[max(0, h - window):h] if h > 0 else first
+        b = np.median(recent)
+        spread = max(1.4826 * np.median(np.abs(recent - b)), min_rel_spread * b)
+        d = dur[i]
+        exc = d / b - 1
+        s = exc >= min_excess and (d - b) / spread >= z
+        base[i] = b
+        slow[i] = s
+        if s:
+            pending[p] = i
+            pending_base[p] = b
+            p += 1
+            if p == regime_steps:
+                i0 = pending[0]
+                event[i0] = _REGIME_CHANGE
+                event_base[i0] = pending_base[0]
+                level[i0] = np.median(dur[pending[:p]])
+                for k in range(p):
+                    history[k] = dur[pending[k]]
+                h = p
+                p = 0
+            continue
+        for k in range(p):  # a run shorter than a regime: each step slow on its own
+            event[pending[k]] = _SLOW_STEP
+            event_base[pending[k]] = pending_base[k]
+        p = 0
+        history[h] = d
+        h += 1
+    for k in range(p):
+        event[pending[k]] = _SLOW_STEP
+        event_base[pending[k]] = pending_base[k]
+    return base, slow, event, event_base, level

@@ -1,0 +1,573 @@
+"""Step timelines: each job's training steps, reconstructed from its flows.
+
+A synchronous training step ends with the data-parallel (DP) collective:
+the optimizer cannot run before the gradients are reduced, and the next
+step's traffic cannot start before the optimizer is done. So, per job, the
+DP traffic comes in bursts separated by the compute of the next step, and
+the end of each burst is a step boundary (LLMPrism section 4.3).
+
+The bursts are found without a time constant: the gaps between the job's
+DP flows (after merging overlapping flows) fall in two groups orders of
+magnitude apart, inside a collective (microseconds to a few ms, between
+the staggered collectives of pipeline stages) and between steps (the
+forward and backward compute, tens of ms to seconds). :func:`natural_break`
+finds the split as the widest jump in the sorted log-gaps. A job with no
+DP pairs (pipeline only) is cut the same way over its PP traffic, whose
+widest gap is the pipeline flush: the last backward, the optimizer and the
+first forward.
+
+Steps cut by the capture's edges are not whole and are not reported: a
+step needs a boundary on both sides, and the last boundary is trusted only
+if the capture went on for a full break after it (otherwise the burst may
+have been cut short).
+
+Per whole step the timeline keeps its phases: the span of its PP traffic,
+of its DP collective, and the same per DP group (ring) and per pipeline.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pandas as pd
+
+from prism.common.components import connected_components
+from prism.common.ordering import order_by
+
+__all__ = ["StepTimeline", "natural_break", "busy_gaps", "optimizer_gaps", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
+
+STEP_COLUMNS = [
+    "job_id", "step", "start_ns", "end_ns", "duration_ns",
+    "pp_start_ns", "pp_end_ns", "dp_start_ns", "dp_end_ns", "flows", "bytes",
+]
+#: ``arrival_ns``: when the group's last member sent its first flow of the phase (a ring cannot run
+#: before every member has arrived: from start_ns to arrival_ns its members wait for the last one)
+PHASE_COLUMNS = ["job_id", "step", "group", "kind", "start_ns", "arrival_ns", "end_ns", "flows", "bytes", "servers"]
+
+
+def busy_gaps(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Idle gaps between time-sorted flows, overlapping flows merged.
+
+    Parameters
+    ----------
+    start, end : int arrays
+        Flows sorted by ``start``.
+
+    Returns
+    -------
+    gap : int array, length ``n - 1``
+        ``start[i + 1]`` minus the latest end among flows ``0..i``; zero or
+        negative where flow ``i + 1`` starts while the link is still busy.
+    busy_end : int array, length ``n``
+        Running maximum of ``end``.
+
+    Notes
+    -----
+    O(n): one running maximum.
+
+    Examples
+    --------
+    >>> busy_gaps(np.array([0, 5, 20]), np.array([10, 8, 30]))[0].tolist()
+    [-5, 10]
+    """
+    busy_end = np.maximum.accumulate(end)
+    return start[1:] - busy_end[:-1], busy_end
+
+
+def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, min_steps: int = 3, floor_ns: int = 1, tie: float = 0.02,
+                  min_cover: float = 0.4, span_ns: float | None = None) -> float:
+    """The gap threshold that cuts a job's traffic into the most regular steps.
+
+    Parameters
+    ----------
+    gap, busy_end : arrays
+        From :func:`busy_gaps`.
+    min_jump : float
+        Candidate thresholds sit where the sorted gaps jump by at least this
+        ratio (between two groups of gaps, never inside one).
+    min_steps : int
+        A candidate must yield at least this many steps.
+    floor_ns : int
+        Gaps below this (overlaps, rounding) count as this.
+    tie : float
+        Scores within this of the best are a tie, won by the coarsest cut.
+    min_cover : float
+        A candidate's steps must span at least this share of the traffic
+        (``span_ns``): steps tile a job's time, and ``min_steps`` whole
+        steps cover half of it even with a step's worth of traffic on
+        either side of them and the last burst's step after. Nor may
+        one step hold more than this share of the steps' time while the
+        median step is under 1% of it. Either cut found the bursts inside
+        a collective, not steps: the traffic holds too few steps (a daemon
+        window shorter than a few of the job's steps).
+    span_ns : float, optional
+        The time the job's traffic spans (default: the gaps' flows', from
+        the first ``busy_end`` to the last).
+
+    Returns
+    -------
+    float
+        The threshold (geometric mean of the gaps on either side of the
+        chosen jump); ``inf`` when no candidate yields ``min_steps`` steps
+        covering ``min_cover`` of the traffic.
+
+    Notes
+    -----
+    The largest jump is not the answer: inside a step the collectives of
+    successive pipeline stages are themselves separated by gaps (a backward
+    pass apart), and a pipeline-only job's flush is not much longer than its
+    cooldown gaps. What tells the step gaps apart is that they repeat with
+    the step period: of all candidate thresholds, the one whose steps have
+    the smallest robust spread (MAD / median of durations) wins. Too low a
+    threshold mixes stage gaps in (short and long steps alternate), too high
+    merges steps (durations jump by multiples). A single slow step or a
+    level shift moves the median and MAD of durations little.
+
+    O(n log n + c n) for ``n`` gaps and ``c`` candidate jumps (few).
+
+    Examples
+    --------
+    Bursts every 100 (gaps 60) with a 30 gap inside each burst:
+
+    >>> ends = np.arange(0, 1000, 100)
+    >>> s = np.sort(np.concatenate([ends, ends + 10, ends + 40]))
+    >>> e = s + 1
+    >>> gap, busy_end = busy_gaps(s, e)
+    >>> round(natural_break(gap, busy_end))
+    41
+    """
+    g = np.maximum(np.asarray(gap, dtype=np.float64), floor_ns)
+    if len(g) < min_steps:
+        return np.inf
+    u = np.unique(g)
+    counts_above = len(g) - np.searchsorted(np.sort(g), u, side="right")  # gaps above each value
+    jumps = np.flatnonzero((u[1:] / u[:-1] >= min_jump) & (counts_above[:-1] >= min_steps + 1))
+    scored = []
+    span = float(busy_end[-1] - busy_end[0]) or 1.0  # for the tie-break when every cut leaves time out
+    traffic = span if span_ns is None else float(span_ns)
+    for i in jumps:
+        tau = float(np.sqrt(u[i] * u[i + 1]))
+        b = busy_end[:-1][g >= tau]
+        dur = np.diff(b)
+        if len(dur) < min_steps:
+            continue
+        med = np.median(dur)
+        covered = float(b[-1] - b[0])
+        if covered < min_cover * traffic or (dur.max() > min_cover * covered and med < 0.01 * covered):
+            continue
+        spread = np.median(np.abs(dur - med)) / med
+        merged = dur[dur >= 1.9 * med].sum() / dur.sum()  # time in what look like merged steps
+        split = _fragments(dur, med)  # steps in what look like split ones
+        # time left outside any step beyond a partial step at each edge: a
+        # threshold that cuts only the slower half of a job (a straggler
+        # appeared) is regular too, but leaves the faster half uncut
+        outside = max(0.0, b[0] - busy_end[0] - 1.5 * med) + max(0.0, busy_end[-1] - b[-1] - 1.5 * med)
+        scored.append((spread + merged + split + outside / span, tau, outside == 0))
+    if not scored:
+        return np.inf
+    # a cut that leaves the job's traffic outside any step (beyond the
+    # partial steps at the edges) is admissible only if every cut does
+    if any(whole for _, _, whole in scored):
+        scored = [x for x in scored if x[2]]
+    scored = [(sc, tau) for sc, tau, _ in scored]
+    best = min(s for s, _ in scored)
+    # near-ties go to the coarsest cut: a pipeline's microbatches are as
+    # regular as its steps
+    best_tau = max(t for s, t in scored if s <= best + tie)
+    return best_tau
+
+
+def _fragments(dur: np.ndarray, med: float) -> float:
+    """Share of the steps that look like a piece of a split step: short, and a typical step with a neighbour.
+
+    A straggler that appears partway through the traffic pauses each slower
+    step inside its collective. If about half the steps are slower, a cut
+    at that pause is the more regular one by the median and MAD (the short
+    pieces are a third of the durations, outliers to the MAD), while the
+    right cut has two step lengths, before and after. The pieces give it
+    away: each is under half a step and makes a step with the piece before
+    or after it.
+    """
+    if len(dur) < 2:
+        return 0.0
+    short = dur < 0.5 * med
+    with_prev = np.r_[False, np.abs(dur[1:] + dur[:-1] - med) <= 0.25 * med]
+    with_next = np.r_[np.abs(dur[:-1] + dur[1:] - med) <= 0.25 * med, False]
+    return float(np.mean(short & (with_prev | with_next)))
+
+
+def optimizer_gaps(start, busy_end, gap, cut, size, pair, other_start, other_end, other_size, min_gap_ns: int = 100_000,
+                   max_candidates: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Where, inside each collective burst, one step ends and the next begins.
+
+    With a distributed optimizer the DP rings run two collectives per step:
+    the gradients' reduce-scatter at the end of the step and, after the
+    optimizer, the parameters' all-gather that opens the next. Both fall in
+    one burst between the long compute gaps, and the step boundary is the
+    quiet gap between them, not the burst's end. A gap inside a burst is
+    that boundary when
+
+    1. little else starts in it: the traffic that does carries under a
+       quarter of the burst's bytes (the step's closing collectives on
+       pipeline pairs, the embedding and grad-norm all-reduces, then the
+       optimizer; a pipeline's forward would not wait for the all-gather);
+    2. the DP pairs after it are pairs that also ran before it in the burst,
+       and each moves about the bytes it moved before (the same rings
+       gather what they scattered, edge by edge; a pipeline's stages
+       reducing one after another use different rings, and a pause inside
+       one collective leaves its edges unbalanced);
+    3. the bytes after it are the bytes before it, within 5% (an
+       all-gather moves the buffer the reduce-scatter moved; the gradient
+       buckets that a backward releases one by one differ in size). A pure
+       DP job whose overlapped buckets split into two exactly equal halves
+       is indistinguishable from this.
+
+    The longest such gap of a burst wins (the optimizer's pause).
+
+    Parameters
+    ----------
+    start, busy_end, gap : arrays
+        The job's DP flows sorted by start, with :func:`busy_gaps`' output.
+    cut : int array
+        Flow indices that end a burst (``gap[cut] >= tau``).
+    size, pair : int arrays
+        Bytes and pair key of each DP flow.
+    other_start, other_end, other_size : int arrays
+        The job's other (pipeline) flows.
+    min_gap_ns : int
+        Pauses shorter than this are not considered (jitter, back-to-back
+        messages); of the rest, the ``max_candidates`` longest of a burst
+        are checked (the gradient buckets of every stage pause too).
+
+    Returns
+    -------
+    split : int array, one per burst (``len(cut) + 1``)
+        Index of the DP flow after which the step ends, -1 where the burst
+        has no such gap.
+    ends : int array
+        Where the step ends there: the last flow before the quiet part,
+        control traffic in the gap included.
+
+    Notes
+    -----
+    A Python loop over bursts and their large inner pauses: the byte checks
+    are O(1) from prefix sums and binary searches; only a pause that passes
+    them costs a per-pair sum over its burst.
+
+    Examples
+    --------
+    Two steps: a reduce-scatter (flows 0-1) and, after a quiet gap, an
+    all-gather on the same pair (flows 2-3), then the compute gap:
+
+    >>> st = np.array([0, 10, 100, 110, 1000, 1010, 1100, 1110])
+    >>> gap, be = busy_gaps(st, st + 5)
+    >>> split, ends = optimizer_gaps(st, be, gap, np.array([3]), np.ones(8), np.zeros(8, int), np.array([500]), np.array([600]), np.array([1]), min_gap_ns=20)
+    >>> split.tolist(), ends.tolist()
+    ([1, 5], [15, 1015])
+    """
+    o = np.argsort(other_start, kind="stable")
+    os_, oe = np.asarray(other_start)[o], np.asarray(other_end)[o]
+    osz_cum = np.concatenate([[0], np.cumsum(np.asarray(other_size, np.float64)[o])])
+    oe_run = np.maximum.accumulate(oe) if len(oe) else oe
+    first = np.concatenate([[0], np.asarray(cut) + 1])
+    last = np.concatenate([np.asarray(cut), [len(start) - 1]])
+    pair = np.asarray(pair)
+    small_keys = len(pair) > 0 and pair.min() >= 0 and pair.max() < (1 << 16)
+    n_keys = int(pair.max()) + 1 if small_keys else 0
+    out = np.full(len(first), -1, dtype=np.int64)
+    ends = np.zeros(len(first), dtype=np.int64)
+    for k, (f0, f1) in enumerate(zip(first, last)):
+        if f1 <= f0:
+            continue
+        inner = np.arange(f0, f1)  # gap[i] separates flow i and i+1
+        big = inner[gap[inner] > min_gap_ns]
+        if len(big) == 0:
+            continue
+        big = big[np.argsort(gap[big])[::-1][:max_candidates]]  # the largest pauses first
+        sz = size[f0 : f1 + 1].astype(np.float64)
+        cum = np.cumsum(sz)
+        n_pairs, pcodes = None, None
+        for i in big:
+            lo, hi = busy_end[i], start[i + 1]
+            j0 = np.searchsorted(os_, lo, side="right")  # other flows starting in the gap: j0..j1-1
+            j1 = np.searchsorted(os_, hi, side="left")
+            b0 = cum[i - f0]
+            b1 = cum[-1] - b0
+            # cheap checks first: the same buffer (a lost record or two
+            # aside), and no pipeline transfers in the pause
+            if abs(b1 - b0) > 0.05 * b0 or osz_cum[j1] - osz_cum[j0] > 0.25 * (b0 + b1):
+                continue
+            if pcodes is None:
+                if small_keys:  # pair numbers: counted as they are (the byte sums are exact either way)
+                    pcodes, n_pairs = pair[f0 : f1 + 1], n_keys
+                else:
+                    codes, pcodes = np.unique(pair[f0 : f1 + 1], return_inverse=True)
+                    n_pairs = len(codes)
+            cut_at = i + 1 - f0
+            pb0 = np.bincount(pcodes[:cut_at], weights=sz[:cut_at], minlength=n_pairs)
+            pb1 = np.bincount(pcodes[cut_at:], weights=sz[cut_at:], minlength=n_pairs)
+            if (pb0[pb1 > 0] == 0).any():  # a pair that only runs after the pause: another ring
+                continue
+            # every ring edge moves back what it moved (within 5%: loss, jitter)
+            if np.abs(pb1 - pb0)[pb0 > 0].sum() > 0.05 * pb0.sum():
+                continue
+            out[k] = i
+            # the step ends with its last flow: control messages in the gap,
+            # or a collective on pipeline pairs (the embedding all-reduce)
+            # still running into it
+            ends[k] = max(busy_end[i], oe[j0:j1].max() if j1 > j0 else 0, oe_run[j0 - 1] if j0 > 0 else 0)
+            break
+    return out, ends
+
+
+def _pause_like_the_others(busy_end, gap, cut, split, split_end) -> np.ndarray:
+    """Per burst, where its step most likely ends when its own pause was not clear.
+
+    The optimizer's pause recurs at the same distance before the burst's
+    end (the all-gather that follows it takes the same time every step):
+    the inner pause whose start lies nearest that distance, from the bursts
+    where the pause was clear. The burst's end if it has no inner pause.
+    """
+    first = np.concatenate([[0], np.asarray(cut) + 1])
+    last = np.concatenate([np.asarray(cut), [len(busy_end) - 1]])
+    out = busy_end[last].copy()
+    ok = split >= 0
+    back = float(np.median(busy_end[last][ok] - split_end[ok])) if ok.any() else 0.0
+    for k, (f0, f1) in enumerate(zip(first, last)):
+        if f1 > f0 and not ok[k]:
+            inner = np.arange(f0, f1)[gap[f0:f1] > 0]
+            if len(inner):
+                out[k] = busy_end[inner[np.argmin(np.abs(busy_end[last[k]] - busy_end[inner] - back))]]
+    return out
+
+
+def control_tails(ends, light_start, light_end, heavy_start, dp_start, tau) -> np.ndarray:
+    """Move each step end past the control traffic that closes the step.
+
+    After the gradient collective, the grad-norm all-reduce (a few bytes
+    over each replica's stages) is the step's last traffic; a step ends with
+    its last flow, so a boundary at the collective's end moves to the end of
+    the light flows that follow it, up to the next real transfer (a pipeline
+    or DP flow) and within ``tau``.
+
+    Examples
+    --------
+    >>> control_tails(np.array([100, 500]), np.array([101, 130, 300]), np.array([120, 140, 310]),
+    ...               np.array([200]), np.array([450]), tau=80).tolist()
+    [140, 500]
+    """
+    ls_o = np.argsort(light_start, kind="stable")
+    ls, le = np.asarray(light_start)[ls_o], np.asarray(light_end)[ls_o]
+    nxt = np.sort(np.concatenate([np.asarray(heavy_start), np.asarray(dp_start)]))
+    out = np.asarray(ends).copy()
+    for k, b in enumerate(out):
+        n = np.searchsorted(nxt, b, side="right")  # the next real transfer after b
+        stop = min(b + tau, nxt[n] if n < len(nxt) else np.inf)
+        j0, j1 = np.searchsorted(ls, b, side="left"), np.searchsorted(ls, stop, side="left")
+        if j1 > j0:
+            out[k] = max(b, le[j0:j1].max())
+    return out
+
+
+def parallel_groups(a: np.ndarray, b: np.ndarray, n_nodes: int) -> np.ndarray:
+    """Connected component of every node in the graph of pairs ``(a, b)``.
+
+    Nodes in no pair get their own component. O(nodes + pairs).
+
+    >>> parallel_groups(np.array([0, 2]), np.array([1, 3]), 5).tolist()
+    [0, 0, 1, 1, 2]
+    """
+    return connected_components(a, b, n_nodes)
+
+
+@numba.njit(cache=True)
+def _step_sums(idx, start, end, dp, size, ends, flow_step, step0):  # pragma: no cover - compiled
+    """Per step between ``ends``: first start and last end of its PP (row 0) and DP (row 1) flows, their counts, its
+    flows and bytes (a float sum in flow order, as ``np.bincount`` gives). ``idx``: flows in start order, so each
+    flow's step is found by walking ``ends`` once (what ``searchsorted(ends, start, "right") - 1`` gives)."""
+    n = len(ends) - 1
+    lo = np.full((2, n), np.iinfo(np.int64).max)
+    hi = np.full((2, n), np.iinfo(np.int64).min)
+    count = np.zeros((2, n), np.int64)
+    flows = np.zeros(n, np.int64)
+    nbytes = np.zeros(n)
+    j = 0
+    for t in range(len(idx)):
+        f = idx[t]
+        s = start[f]
+        while j < len(ends) and ends[j] <= s:
+            j += 1
+        k = j - 1
+        if k < 0 or k >= n:
+            continue
+        if len(flow_step):
+            flow_step[f] = step0 + k
+        d = 1 if dp[f] else 0
+        lo[d, k] = min(lo[d, k], s)
+        hi[d, k] = max(hi[d, k], end[f])
+        count[d, k] += 1
+        flows[k] += 1
+        nbytes[k] += size[f]
+    return lo, hi, count, flows, nbytes
+
+
+class StepTimeline:
+    """Reconstruct every job's whole training steps and their phases.
+
+    Parameters
+    ----------
+    min_jump : float, default 1.2
+        Step gaps must be at least this many times the largest gap inside a
+        step (see :func:`natural_break`).
+    min_steps : int, default 3
+        Jobs with fewer whole steps report none (there is no period to
+        find in fewer).
+
+    Attributes
+    ----------
+    steps_ : pandas.DataFrame
+        After ``fit``: :data:`STEP_COLUMNS`, one row per whole step, with
+        the integer job label in ``job`` as well.
+    flow_step_ : int array
+        Per flow (in the order given to ``fit``), the index of its step in
+        ``steps_``, or -1 outside whole steps.
+    breaks_ : dict
+        Per job label, the gap threshold (ns) used, ``inf`` if none.
+    """
+
+    def __init__(self, min_jump: float = 1.2, min_steps: int = 3):
+        self.min_jump = float(min_jump)
+        self.min_steps = int(min_steps)
+
+    def fit(self, job, start, end, is_dp, size=None, capture_end=None, job_names=None, pair=None, collective=None) -> "StepTimeline":
+        """Find the steps.
+
+        Parameters
+        ----------
+        job : int array
+            Job label per flow (-1: not in a job).
+        start, end : int arrays
+            Flow start and end (ns).
+        is_dp : bool array
+            The flow is on a DP pair.
+        size : int array, optional
+            Flow bytes (for the per-step byte count).
+        capture_end : int, optional
+            Start of the last record of the whole capture (any traffic); the
+            last burst of a job is whole only if the capture ran a full
+            break past it. Default: the last flow start given.
+        job_names : sequence, optional
+            ``job_names[label]`` is the job id written out (default: label).
+        pair : int array, optional
+            A key of each flow's GPU pair; lets a step end inside a burst
+            where the same DP rings run a second collective of the same size
+            (a distributed optimizer's reduce-scatter, then the next step's
+            all-gather: see :func:`optimizer_gaps`).
+        collective : bool array, optional
+            The flow is on a pair with collective timing (bursts once or
+            twice a step). A job whose DP rings the network does not see
+            (they run over NVLink) is cut at the end of these bursts (the
+            embedding all-reduce closes the step) rather than at a pipeline
+            flush.
+        """
+        job = np.asarray(job)
+        start = np.asarray(start, dtype=np.int64)
+        end = np.asarray(end, dtype=np.int64)
+        is_dp = np.asarray(is_dp, dtype=bool)
+        size = np.zeros(len(start), dtype=np.int64) if size is None else np.asarray(size, dtype=np.int64)
+        pair = np.zeros(len(start), dtype=np.int64) if pair is None else np.asarray(pair, dtype=np.int64)
+        collective = is_dp if collective is None else np.asarray(collective, dtype=bool)
+        if capture_end is None:
+            capture_end = int(start.max()) if len(start) else 0
+        order = order_by([job], start)
+        js = job[order]
+        bounds = np.flatnonzero(np.diff(js)) + 1
+        firsts = np.concatenate([[0], bounds])
+        lasts = np.concatenate([bounds, [len(js)]])
+        flow_step = np.full(len(start), -1, dtype=np.int64)
+        frames, self.breaks_, self.optimizer_split_ = [], {}, {}
+        n_steps = 0
+        for f0, f1 in zip(firsts, lasts):
+            label = int(js[f0]) if f1 > f0 else -1
+            if label < 0:
+                continue
+            idx = order[f0:f1]
+            # a job's flows given together and in start order (a replay's batches, a window of one job) are a
+            # slice: views, not copies
+            rows = slice(int(idx[0]), int(idx[-1]) + 1) if bool(np.all(np.diff(idx) == 1)) else idx
+            is_dp_j = is_dp[rows]
+            mark = is_dp_j if is_dp_j.any() else collective[rows]  # DP bursts, else other collectives, else the flush
+            ends = self._boundaries(label, start[rows], end[rows], mark, capture_end, size[rows], pair[rows])
+            if len(ends) < 2:
+                continue
+            name = job_names[label] if job_names is not None else label
+            frames.append(self._step_table(label, name, ends, idx, start, end, is_dp, size, flow_step, n_steps))
+            n_steps += len(ends) - 1
+        cols = ["job"] + STEP_COLUMNS
+        self.steps_ = pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame({c: pd.Series(dtype=np.int64) for c in cols})
+        self.flow_step_ = flow_step
+        return self
+
+    def _boundaries(self, label, start, end, dp, capture_end, size=None, pair=None) -> np.ndarray:
+        """Step boundaries (ends of whole collective bursts), sorted."""
+        marker = dp if dp.any() else np.ones(len(dp), dtype=bool)  # PP-only: the flush
+        s, e = start[marker], end[marker]
+        self.optimizer_split_[label] = False
+        if len(s) < 3:
+            self.breaks_[label] = np.inf
+            return np.zeros(0, dtype=np.int64)
+        gap, busy_end = busy_gaps(s, e)
+        tau = natural_break(gap, busy_end, self.min_jump, self.min_steps, span_ns=float(end.max() - start.min()))
+        self.breaks_[label] = tau
+        if not np.isfinite(tau):
+            return np.zeros(0, dtype=np.int64)
+        cut = np.flatnonzero(gap >= tau)  # a burst ends at flow `cut`
+        ends = busy_end[cut]
+        o_start, o_end, o_size = start[~marker], end[~marker], (size[~marker] if size is not None else np.ones((~marker).sum()))
+        # control traffic: flows far smaller than a DP message (the grad-norm all-reduce)
+        light = o_size < 0.01 * np.median(size[marker]) if size is not None and dp.any() else np.zeros(len(o_start), dtype=bool)
+        if dp.any() and size is not None and len(cut) >= self.min_steps:
+            split, split_end = optimizer_gaps(s, busy_end, gap, cut, size[marker], pair[marker], o_start, o_end, o_size)
+            if np.mean(split >= 0) >= 0.8:  # a recurring structure, not a coincidence
+                self.optimizer_split_[label] = True
+                # a burst without a clear pause (records lost in it) still
+                # ends a step: at the pause where the others' is, the best
+                # guess, rather than two steps merged into one that looks
+                # twice as slow; but the first burst without one is the
+                # capture opening between the two collectives
+                guess = _pause_like_the_others(busy_end, gap, cut, split, split_end)
+                ends = np.where(split[:-1] >= 0, split_end[:-1], guess[:-1])
+                if split[0] < 0:
+                    ends = ends[1:]
+        # The last burst is whole if the capture ran a full break past it,
+        # or if the job's next step began (its PP traffic waits for the
+        # optimizer, which waits for the collective). Otherwise the capture
+        # may have cut the burst short.
+        last = busy_end[-1]
+        if capture_end - last >= tau or (o_start[~light] > last).any():
+            if self.optimizer_split_[label] and split[-1] >= 0:
+                last = split_end[-1]
+            ends = np.append(ends, last)
+        if light.any():
+            ends = control_tails(ends, o_start[light], o_end[light], o_start[~light], s, tau)
+        return ends.astype(np.int64)
+
+    @staticmethod
+    def _step_table(label, name, ends, idx, start, end, dp, size, flow_step=None, step0=0) -> pd.DataFrame:
+        """One job's steps between ``ends``, from its flows ``idx`` (in start order); each flow's step into ``flow_step``.
+
+        Flow -> step: ``ends[k] <= start < ends[k+1]`` is step k (the flows
+        after the last boundary and before the first are outside whole
+        steps); step k is numbered ``step0 + k`` in ``flow_step``.
+        """
+        n = len(ends) - 1
+        lo, hi, count, flows, nbytes = _step_sums(np.asarray(idx, np.int64), start, end, dp, size, np.asarray(ends, np.int64),
+                                                  np.empty(0, np.int64) if flow_step is None else flow_step, np.int64(step0))
+        cols = {"job": np.full(n, label), "job_id": [name] * n, "step": np.arange(n), "start_ns": ends[:-1], "end_ns": ends[1:],
+                "duration_ns": ends[1:] - ends[:-1]}
+        for d, kind in enumerate(("pp", "dp")):
+            missing = count[d] == 0  # a step without this kind of traffic: NA
+            cols[f"{kind}_start_ns"] = pd.arrays.IntegerArray(np.where(missing, 0, lo[d]), missing)
+            cols[f"{kind}_end_ns"] = pd.arrays.IntegerArray(np.where(missing, 0, hi[d]), missing.copy())
+        cols["flows"] = flows
+        cols["bytes"] = nbytes.astype(np.int64)
+        return pd.DataFrame(cols)

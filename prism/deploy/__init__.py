@@ -1,0 +1,2 @@
+"""What the deployment files are generated from: alert rules and Grafana dashboards.
+"""

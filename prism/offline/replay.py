@@ -1,0 +1,482 @@
+"""``prism replay``: the offline pipeline over captured flow dumps.
+
+source (files) -> records (validated chunks) -> analyzers -> sinks (files)
+
+Output contract (names and columns are fixed; later stages fill them in):
+
+=================  ==========================================================
+``jobs.csv``       ``job_id,ip``
+``pairs.csv``      ``job_id,src,dst,type,confidence,evidence`` (unordered pair, src < dst, DP/PP)
+``steps.csv``      ``job_id,step,start_ns,end_ns`` then ``duration_ns``,
+                   PP and DP spans, ``flows,bytes`` (whole steps only)
+``phases.csv``     ``job_id,step,group,kind,start_ns,end_ns,flows,bytes,servers``
+                   per step and DP group (ring) or pipeline
+``anomalies.csv``  ``kind,job_id,step,start_ns,subject,score,explanation``
+``switches.csv``   effective bandwidth per window and switch / link
+``timeline.json``  Chrome Trace Event format (Perfetto, chrome://tracing)
+``summary.json``   counts, rejects by reason, ignored by reason, jobs
+=================  ==========================================================
+
+The first four columns of ``steps.csv`` and the first six of
+``anomalies.csv`` are fixed; columns may be added after them.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from prism.common.allocator import release_free_memory
+from prism.analysis.analyse import Analysis, Settings
+from prism.analysis.batches import analyse_by_jobs, analyse_chunks_by_jobs, analyse_job_batches, plan_analysis
+from prism.analysis.diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
+from prism.analysis.diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
+from prism.analysis.jobs import JobRecognizer
+from prism.analysis.parallelism import UNCERTAIN_BELOW
+from prism.ingest.readers import DEFAULT_CHUNK_ROWS, FlowReader
+from prism.ingest.records import RejectCounter
+from prism.offline.spill import DEFAULT_SPILL_ABOVE, SpilledFlows
+from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS
+from prism.ingest.topology import Topology
+
+__all__ = ["ReplayResult", "replay", "OUTPUT_COLUMNS"]
+
+OUTPUT_COLUMNS = {
+    "jobs.csv": ["job_id", "ip"],
+    "pairs.csv": ["job_id", "src", "dst", "type", "confidence", "evidence"],
+    "steps.csv": STEP_COLUMNS,
+    "phases.csv": PHASE_COLUMNS,
+    "anomalies.csv": ANOMALY_COLUMNS,
+}
+
+#: Why a valid record is not training traffic.
+IGNORE_REASONS = (
+    "non_gpu_address",  # src or dst is not a GPU NIC of the topology (storage, management)
+    "self_flow",  # src == dst
+)
+
+
+@dataclass
+class ReplayResult:
+    """What one replay found; ``summary()`` is what ``summary.json`` holds."""
+
+    files: list[str]
+    rows_read: int = 0
+    flows_valid: int = 0
+    flows_gpu: int = 0
+    bytes_gpu: int = 0
+    rejects: RejectCounter = field(default_factory=RejectCounter)
+    ignored: Counter = field(default_factory=Counter)
+    first_ns: int | None = None
+    last_ns: int | None = None
+    last_start_ns: int | None = None  # start of the last record (any traffic): the capture's end
+    jobs: pd.DataFrame | None = None
+    job_spans: pd.DataFrame | None = None  # job_id, first_ns, last_ns, flows
+    analysis: Analysis | None = None
+    switch_window_ns: int | None = None
+    flows_spilled: int = 0  # GPU flows written to disk and analysed a batch of jobs at a time
+    seconds: float = 0.0  # reading and analysis (not writing the outputs)
+    stage_seconds: dict = field(default_factory=dict)  # read, [spill,] pairs, steps, phases, diagnosis, write
+
+    @property
+    def pairs(self) -> pd.DataFrame | None:
+        return self.analysis.pairs if self.analysis is not None else None
+
+    def summary(self) -> dict:
+        jobs = []
+        if self.jobs is not None and len(self.jobs):
+            spans = self.job_spans.set_index("job_id") if self.job_spans is not None else None
+            for job_id, g in self.jobs.groupby("job_id", sort=True):
+                servers = sorted(g["server"].unique())
+                row = {"job_id": job_id, "gpus": int(len(g)), "servers": servers}
+                if self.pairs is not None:
+                    types = self.pairs.loc[self.pairs["job_id"] == job_id, "type"].value_counts()
+                    row.update(dp_pairs=int(types.get("DP", 0)), pp_pairs=int(types.get("PP", 0)))
+                    if "confidence" in self.pairs:
+                        row.update(uncertain_pairs=int(((self.pairs["job_id"] == job_id) & (self.pairs["confidence"] < UNCERTAIN_BELOW)).sum()))
+                an = self.analysis
+                if an is not None and an.shapes is not None and job_id in set(an.shapes["job_id"]):
+                    sh = an.shapes.set_index("job_id").loc[job_id]
+                    row.update(dp=int(sh["dp"]), pp=int(sh["pp"]), tp=int(sh["tp"]), dp_exact=bool(sh["dp_exact"]))
+                if an is not None and an.steps is not None:
+                    d = an.steps.loc[an.steps["job_id"] == job_id, "duration_ns"]
+                    row.update(steps=int(len(d)), median_step_ms=round(float(d.median()) / 1e6, 3) if len(d) else None)
+                if an is not None and an.anomalies is not None:
+                    row.update(anomalies=int((an.anomalies["job_id"] == job_id).sum()))
+                if an is not None and job_id in an.slices:
+                    row.update(slices=int(an.slices[job_id]))  # analysed in time slices (--slice-flows)
+                if spans is not None and job_id in spans.index:
+                    row.update(
+                        flows=int(spans.at[job_id, "flows"]),
+                        first_ns=int(spans.at[job_id, "first_ns"]),
+                        last_ns=int(spans.at[job_id, "last_ns"]),
+                    )
+                jobs.append(row)
+        return {
+            "files": self.files,
+            "rows_read": self.rows_read,
+            "rows_rejected": self.rejects.total,
+            "rejected_by_reason": self.rejects.as_dict(),
+            "rejected_examples": self.rejects.examples,
+            "flows_valid": self.flows_valid,
+            "flows_ignored": int(sum(self.ignored.values())),
+            "ignored_by_reason": {k: int(v) for k, v in sorted(self.ignored.items())},
+            "flows_gpu": self.flows_gpu,
+            "flows_spilled": self.flows_spilled,
+            "bytes_gpu": self.bytes_gpu,
+            "first_ns": self.first_ns,
+            "last_ns": self.last_ns,
+            "seconds": round(self.seconds, 3),
+            "seconds_by_stage": {k: round(v, 3) for k, v in self.stage_seconds.items()},
+            "peak_rss_mib": _peak_rss_mib(),
+            "jobs": jobs,
+            "anomalies": _records(self.analysis.anomalies) if self.analysis is not None and self.analysis.anomalies is not None else [],
+            "warnings": self.warnings(),
+        }
+
+    def warnings(self) -> list[str]:
+        """Results that are probably not what the user meant (``--strict`` makes them an exit status of 1)."""
+        out = []
+        if self.rows_read == 0:
+            out.append("the input holds no flow records")
+        elif self.flows_gpu == 0:
+            reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(self.ignored.items()) if v)
+            out.append(f"no flow is between two GPU NICs of the topology ({reasons or 'none valid'}): is --topology this cluster's?")
+        elif self.jobs is not None and len(self.jobs) == 0:
+            out.append("GPU flows were read but no job was recognised")
+        if self.rows_read and self.rejects.total > 0.01 * self.rows_read:
+            out.append(f"{self.rejects.total / self.rows_read:.1%} of the rows were rejected as malformed (see rejected_by_reason)")
+        return out
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    """JSON-ready rows (numpy scalars to Python)."""
+    return json.loads(df.to_json(orient="records"))
+
+
+def _peak_rss_mib() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+class _NicActivity:
+    """Per-NIC first/last flow time and flow count, updated per chunk."""
+
+    def __init__(self, n: int):
+        self.first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+        self.last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+        self.flows = np.zeros(n, dtype=np.int64)
+
+    def update(self, src: np.ndarray, dst: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+        # both ends bound a NIC's active span; a flow is counted on its source
+        # only, so a job's flow count is the sum over its NICs
+        for nic in (src, dst):
+            np.minimum.at(self.first, nic, start)
+            np.maximum.at(self.last, nic, end)
+        self.flows += np.bincount(src, minlength=len(self.flows))
+
+
+STAGES = ("jobs", "pairs", "steps", "diagnosis")
+
+
+class _GpuFlows:
+    """Compact columns of the GPU flows the per-pair analyses need (32 B/flow).
+
+    Held in memory up to ``spill_above`` flows; past it, written to disk
+    (:class:`prism.offline.spill.SpilledFlows`) and read back a batch of whole jobs
+    at a time, so memory follows the largest job, not the whole capture.
+    """
+
+    N_COLUMNS = 5  # a, b, start, duration, size
+
+    def __init__(self, n_nics: int, spill_above: int | None = None, spill_dir=None):
+        self.parts: list[list] = []
+        self.n_nics, self.spill_above, self.spill_dir = n_nics, spill_above, spill_dir
+        self.spilled: SpilledFlows | None = None
+        self._n = 0
+
+    def add(self, a, b, start, duration, size):
+        if self.spilled is not None:
+            self.spilled.add(a, b, start, duration, size)
+            return
+        self.parts.append([a.astype(np.int32), b.astype(np.int32), start, duration, size])
+        self._n += len(a)
+        if self.spill_above is not None and self._n > self.spill_above:
+            self.spilled = SpilledFlows(self.n_nics, self.spill_dir)
+            for part in self.parts:
+                self.spilled.add(*part)
+            self.parts = []
+            release_free_memory()
+
+    def take_chunks(self) -> list[list[np.ndarray]]:
+        """The chunks' columns, handed over (the caller consumes them; see :func:`prism.analysis.batches.analyse_chunks_by_jobs`)."""
+        chunks, self.parts = self.parts, []
+        return chunks
+
+    def close(self) -> None:
+        self.parts = []
+        if self.spilled is not None:
+            self.spilled.close()
+
+    def analyse(self, labels, jobs, topology, **kw) -> Analysis:
+        """:func:`prism.analysis.batches.analyse_by_jobs` over the flows, from memory or from disk."""
+        if self.spilled is None:
+            return analyse_chunks_by_jobs(self.take_chunks() or [[np.empty(0, dtype=np.int64)] * self.N_COLUMNS], labels, jobs, topology, **kw)
+        spilled = self.spilled
+        counts = spilled.flows_per_label(labels)
+        slice_flows = (kw.get("settings") or Settings()).slice_flows
+        plan, sliced = plan_analysis(counts, slice_flows)
+        if len(plan) <= 1 and not any(sliced):  # one batch: the flows as given, as in memory
+            return analyse_by_jobs(*spilled.read_all(), labels, jobs, topology, **kw)
+        return analyse_job_batches(spilled.job_batches(labels, plan, kw.get("on_stage"), sliced, slice_flows), labels, jobs, topology, **kw)
+
+
+def replay(
+    paths,
+    topology: Topology,
+    out_dir: str | Path | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    progress: bool | None = None,
+    stop_after: str = "diagnosis",
+    settings: Settings | None = None,
+    switch_window_s: float = DEFAULT_WINDOW_S,
+    plots: bool = False,
+    spill_above: int | None = DEFAULT_SPILL_ABOVE,
+    spill_dir: str | Path | None = None,
+) -> ReplayResult:
+    """Read flow dumps, run the analyses, and write the output contract.
+
+    Parameters
+    ----------
+    paths : list of str
+        Flow files (see :mod:`prism.ingest.readers`), ``-`` for stdin.
+    topology : Topology
+    out_dir : path, optional
+        Where to write the output files; nothing is written if None.
+    chunk_rows : int
+        Rows per chunk: bounds the reading memory, whatever the input size.
+    progress : bool, optional
+        Show a progress bar (default: when stderr is a terminal).
+    stop_after : {"jobs", "pairs", "steps", "diagnosis"}
+        Last analysis to run. ``"jobs"`` keeps memory at O(chunk_rows +
+        distinct GPU pairs); the later ones keep 32 bytes per GPU flow
+        (on disk past ``spill_above``).
+    settings : Settings, optional
+        Analysis settings (default: :class:`prism.analysis.analyse.Settings()`).
+    switch_window_s : float
+        Window of the switch-level bandwidth comparison.
+    plots : bool
+        Also write PNG plots (needs ``out_dir``).
+    spill_above : int or None
+        GPU flows held in memory at most; past it they are written to
+        ``spill_dir`` (32 B a flow, twice) and analysed a batch of whole jobs
+        at a time, with the same results. None: never spill. Either way, a
+        job of more than ``settings.slice_flows`` flows is analysed in time
+        slices (:mod:`prism.analysis.slices`); spilled, it is read back a chunk at a
+        time, so memory no longer grows with the capture at all.
+    spill_dir : path, optional
+        Where spilled flows go (default: the system's temporary directory).
+    """
+    from tqdm.auto import tqdm
+
+    if stop_after not in STAGES:
+        raise ValueError(f"stop_after must be one of {STAGES}")
+    t_start = time.perf_counter()
+    res = ReplayResult(files=[str(p) for p in paths])
+    recognizer = JobRecognizer(topology)
+    activity = _NicActivity(len(topology))
+    gpu_flows = _GpuFlows(len(topology), spill_above, spill_dir) if stop_after != "jobs" else None
+    switch_bw = SwitchBandwidth(switch_window_s) if stop_after == "diagnosis" else None
+    res.switch_window_ns = switch_bw.window_ns if switch_bw is not None else None
+    try:
+        for path in paths:
+            reader = FlowReader(path, chunk_rows=chunk_rows, rejects=res.rejects)
+            total = reader.bytes_total or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=Path(str(path)).name, disable=(None if progress is None else not progress), leave=False) as bar:
+                for chunk in reader:
+                    _consume(chunk, topology, recognizer, activity, res, gpu_flows, switch_bw)
+                    if total:
+                        bar.update(reader.bytes_done - bar.n)
+                    bar.set_postfix(rows=f"{reader.rows_read:,}", refresh=False)
+            res.rows_read += reader.rows_read
+        res.jobs = recognizer.predict()
+        res.job_spans = _job_spans(res.jobs, topology, activity)
+        stages = _StageClock(res.stage_seconds, progress)
+        stages.begin("read", t_start)
+        if gpu_flows is not None:
+            res.flows_spilled = len(gpu_flows.spilled) if gpu_flows.spilled is not None else 0
+            res.analysis = gpu_flows.analyse(
+                recognizer.labels(), res.jobs, topology, capture_end=res.last_start_ns or 0, switch_bw=switch_bw,
+                settings=settings, stop_after=stop_after, on_stage=stages.begin,
+            )
+    finally:
+        if gpu_flows is not None:
+            gpu_flows.close()  # a spill's files go, whatever stopped the replay
+    stages.end()
+    res.seconds = time.perf_counter() - t_start
+    if out_dir is not None:
+        stages.begin("write")
+        write_outputs(res, Path(out_dir))
+        if plots:
+            from prism.offline.plots import write_plots
+
+            write_plots(res, Path(out_dir))
+        stages.end()
+    return res
+
+
+class _StageClock:
+    """Times the pipeline's stages into ``seconds`` and, with a progress bar, says which is running."""
+
+    def __init__(self, seconds: dict, progress: bool | None):
+        self.seconds = seconds
+        self.show = sys.stderr.isatty() if progress is None else bool(progress)
+        self.name, self.t = None, None
+
+    def begin(self, name: str, t: float | None = None) -> None:
+        now = time.perf_counter()
+        self.end(now)
+        self.name, self.t = name, (now if t is None else t)
+        if self.show and name != "read":
+            print(f"\r{name}...{' ' * 20}", end="", file=sys.stderr, flush=True)
+
+    def end(self, now: float | None = None) -> None:
+        if self.name is not None:
+            self.seconds[self.name] = self.seconds.get(self.name, 0.0) + (now or time.perf_counter()) - self.t
+            self.name = None
+        if self.show:
+            print("\r" + " " * 40 + "\r", end="", file=sys.stderr, flush=True)
+
+
+def _consume(
+    chunk: pd.DataFrame,
+    topology: Topology,
+    recognizer: JobRecognizer,
+    activity: _NicActivity,
+    res: ReplayResult,
+    gpu_flows: _GpuFlows | None,
+    switch_bw: SwitchBandwidth | None,
+) -> None:
+    n = len(chunk)
+    if n == 0:
+        return
+    res.flows_valid += n
+    last_start = int(chunk["start_ns"].max())
+    res.last_start_ns = last_start if res.last_start_ns is None else max(res.last_start_ns, last_start)
+    a = topology.nic_index(chunk["src"])
+    b = topology.nic_index(chunk["dst"])
+    non_gpu = (a < 0) | (b < 0)
+    self_flow = ~non_gpu & (a == b)
+    res.ignored["non_gpu_address"] += int(non_gpu.sum())
+    res.ignored["self_flow"] += int(self_flow.sum())
+    gpu = ~(non_gpu | self_flow)
+    if not gpu.any():
+        return
+    a, b = a[gpu], b[gpu]
+    start = chunk["start_ns"].to_numpy()[gpu]
+    duration = chunk["duration_ns"].to_numpy()[gpu]
+    size = chunk["size"].to_numpy()[gpu]
+    end = start + duration
+    res.flows_gpu += int(gpu.sum())
+    res.bytes_gpu += int(size.sum())
+    lo, hi = int(start.min()), int(end.max())
+    res.first_ns = lo if res.first_ns is None else min(res.first_ns, lo)
+    res.last_ns = hi if res.last_ns is None else max(res.last_ns, hi)
+    recognizer.partial_fit_pairs(a, b)
+    activity.update(a, b, start, end)
+    if gpu_flows is not None:
+        gpu_flows.add(a, b, start, duration, size)
+    if switch_bw is not None:
+        switch_bw.partial_fit(start, duration, size, chunk["switches"][gpu], src=a)
+
+
+def _job_spans(jobs: pd.DataFrame, topology: Topology, activity: _NicActivity) -> pd.DataFrame:
+    if jobs is None or jobs.empty:
+        return pd.DataFrame(columns=["job_id", "first_ns", "last_ns", "flows"])
+    idx = topology.ips.get_indexer(jobs["ip"])
+    df = pd.DataFrame({"job_id": jobs["job_id"], "first": activity.first[idx], "last": activity.last[idx], "flows": activity.flows[idx]})
+    g = df.groupby("job_id")
+    return pd.DataFrame({"first_ns": g["first"].min(), "last_ns": g["last"].max(), "flows": g["flows"].sum()}).reset_index()
+
+
+def write_outputs(res: ReplayResult, out: Path) -> None:
+    """Write every file of the output contract (headers even when empty)."""
+    from prism.offline.trace import chrome_trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = res.jobs if res.jobs is not None else pd.DataFrame(columns=["job_id", "ip"])
+    jobs[OUTPUT_COLUMNS["jobs.csv"]].to_csv(out / "jobs.csv", index=False)
+    an = res.analysis
+    frames = {
+        "pairs.csv": an.pairs if an is not None else None,
+        "steps.csv": an.steps if an is not None else None,
+        "phases.csv": an.phases if an is not None else None,
+        "anomalies.csv": an.anomalies if an is not None else None,
+    }
+    for name, df in frames.items():
+        df = df if df is not None else pd.DataFrame(columns=OUTPUT_COLUMNS[name])
+        df[OUTPUT_COLUMNS[name]].to_csv(out / name, index=False)
+    sw = an.switch_bandwidth if an is not None and an.switch_bandwidth is not None else pd.DataFrame(columns=SWITCH_COLUMNS)
+    sw.to_csv(out / "switches.csv", index=False)
+    (out / "timeline.json").write_text(json.dumps(chrome_trace(res), indent=None) + "\n")
+    (out / "summary.json").write_text(json.dumps(res.summary(), indent=2) + "\n")
+
+
+def format_summary(res: ReplayResult) -> str:
+    """The readable summary printed on stdout."""
+    s = res.summary()
+    read_s = res.stage_seconds.get("read", res.seconds)
+    rate = s["rows_read"] / read_s if read_s > 0 else 0.0
+    rest = ", ".join(f"{k} {v:.2f} s" for k, v in res.stage_seconds.items() if k != "read")
+    lines = [
+        f"read {s['rows_read']:,} rows from {len(s['files'])} file(s) in {read_s:.2f} s ({rate:,.0f} rows/s)"
+        + (f"; then {rest}" if rest else ""),
+        f"  rejected: {s['rows_rejected']:,}" + (" (" + ", ".join(f"{k} {v:,}" for k, v in s["rejected_by_reason"].items()) + ")" if s["rows_rejected"] else ""),
+    ]
+    for reason, examples in s["rejected_examples"].items():
+        for ex in examples[:2]:
+            lines.append(f"    e.g. {reason}: {ex}")
+    lines.append(
+        f"  ignored (not GPU-to-GPU training traffic): {s['flows_ignored']:,}"
+        + (" (" + ", ".join(f"{k} {v:,}" for k, v in s["ignored_by_reason"].items() if v) + ")" if s["flows_ignored"] else "")
+    )
+    lines.append(f"  GPU flows: {s['flows_gpu']:,} ({s['bytes_gpu'] / 1e9:,.1f} GB)")
+    if s["first_ns"] is not None:
+        lines.append(f"  capture: {(s['last_ns'] - s['first_ns']) / 1e9:,.1f} s")
+    lines.append(f"jobs: {len(s['jobs'])}")
+    for w in s["warnings"]:
+        lines.append(f"  warning: {w}")
+    for j in s["jobs"]:
+        srv = j["servers"]
+        srv_txt = srv[0] if len(srv) == 1 else f"{srv[0]}..{srv[-1]}"
+        extra = f", {j['flows']:,} flows" if "flows" in j else ""
+        if "dp_pairs" in j:
+            extra += f", {j['dp_pairs']} DP / {j['pp_pairs']} PP pairs"
+        lines.append(f"  {j['job_id']}  {j['gpus']:>5} GPUs on {len(srv):>4} servers ({srv_txt}){extra}")
+        if "dp" in j:
+            shape = f"DP{j['dp']} x PP{j['pp']} (x TP{j['tp']} inferred)" if j["dp_exact"] else f"DP>={j['dp']} x PP{j['pp']} (a DP ring runs partly inside servers)"
+            parts = [shape]
+            if "steps" in j:  # not with --stop-after pairs
+                parts.append(f"{j['steps']} steps, median {j['median_step_ms']:,.1f} ms" if j["steps"] else "no whole step")
+            if "anomalies" in j:  # not with --stop-after pairs or steps
+                parts.append(f"{j['anomalies']} anomalies")
+            if j.get("uncertain_pairs"):
+                parts.append(f"{j['uncertain_pairs']} pair type(s) uncertain")
+            if j.get("slices"):
+                parts.append(f"analysed in {j['slices']} time slices")
+            lines.append("      " + "; ".join(parts))
+    if s.get("anomalies"):
+        lines.append(f"anomalies: {len(s['anomalies'])}")
+        for a in s["anomalies"][:20]:
+            lines.append(f"  {a['kind']:<13} {a['job_id'] or '-':<13} {a['explanation']}")
+        if len(s["anomalies"]) > 20:
+            lines.append(f"  ... {len(s['anomalies']) - 20} more in anomalies.csv")
+    return "\n".join(lines)

@@ -1,0 +1,267 @@
+"""``prism daemon``: source -> monitor (windows, analyses) -> metrics.
+
+The loop: poll the source (which decodes into the monitor), run a window's
+analysis whenever event time has moved ``--window.step`` past the last one
+(or the input has gone quiet with data unanalysed), publish, commit. The
+analysis runs on a worker thread while the loop keeps the source alive
+(a Kafka consumer that stops polling is dropped from its group) and reads
+and decodes ahead, which the next poll ingests: decoding overlaps the
+analysis. The metrics server reads the monitor's last view from its own
+thread.
+
+Configuration: flags, or a YAML ``--config.file`` with the same keys
+(``kafka.topic: flows``, or nested ``kafka: {topic: flows}``); flags given
+on the command line win. Durations take ``ms``, ``s``, ``m``, ``h``.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+
+from prism.serve.monitor import Monitor
+
+__all__ = ["Daemon", "load_config", "read_yaml", "parse_duration", "check_settings", "format_event", "LOG_LEVELS"]
+
+from prism.common.logs import LOG_FORMATS, LOG_LEVELS  # noqa: E402 - re-exported: the daemon's settings check uses them
+
+log = logging.getLogger("prism.daemon")
+
+
+def parse_duration(text) -> float:
+    """Seconds from ``"90s"``, ``"2m"``, ``"500ms"``, ``"1h"`` or a number.
+
+    >>> parse_duration("2m"), parse_duration("500ms"), parse_duration(3)
+    (120.0, 0.5, 3.0)
+    """
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*", str(text))
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 5m, 1h)")
+    return float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+
+
+def _count(value, flag: str) -> int:
+    """A whole number >= 1 (config files may give ``1e6`` or ``"20_000_000"``)."""
+    try:
+        f = float(str(value).replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{flag}: expected a whole number >= 1, got {value!r}") from None
+    if not f.is_integer() or f < 1:
+        raise ValueError(f"{flag}: expected a whole number >= 1, got {value!r}")
+    return int(f)
+
+
+def check_settings(settings: dict) -> dict:
+    """The daemon's settings, checked and typed; a ValueError names the flag.
+
+    Durations must be positive (``--window.lateness`` may be 0), counts
+    whole and >= 1, the listen address a HOST:PORT with a port in range,
+    the log level one of :data:`LOG_LEVELS`.
+
+    >>> check_settings({"window": "2m", "log_level": "INFO"})["window"]
+    120.0
+    >>> check_settings({"window_max_flows": 0})
+    Traceback (most recent call last):
+    ...
+    ValueError: --window.max-flows: expected a whole number >= 1, got 0
+    """
+    from prism.serve.metrics import parse_listen_address
+
+    out = dict(settings)
+    for key, flag, zero_ok in (
+        ("window", "--window", False), ("window_step", "--window.step", False), ("window_lateness", "--window.lateness", True),
+        ("jobs_ttl", "--jobs.ttl", False), ("switch_window", "--switch.window", False),
+        ("kafka_max_poll_interval", "--kafka.max-poll-interval", False), ("kafka_session_timeout", "--kafka.session-timeout", False),
+    ):
+        if key in out:
+            try:
+                out[key] = parse_duration(out[key])
+            except ValueError as e:
+                raise ValueError(f"{flag}: {e}") from None
+            if out[key] < 0 or (out[key] == 0 and not zero_ok):
+                raise ValueError(f"{flag}: must be {'>= 0' if zero_ok else '> 0'}, got {settings[key]!r}")
+    for key, flag in (("window_max_flows", "--window.max-flows"), ("kafka_max_message_bytes", "--kafka.max-message-bytes")):
+        if key in out:
+            out[key] = _count(out[key], flag)
+    if "log_level" in out:
+        level = str(out["log_level"]).lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"--log.level: expected one of {', '.join(LOG_LEVELS)}, got {out['log_level']!r}")
+        out["log_level"] = level
+    if "log_format" in out:
+        fmt = str(out["log_format"]).lower()
+        if fmt not in LOG_FORMATS:
+            raise ValueError(f"--log.format: expected one of {', '.join(LOG_FORMATS)}, got {out['log_format']!r}")
+        out["log_format"] = fmt
+    if "web_listen_address" in out:
+        parse_listen_address(out["web_listen_address"])
+    return out
+
+
+def read_yaml(path, flag: str):
+    """A YAML file's document; unreadable or invalid files raise ValueError naming ``flag`` and the file."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f) or {}
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ValueError(f"{flag} {path}: not valid YAML: {e}") from e
+
+
+def load_config(path: str, known: set[str]) -> dict:
+    """Flat ``{dotted.key: value}`` from a YAML file; unknown keys are an error."""
+    doc = read_yaml(path, "--config.file")
+    if not isinstance(doc, dict):
+        raise ValueError(f"--config.file {path}: expected a mapping of settings at the top level")
+    flat: dict = {}
+
+    def walk(prefix, d):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict) and key not in known:
+                walk(key, v)
+            else:
+                flat[key] = v
+
+    walk("", doc)
+    unknown = sorted(set(flat) - known)
+    if unknown:
+        raise ValueError(f"--config.file {path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return flat
+
+
+def format_event(kind: str, e: dict) -> str:
+    """One readable line for a job or anomaly event."""
+    if kind == "job":
+        return f"job      {e['job_id']}  {e['gpus']} GPUs on {e['servers']} servers"
+    if kind == "job_gone":
+        return f"job gone {e['job_id']}"
+    return f"anomaly  {e['kind']:<13} {e.get('job_id') or '-':<13} {e['explanation']}"
+
+
+class Daemon:
+    """Run a source into a monitor until stopped.
+
+    Parameters
+    ----------
+    source : KafkaSource or DirectorySource
+    monitor : Monitor
+    health : prism.serve.metrics.Health
+    on_event : callable(kind, dict), optional
+        Called for each new job and anomaly (the demo prints them);
+        without it they are logged at info level.
+    """
+
+    def __init__(self, source, monitor: Monitor, health, on_event=None):
+        self.source, self.monitor, self.health = source, monitor, health
+        self.on_event = on_event
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.topology_warned = False
+        self._topology_matched = False  # some record matched: the check is settled for good
+
+    def run(self, max_seconds: float | None = None) -> None:
+        m, s = self.monitor, self.monitor.s
+        t_end = None if max_seconds is None else time.monotonic() + max_seconds
+        last_input = time.monotonic()
+        try:
+            while not self.stop_event.is_set() and (t_end is None or time.monotonic() < t_end):
+                self.health.beat()
+                try:
+                    got = self.source.poll(m, timeout_ms=200)
+                except Exception as e:  # noqa: BLE001 - a broker outage must not end the daemon
+                    self.health.reason = f"source error: {e}"
+                    self.health.ready = bool(getattr(self.source, "ready", True))
+                    log.warning("source: %s; retrying", e)
+                    time.sleep(1)
+                    continue
+                self.health.ready = bool(getattr(self.source, "ready", True))
+                self.health.reason = "ok" if self.health.ready else "waiting for partition assignment"
+                self.health.bad_files = list(getattr(self.source, "bad_files", ()))
+                self.health.source_resets = getattr(self.source, "resets", 0)
+                now = time.monotonic()
+                if got:
+                    last_input = now
+                if m.due():
+                    self._tick(final=False)
+                elif m.pending() and now - last_input > s.idle_flush_s:
+                    self._tick(final=True)
+                elif getattr(self.source, "components_changed", False) and m.analysed_to is not None:
+                    # another replica's job membership changed: re-run the last window with it
+                    self.source.components_changed = False
+                    self._tick(final=False, force=True)
+                self.health.consumer_lag = self.source.lag()
+        except BaseException as e:
+            self.error = e
+            raise
+
+    def _analyse(self, final: bool, force: bool):
+        """The monitor's tick on the worker thread; the source kept alive meanwhile.
+
+        A big window takes longer to analyse than a consumer group waits
+        between polls (``max.poll.interval``): a consumer that stopped
+        polling meanwhile would be dropped from the group, its partitions
+        moved, and the replicas rebalanced at every window. The source's
+        ``keep_alive`` polls, decoding a bounded amount ahead (then with its
+        partitions paused); the monitor is not touched until the analysis
+        is done.
+        """
+        keep_alive = getattr(self.source, "keep_alive", None)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prism-analysis") as pool:
+            done = pool.submit(self.monitor.tick, final=final, force=force)
+            while True:
+                try:
+                    return done.result(timeout=0 if keep_alive else None)
+                except FutureTimeout:
+                    self.health.beat()
+                    keep_alive(timeout_ms=100)
+
+    #: records ingested before a topology that matched none of them is called suspicious
+    TOPOLOGY_CHECK_RECORDS = 10_000
+
+    def _check_topology(self) -> None:
+        """Warn once when many records came in and none was between two GPU NICs of the topology."""
+        if self.topology_warned or self._topology_matched:
+            return
+        counts = self.monitor.counters_snapshot().values()
+        ingested = sum(c.get("ingested", 0) for c in counts)
+        foreign = sum(c.get("ignored:non_gpu_address", 0) for c in counts)
+        self._topology_matched = foreign < ingested
+        if ingested >= self.TOPOLOGY_CHECK_RECORDS and foreign == ingested:
+            self.topology_warned = True
+            log.warning("none of the %d records ingested so far is between two GPU NICs of --topology "
+                        "(prism_flows_ignored_total{reason=\"non_gpu_address\"}): is it this cluster's inventory?", ingested)
+
+    def _tick(self, final: bool, force: bool = False) -> None:
+        view = self._analyse(final, force)
+        self._check_topology()
+        if view is None:
+            return
+        try:
+            self.source.publish()
+            self.source.commit()
+        except Exception as e:  # noqa: BLE001 - next window publishes again
+            log.warning("publishing window state failed: %s", e)
+        for kind, e in self._new_events():
+            if self.on_event is not None:  # the caller shows events its own way (the demo prints them)
+                self.on_event(kind, e)
+            else:
+                log.info(format_event(kind, e))
+
+    def _new_events(self):
+        # the monitor's deque is bounded; the daemon drains it each window
+        ev = self.monitor.events
+        out = []
+        while ev:
+            out.append(ev.popleft())
+        return out
+
+    def stop(self) -> None:
+        self.stop_event.set()

@@ -1,0 +1,611 @@
+"""Incremental monitoring state: the daemon's analyses over a sliding window.
+
+records (validated frames) -> :meth:`Monitor.ingest` -> window ->
+:meth:`Monitor.tick` (every ``step_s`` of event time) -> :class:`MonitorView`
+(what the metrics show) and events (what the demo prints).
+
+What is kept, and why it is bounded:
+
+* the last ``window_s`` of GPU flows (32 B each, capped at
+  ``max_window_flows``; beyond, the oldest are shed and counted);
+* per GPU pair, when it was last seen (pairs unseen for ``pair_ttl_s``
+  are forgotten, so a finished job's NICs can join a new job);
+* per job, the last ``step_history`` steps and the step-time histogram;
+  a job gone for ``pair_ttl_s`` is dropped;
+* the switch bandwidth sums of the windows still in the analysis window;
+* the hashes of the records of the window, to drop re-deliveries.
+
+Each tick runs :func:`prism.analysis.analyse.analyse` (the same analyses as ``prism
+replay``) over the window, then merges: steps already reported are not
+reported again, the cross-step diagnosis runs over each job's step history
+(so its baseline outlives the window), and each anomaly is counted once.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from prism.analysis.analyse import Settings, analyse, label_names
+from prism.analysis.diagnosis import SwitchBandwidth
+from prism.analysis.jobs import JobRecognizer, gpu_clusters
+from prism.analysis.parallelism import UNCERTAIN_BELOW
+from prism.ingest.topology import Topology
+from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_hashes
+
+log = logging.getLogger("prism.monitor")
+
+__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "STEP_BUCKETS_S", "bucket_index"]
+
+#: Step-duration histogram buckets (seconds): LLM steps run from tenths of
+#: a second (small models) to minutes.
+STEP_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+_CROSS_STEP_KINDS = ("slow_step", "regime_change")
+
+
+def _iso(ns: int) -> str:
+    """Event time as UTC ISO 8601 with milliseconds (for logs)."""
+    return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat(timespec="milliseconds")
+
+
+def bucket_index(bounds, value: float) -> int:
+    """Index of the histogram bucket of ``value`` (the first bound >= it; len(bounds) is +Inf).
+
+    >>> bucket_index((1, 2), 1), bucket_index((1, 2), 1.5), bucket_index((1, 2), 9)
+    (0, 1, 2)
+    """
+    return int(np.searchsorted(bounds, value, side="left"))
+
+
+@dataclass
+class MonitorSettings:
+    """Window settings (the daemon's ``--window*`` flags)."""
+
+    window_s: float = 120.0  # flows analysed per tick; holds several steps of the slowest job
+    step_s: float = 15.0  # event time between ticks
+    lateness_s: float = 2.0  # least wait for out-of-order records before analysing (more if the input is more disordered)
+    pair_ttl_s: float = 600.0  # forget a GPU pair (and a job) unseen this long
+    max_window_flows: int = 20_000_000  # memory bound: 32 B a flow
+    switch_window_s: float = 60.0  # switch bandwidth comparison window
+    step_history: int = 256  # steps kept per job for the cross-step baseline
+    idle_flush_s: float = 3.0  # wall seconds without input before analysing the tail
+
+    def __post_init__(self):
+        for name in ("window_s", "step_s", "switch_window_s", "pair_ttl_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0 (got {getattr(self, name)})")
+        if self.step_s > self.window_s:
+            raise ValueError(f"step_s ({self.step_s}) must not exceed window_s ({self.window_s})")
+        if self.lateness_s < 0:
+            raise ValueError("lateness_s must be >= 0")
+
+
+@dataclass
+class JobView:
+    """What the metrics say about one job."""
+
+    job_id: str
+    gpus: int
+    servers: int
+    dp: int = 0
+    pp: int = 0
+    steps: int = 0  # steps reported so far
+    last_step_s: float | None = None
+    slowdown: float | None = None  # last step / its baseline
+    slow: bool = False
+    bucket_counts: list = field(default_factory=lambda: [0] * (len(STEP_BUCKETS_S) + 1))
+    step_sum_s: float = 0.0
+    anomalies: Counter = field(default_factory=Counter)
+    group_lag: dict = field(default_factory=dict)  # server -> ratio (pipeline-stage compute vs peers)
+    pairs: dict = field(default_factory=dict)  # (type, "certain"|"uncertain") -> GPU pairs in the last window
+
+
+@dataclass
+class MonitorView:
+    """An immutable-by-convention snapshot for the metrics endpoint."""
+
+    jobs: dict = field(default_factory=dict)  # job_id -> JobView
+    switches: dict = field(default_factory=dict)  # name -> (bytes/s, ratio)
+    window_flows: int = 0
+    pairs: int = 0
+    analysed_to_ns: int | None = None
+    lateness_ns: int = 0  # the wait for out-of-order records the last window used
+    ticks: int = 0
+
+
+class _JobState:
+    def __init__(self, job_id: str, history: int):
+        self.view = JobView(job_id=job_id, gpus=0, servers=0)
+        self.servers: set = set()
+        self.history: deque = deque(maxlen=history)  # (step, start_ns, end_ns)
+        self.next_step = 0
+        self.last_end = -1
+        self.reported: dict = {}  # anomaly key -> start_ns
+        self.warned_stepless = False  # the "no steps in a whole window" warning was logged
+
+
+class Monitor:
+    """The daemon's state between ticks (see the module docstring).
+
+    Parameters
+    ----------
+    topology : Topology
+    settings : MonitorSettings, optional
+    analysis : prism.analysis.analyse.Settings, optional
+        The analyzers' settings (the same as ``prism replay``'s).
+
+    Notes
+    -----
+    Thread safety: :meth:`ingest` and :meth:`tick` run on the daemon's loop;
+    the metrics thread reads :attr:`view` (replaced whole after each tick)
+    and :meth:`counters_snapshot` (taken under :attr:`lock`).
+    """
+
+    def __init__(self, topology: Topology, settings: MonitorSettings | None = None, analysis: Settings | None = None):
+        self.topology = topology
+        self.s = settings or MonitorSettings()
+        self.analysis = analysis or Settings()
+        self.lock = threading.Lock()
+        self.window = FlowWindow(self.s.max_window_flows)
+        self.dedupe = RecordDeduper(max_records=2 * self.s.max_window_flows)
+        self.switch_bw = SwitchBandwidth(self.s.switch_window_s)
+        self.counters: dict[str, Counter] = defaultdict(Counter)
+        self._n = len(topology)
+        self._pair_keys = np.empty(0, dtype=np.int64)
+        self._pair_last = np.empty(0, dtype=np.int64)
+        self.remote_components: dict[str, list[list[str]]] = {}
+        self._jobs: dict[str, _JobState] = {}
+        self._active: dict[tuple, int] = {}  # (kind, job, subject) of ongoing group/switch anomalies -> last tick
+        self._switch_last: dict[tuple, int] = {}  # (kind, subject) -> last switch window flagged
+        self._links_pending: set[tuple] = set()  # (kind, subject) of new slow links flagged by the last window, not yet reported
+        self._fabric_anomalies: Counter = Counter()
+        self.min_start: int | None = None  # earliest record start (for the first window)
+        self.max_start: int | None = None  # latest record start over all partitions
+        self._part_max: dict[str, int] = {}  # latest record start per partition
+        self._part_seen: dict[str, float] = {}  # wall time of each partition's last batch
+        self._disorder: deque = deque()  # (event time, ns a record started behind its partition's latest), see _note_disorder
+        self.backlogged: set[str] = set()  # partitions the source knows have unread records
+        self.analysed_to: int | None = None
+        self.events: deque = deque(maxlen=10_000)  # (kind, dict) for printing
+        self.view = MonitorView()
+        self.tick_seconds: list[float] = []  # processing time of each tick (drained by the metrics)
+        self._ticks = 0
+        self.jobs_ = pd.DataFrame(columns=["job_id", "ip", "server"])  # the last window's job membership
+
+    # -- input ---------------------------------------------------------------
+    def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
+        """Count and buffer one validated batch (:func:`prism.ingest.records.validate_flows` output)."""
+        n = len(flows)
+        if n == 0:
+            return
+        start = flows["start_ns"].to_numpy()
+        new = self.dedupe.filter(record_hashes(flows), start)
+        with self.lock:
+            c = self.counters[partition]
+            c["duplicate"] += int(n - new.sum())
+            c["ingested"] += int(new.sum())
+        if not new.all():
+            flows = flows[new]
+            start = start[new]
+        if len(flows) == 0:
+            return
+        a = self.topology.nic_index(flows["src"])
+        b = self.topology.nic_index(flows["dst"])
+        wm = self.watermark()
+        horizon = None if wm is None else wm - int(self.s.window_s * 1e9)
+        late = start < horizon if horizon is not None else np.zeros(len(start), dtype=bool)
+        non_gpu = ~late & ((a < 0) | (b < 0))
+        self_flow = ~late & ~non_gpu & (a == b)
+        gpu = ~(late | non_gpu | self_flow)
+        with self.lock:
+            c["ignored:late"] += int(late.sum())
+            c["ignored:non_gpu_address"] += int(non_gpu.sum())
+            c["ignored:self_flow"] += int(self_flow.sum())
+        if not late.all():
+            self._note_disorder(start[~late], partition)
+            m = int(start[~late].max())
+            self.max_start = m if self.max_start is None else max(self.max_start, m)
+            self._part_max[partition] = max(self._part_max.get(partition, m), m)
+            lo = int(start[~late].min())
+            self.min_start = lo if self.min_start is None else min(self.min_start, lo)
+        self._part_seen[partition] = time.monotonic()
+        if not gpu.any():
+            return
+        a, b, start = a[gpu], b[gpu], start[gpu]
+        duration = flows["duration_ns"].to_numpy()[gpu]
+        size = flows["size"].to_numpy()[gpu]
+        self.window.add(a, b, start, duration, size)
+        self._see_pairs(a, b, start)
+        self.switch_bw.partial_fit(start, duration, size, flows["switches"].array[gpu], src=a)  # stays categorical: no re-factorising
+
+    def _note_disorder(self, start: np.ndarray, partition: str) -> None:
+        # A collector batches records per GPU pair and per export interval, so
+        # a partition delivers a pair's whole interval after another pair's:
+        # records arrive up to an interval behind the partition's latest. How
+        # far behind is measured here, in arrival order, and the lateness
+        # (how long a window waits) follows it: a window cut while part of
+        # an interval is still to come sees half the pairs, and types them
+        # (and cuts the steps) wrong.
+        prior = self._part_max.get(partition, int(start[0]))
+        ahead = np.maximum.accumulate(np.r_[prior, start])[:-1]
+        behind = int((ahead - start).max())
+        if behind > 0:
+            # a monotonic queue: the front holds the largest of the last window
+            at = max(int(ahead[-1]), self.max_start or 0)
+            while self._disorder and self._disorder[-1][1] <= behind:
+                self._disorder.pop()
+            self._disorder.append((at, behind))
+
+    def lateness_ns(self) -> int:
+        """How long a window waits for out-of-order records (event ns).
+
+        The configured ``lateness_s``, or the disorder measured over the
+        last window if larger: out-of-order delivery adapts it, and it
+        shrinks again once the input is ordered. At most half a window.
+        """
+        wm = self.max_start
+        if wm is not None:
+            while self._disorder and self._disorder[0][0] < wm - int(self.s.window_s * 1e9):
+                self._disorder.popleft()
+        seen = self._disorder[0][1] if self._disorder else 0
+        return min(max(int(self.s.lateness_s * 1e9), seen), int(self.s.window_s * 1e9) // 2)
+
+    def reject(self, rejects: Counter, partition: str = "0") -> None:
+        """Add counts of rejected records by reason."""
+        with self.lock:
+            c = self.counters[partition]
+            for reason, k in rejects.items():
+                c[f"rejected:{reason}"] += int(k)
+
+    def _see_pairs(self, a, b, start) -> None:
+        key = np.minimum(a, b).astype(np.int64) * self._n + np.maximum(a, b)
+        # pairs seen before (nearly all, once the first windows are in) are updated in place
+        unseen = latest_into(self._pair_keys, self._pair_last, key, np.asarray(start, dtype=np.int64))
+        if not unseen.any():
+            return
+        keys = np.concatenate([self._pair_keys, key[unseen]])
+        last = np.concatenate([self._pair_last, start[unseen]])
+        o = np.lexsort((last, keys))  # by key, then time: the last of each run is the latest
+        keys, last = keys[o], last[o]
+        end = np.r_[keys[1:] != keys[:-1], True]
+        self._pair_keys, self._pair_last = keys[end], last[end]
+
+    # -- partition state (for restarts and rebalances) ------------------------
+    def counters_snapshot(self) -> dict[str, dict]:
+        with self.lock:
+            return {p: dict(c) for p, c in self.counters.items()}
+
+    def restore_counters(self, partition: str, counts: dict) -> None:
+        """Take a partition's published counts (another process counted them)."""
+        with self.lock:
+            self.counters[partition] = Counter({k: int(v) for k, v in counts.items()})
+
+    def drop_counters(self, partition: str) -> None:
+        with self.lock:
+            self.counters.pop(partition, None)
+
+    # -- job membership shared across replicas ------------------------------
+    def local_components(self) -> list[list[str]]:
+        """This replica's GPU clusters (union-find over its pairs), as IP lists."""
+        if not len(self._pair_keys):
+            return []
+        labels = gpu_clusters(self._pair_keys // self._n, self._pair_keys % self._n, self._n)
+        ips = self.topology.ips.to_numpy()
+        df = pd.DataFrame({"label": labels, "ip": ips})[labels >= 0]
+        return [g.tolist() for _, g in df.groupby("label")["ip"]]
+
+    def _recognizer(self) -> JobRecognizer:
+        rec = JobRecognizer(self.topology)
+        if len(self._pair_keys):
+            rec.partial_fit_pairs(self._pair_keys // self._n, self._pair_keys % self._n)
+        for comps in self.remote_components.values():
+            for ips in comps:
+                idx = self.topology.nic_index(pd.Series(ips))
+                idx = idx[idx >= 0]
+                if len(idx) > 1:
+                    rec.partial_fit_pairs(np.full(len(idx) - 1, idx[0]), idx[1:])
+        return rec
+
+    # -- analysis -------------------------------------------------------------
+    def watermark(self) -> int | None:
+        """Event time every active partition has reached.
+
+        Partitions are consumed unevenly (a backlog is read partition by
+        partition), so the latest start over all of them would call the
+        slower partitions' records late. The minimum over the partitions
+        that delivered within ``idle_flush_s`` does not; an idle partition
+        does not hold the others back.
+        """
+        if any(p not in self._part_max for p in self.backlogged):
+            return None  # a partition with unread records has not been heard from yet
+        if not self._part_max:
+            return self.max_start
+        now = time.monotonic()
+        active = [t for p, t in self._part_max.items() if p in self.backlogged or now - self._part_seen.get(p, 0) <= self.s.idle_flush_s]
+        return min(active) if active else self.max_start
+
+    def due(self) -> bool:
+        """Has event time moved a whole ``step_s`` past the last analysis (``window_s`` while catching up)?"""
+        wm = self.watermark()
+        if wm is None:
+            return False
+        end = wm - self.lateness_ns()
+        since = self.analysed_to if self.analysed_to is not None else (self.min_start if self.min_start is not None else wm)
+        return end - since >= int((self.s.window_s if self.catching_up() else self.s.step_s) * 1e9)
+
+    def catching_up(self) -> bool:
+        """Is the source behind (records unread), with room in the window to read on?
+
+        Behind on a backlog (a full topic, a restart, a burst), a window at
+        every ``step_s`` of event time would analyse each flow
+        ``window_s / step_s`` times over while its results are late anyway:
+        windows then stride a whole ``window_s`` (each reaching back half a
+        window, so no step falls between two). Once caught up, windows step
+        at ``step_s`` again. A window already holding half of
+        ``max_window_flows`` is analysed without waiting.
+        """
+        return bool(self.backlogged) and len(self.window) < self.s.max_window_flows // 2
+
+    def pending(self) -> bool:
+        """Is there input past the last analysis (for the idle flush)?"""
+        return self.max_start is not None and (self.analysed_to is None or self.max_start > self.analysed_to)
+
+    def tick(self, final: bool = False, force: bool = False) -> MonitorView | None:
+        """Analyse the window up to the watermark and publish a new view.
+
+        ``final`` analyses up to the last record (no lateness wait): the
+        input has gone quiet. ``force`` re-runs the window even with no new
+        input (another replica's job membership changed). Returns the new
+        view, or None if there was nothing to analyse.
+        """
+        if self.max_start is None:
+            return None
+        t0 = time.perf_counter()
+        wm = self.max_start if final else self.watermark()
+        if wm is None:
+            return None
+        lateness = self.lateness_ns()
+        end = wm - (0 if final else lateness)
+        if self.analysed_to is not None and end <= self.analysed_to:
+            if not force:
+                return None
+            end = self.analysed_to
+        win_ns = int(self.s.window_s * 1e9)
+        begin = end - win_ns
+        if self.analysed_to is not None:
+            # catching up (a backlog, one big poll): reach back to half a window
+            # before the last analysis, so no step falls between two windows
+            begin = min(begin, self.analysed_to - win_ns // 2)
+        elif self.min_start is not None:
+            # the first window: everything read so far (starting on a backlog,
+            # the first polls can hold more than a window: its steps count too)
+            begin = min(begin, self.min_start)
+        self.window.evict(begin)
+        self.dedupe.evict(begin - lateness)
+        self.switch_bw.forget_before(begin)
+        live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
+        self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
+
+        rec = self._recognizer()
+        labels, jobs = rec.labels(), rec.predict()
+        self.jobs_ = jobs
+        a, b, start, duration, size = self.window.columns()
+        cut = int(np.searchsorted(start, end, side="right"))
+        an = analyse(a[:cut], b[:cut], start[:cut], duration[:cut], size[:cut], labels, jobs, self.topology,
+                     capture_end=end, switch_bw=None, settings=self.analysis, phases=False)
+        self._merge_jobs(jobs, an, end)
+        # a job seen for less than half a window has too few steps to cut
+        # them reliably (the gap threshold needs several): wait for more
+        first = pd.Series(start[:cut]).groupby(labels[a[:cut]]).min() if cut else pd.Series(dtype=np.int64)
+        job_first = first.rename(index=label_names(labels, jobs, self.topology))
+        young = set(job_first.index[(end - job_first) < int(self.s.window_s * 1e9) // 2]) if not final else set()
+        self._merge_steps(an.steps[~an.steps["job_id"].isin(young)] if an.steps is not None else None, final, end)
+        self._warn_stepless(job_first.index[end - job_first >= win_ns - int(self.s.step_s * 1e9)], an.steps)
+        self._merge_groups(an.group_lag, an.anomalies, an.steps)
+        switches = self._merge_switches(final)
+        self.analysed_to = end
+        self._ticks += 1
+        view = MonitorView(
+            jobs={j: copy.deepcopy(st.view) for j, st in self._jobs.items()},
+            switches=switches, window_flows=len(self.window), pairs=len(self._pair_keys),
+            analysed_to_ns=end, lateness_ns=lateness, ticks=self._ticks,
+        )
+        self.view = view
+        seconds = time.perf_counter() - t0
+        with self.lock:
+            self.tick_seconds.append(seconds)
+        if log.isEnabledFor(logging.DEBUG):  # what each window covered: how far a backlog's windows stride
+            log.debug("window analysed", extra={"fields": {"from": _iso(begin), "to": _iso(end), "flows": cut, "jobs": len(self._jobs),
+                                                           "final": final, "seconds": round(seconds, 3)}})
+        return view
+
+    def _merge_jobs(self, jobs: pd.DataFrame, an, end: int) -> None:
+        # the job map is the live pairs' (pairs expire after pair_ttl_s): a job
+        # whose id is gone has ended, or grown into a bigger one
+        shapes = an.shapes.set_index("job_id") if an.shapes is not None and len(an.shapes) else None
+        pair_counts = {}
+        if an.pairs is not None and len(an.pairs) and "confidence" in an.pairs:
+            certainty = np.where(an.pairs["confidence"].to_numpy(np.float64) < UNCERTAIN_BELOW, "uncertain", "certain")
+            pair_counts = an.pairs.assign(certainty=certainty).groupby(["job_id", "type", "certainty"]).size()
+        current = {job_id: set(g["server"]) for job_id, g in jobs.groupby("job_id", sort=True)}
+        gone = {j: st for j, st in self._jobs.items() if j not in current}
+        for job_id, g in jobs.groupby("job_id", sort=True):
+            st = self._jobs.get(job_id)
+            if st is None:
+                # a job that grew (more of its servers seen, or another replica's
+                # share merged in) keeps the history of what it absorbed
+                absorbed = [o for o in gone.values() if o.servers and o.servers <= current[job_id]]
+                st = max(absorbed, key=lambda o: o.view.steps) if absorbed else _JobState(job_id, self.s.step_history)
+                st.view.job_id = job_id
+                self._jobs[job_id] = st
+                self.events.append(("job", {"job_id": job_id, "gpus": int(len(g)), "servers": int(g["server"].nunique())}))
+            # the id names the servers; the GPUs seen on them can still grow
+            st.servers = current[job_id]
+            st.view.gpus, st.view.servers = int(len(g)), len(st.servers)
+            if shapes is not None and job_id in shapes.index:
+                st.view.dp, st.view.pp = int(shapes.at[job_id, "dp"]), int(shapes.at[job_id, "pp"])
+            if len(pair_counts):
+                st.view.pairs = {k[1:]: int(v) for k, v in pair_counts.items() if k[0] == job_id}
+        for job_id in [j for j, st in self._jobs.items() if j not in current and st.view.job_id == j]:
+            del self._jobs[job_id]
+            self.events.append(("job_gone", {"job_id": job_id}))
+        for job_id in [j for j, st in self._jobs.items() if st.view.job_id != j]:
+            del self._jobs[job_id]  # absorbed into a bigger job under its new id
+
+    def _warn_stepless(self, whole_window_jobs, steps: pd.DataFrame | None) -> None:
+        """Warn once per job seen for a whole window without a step: its steps may be too long for the window.
+
+        The timeline reports no steps rather than cut the bursts inside a
+        collective when the window holds fewer than a few of the job's steps.
+        """
+        cut = set(steps["job_id"]) if steps is not None and len(steps) else set()
+        for job_id in whole_window_jobs:
+            st = self._jobs.get(job_id)
+            if st is None or st.view.steps or st.warned_stepless or job_id in cut:
+                continue
+            st.warned_stepless = True
+            log.warning("no training steps found in a whole window", extra={"fields": {
+                "job": job_id, "window_s": self.s.window_s,
+                "hint": "a window needs ten or more of the job's steps; if its steps are longer than a tenth of --window, raise --window"}})
+
+    #: a step is reported once the window reaches this many of the job's median steps past its end
+    SETTLE_STEPS = 0.5
+
+    def _merge_steps(self, steps: pd.DataFrame, final: bool, end: int | None = None) -> None:
+        if steps is None or steps.empty:
+            return
+        cs = self.analysis.cross_step
+        for job_id, g in steps.sort_values("start_ns").groupby("job_id", sort=False):
+            st = self._jobs.get(job_id)
+            if st is None:
+                continue
+            dur = (g["end_ns"] - g["start_ns"]).to_numpy()
+            hist = np.array([e - s for _, s, e in st.history]) if st.history else dur
+            median = float(np.median(hist))
+            if not final and end is not None:
+                # A step that ends just before the window's end may not have ended: a straggling stage can
+                # pause the traffic inside a step for longer than the gap between steps, and the window then
+                # cuts the step at the pause. Steps count once and are not revised, so the last one waits for
+                # a window that reaches half a step past it (the next window re-cuts it with what follows).
+                g = g[g["end_ns"].to_numpy() <= end - self.SETTLE_STEPS * median]
+                if g.empty:
+                    continue
+            tol = 0.25 * median
+            new = (g["end_ns"].to_numpy() > st.last_end + tol) & (g["start_ns"].to_numpy() >= st.last_end - tol)
+            if not new.any():
+                continue
+            v = st.view
+            for s0, e0 in zip(g["start_ns"].to_numpy()[new], g["end_ns"].to_numpy()[new]):  # per step, not per flow
+                st.history.append((st.next_step, int(s0), int(e0)))
+                st.next_step += 1
+                d = (e0 - s0) / 1e9
+                v.bucket_counts[bucket_index(STEP_BUCKETS_S, d)] += 1
+                v.step_sum_s += d
+                v.steps += 1
+            st.last_end = int(st.history[-1][2])
+            # the cross-step diagnosis over the history: its baseline outlives the window
+            h = pd.DataFrame(list(st.history), columns=["step", "start_ns", "end_ns"]).assign(job_id=job_id)
+            h["duration_ns"] = h["end_ns"] - h["start_ns"]
+            fit = cs.fit(h)
+            last = fit.baseline_.iloc[-1]
+            v.last_step_s = float(h["duration_ns"].iloc[-1]) / 1e9
+            v.slowdown = float(h["duration_ns"].iloc[-1]) / float(last["baseline_ns"])
+            v.slow = bool(last["slow"])
+            # a slow step among the last few may yet turn into a regime change
+            settled = int(h["step"].iloc[-1]) - (0 if final else cs.regime_steps - 1)
+            for r in fit.predict().itertuples(index=False):
+                if r.kind == "slow_step" and r.step > settled:
+                    continue
+                self._report(st, (r.kind, r.start_ns), r._asdict())
+
+    def _report(self, st: _JobState, key: tuple, row: dict) -> None:
+        if key in st.reported:
+            return
+        st.reported[key] = row["start_ns"]
+        if len(st.reported) > 4 * self.s.step_history:  # keep the keys of recent anomalies only
+            for k in sorted(st.reported, key=st.reported.get)[: len(st.reported) // 2]:
+                del st.reported[k]
+        st.view.anomalies[row["kind"]] += 1
+        self.events.append(("anomaly", row))
+
+    def _merge_groups(self, lag: pd.DataFrame, anomalies: pd.DataFrame, steps: pd.DataFrame) -> None:
+        for st in self._jobs.values():
+            st.view.group_lag = {}
+        if lag is not None and len(lag):
+            latest = lag.sort_values("step").groupby(["job_id", "server"]).tail(1)
+            for r in latest.itertuples(index=False):
+                if r.job_id in self._jobs:
+                    self._jobs[r.job_id].view.group_lag[r.server] = round(float(r.ratio), 4)
+        found = anomalies[~anomalies["kind"].isin(_CROSS_STEP_KINDS)] if anomalies is not None else anomalies
+        now = self._ticks
+        for r in (found.itertuples(index=False) if found is not None else ()):
+            st = self._jobs.get(r.job_id)
+            if st is None:
+                continue
+            # a lagging server stays one anomaly while it keeps lagging tick after tick
+            key = (r.kind, r.job_id, r.subject)
+            ongoing = self._active.get(key) == now - 1
+            self._active[key] = now
+            if not ongoing:
+                row = r._asdict()
+                row["step"] = self._global_step(st, r.start_ns)
+                self._report(st, key + (r.start_ns,), row)
+        for k in [k for k, t in self._active.items() if t < now - 1]:
+            del self._active[k]
+
+    @staticmethod
+    def _global_step(st: _JobState, start_ns: int) -> int:
+        for step, s0, _ in st.history:
+            if s0 == start_ns:
+                return step
+        return -1
+
+    def _merge_switches(self, final: bool = False) -> dict:
+        sd = self.analysis.switches.fit(self.switch_bw)
+        flagged_links = set()
+        for r in sd.predict().sort_values("start_ns").itertuples(index=False):
+            # one anomaly while the switch stays slow, window after window
+            key, w = (r.kind, r.subject), int(r.start_ns) // self.switch_bw.window_ns
+            last = self._switch_last.get(key)
+            new = last is None or w > last + 1
+            if new and r.kind == "slow_link" and not final:
+                # A switch window still filling mixes the time before a fault with the time
+                # after: when a switch degrades mid-window, its links (fewer flows) can cross
+                # the threshold a window before the switch does, and its neighbours' links
+                # with them; once the switch is flagged they are explained by it. A new slow
+                # link is reported when it is still slow at the next window.
+                flagged_links.add(key)
+                if key not in self._links_pending:
+                    continue
+            if new:
+                self._fabric_anomalies[r.kind] += 1
+                self.events.append(("anomaly", r._asdict()))
+            self._switch_last[key] = max(w, last if last is not None else w)
+        self._links_pending = flagged_links
+        bw = sd.bandwidth_
+        out = {}
+        if bw is not None and len(bw):
+            sw = bw[bw["kind"] == "switch"]
+            if len(sw):
+                latest = sw[sw["window_start_ns"] == sw["window_start_ns"].max()]
+                for r in latest.itertuples(index=False):
+                    out[r.name] = (float(r.gbps) * 1e9, float(r.ratio) if pd.notna(r.ratio) else float("nan"))
+        return out
+
+    def steps_frame(self) -> pd.DataFrame:
+        """The steps kept per job: ``job_id, step, start_ns, end_ns, duration_ns``."""
+        rows = [(j, *h) for j, st in self._jobs.items() for h in st.history]
+        df = pd.DataFrame(rows, columns=["job_id", "step", "start_ns", "end_ns"])
+        return df.assign(duration_ns=df["end_ns"] - df["start_ns"])
+
+    @property
+    def fabric_anomalies(self) -> Counter:
+        """Switch and link anomalies counted so far, by kind (no job)."""
+        return Counter(self._fabric_anomalies)
+
