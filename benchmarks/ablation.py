@@ -22,7 +22,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prism.analysis.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth  # noqa: E402
-from prism.analysis.jobs import JobRecognizer  # noqa: E402
+from prism.analysis.jobs import JobRecogniser  # noqa: E402
 from prism.analysis.parallelism import SIGNALS, ParallelismClassifier, SizeRuleClassifier  # noqa: E402
 from prism.ingest.topology import Topology  # noqa: E402
 
@@ -61,7 +61,7 @@ def main() -> int:
         topo = Topology.from_frame(c.topology)
         a, b, start, size = gpu_flow_arrays(c.flows, topo)
         end = gpu_flow_ends(c.flows, topo)
-        labels = JobRecognizer(topo).partial_fit_pairs(a, b).labels()
+        labels = JobRecogniser(topo).partial_fit_pairs(a, b).labels()
         for cfg, make in CONFIGS.items():
             clf = make()
             kw = {"server_of": topo.server_codes} if isinstance(clf, ParallelismClassifier) else {}

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth
-from prism.analysis.jobs import JobRecognizer
+from prism.analysis.jobs import JobRecogniser
 from prism.analysis.parallelism import ParallelismClassifier, SizeRuleClassifier
 from prism.ingest.topology import Topology
 from synthetic import preset
@@ -62,7 +62,7 @@ def main() -> int:
         print(f"seed {seed}: {len(c.flows):,} flows generated in {time.perf_counter() - t0:.0f} s", flush=True)
         for w in windows:
             m = start < w0 + int(w * 60e9)
-            labels = JobRecognizer(topo).partial_fit_pairs(a[m], b[m]).labels()
+            labels = JobRecogniser(topo).partial_fit_pairs(a[m], b[m]).labels()
             configs = dict(CONFIGS)
             if args.ablation:
                 configs.update({k: (lambda kw=kw: SizeRuleClassifier(**kw)) for k, kw in ABLATIONS.items()})

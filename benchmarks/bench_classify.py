@@ -17,7 +17,7 @@ import numpy as np
 
 from prism.analysis.changepoint import BOCD
 from prism.analysis.evaluation import gpu_flow_arrays, pair_type_truth
-from prism.analysis.jobs import JobRecognizer
+from prism.analysis.jobs import JobRecogniser
 from prism.analysis.parallelism import ParallelismClassifier
 from prism.ingest.topology import Topology
 from synthetic import ClusterGenerator, Fabric, JobSpec
@@ -47,7 +47,7 @@ def main() -> int:
     gen_s = time.perf_counter() - t
     topo = Topology.from_frame(c.topology)
     a, b, start, size = gpu_flow_arrays(c.flows, topo)
-    labels = JobRecognizer(topo).partial_fit_pairs(a, b).labels()
+    labels = JobRecogniser(topo).partial_fit_pairs(a, b).labels()
     t = time.perf_counter()
     clf = ParallelismClassifier().fit(a, b, start, size, labels)
     cls_s = time.perf_counter() - t

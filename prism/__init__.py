@@ -1,6 +1,6 @@
 """Prism: black-box performance diagnosis of LLM training from network flows.
 
-Data flows one way: source -> records -> windows -> analyzers -> sinks.
+Data flows one way: source -> records -> windows -> analyses -> sinks.
 
 - :mod:`prism.ingest.records`: the flow-record schema and validation
 - :mod:`prism.ingest.readers`: CSV / Parquet / JSON Lines readers (streaming)

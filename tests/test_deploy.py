@@ -261,7 +261,7 @@ def test_daemon_pod_is_locked_down_and_probed():
 
 
 def test_daemon_config_from_values_is_what_the_daemon_reads(tmp_path):
-    from prism.cli import DAEMON_FLAGS
+    from prism.cli.daemon import DAEMON_FLAGS
     from prism.serve.daemon import load_config
 
     objs = objects(render({"config": {"window": "300s", "kafka.bootstrap-servers": "k1:9092,k2:9092"}}))

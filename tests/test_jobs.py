@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from prism.analysis.evaluation import adjusted_rand_index
-from prism.analysis.jobs import JobRecognizer, gpu_clusters, merge_identical_server_sets
+from prism.analysis.jobs import JobRecogniser, gpu_clusters, merge_identical_server_sets
 from prism.offline.replay import replay
 from prism.ingest.topology import Topology
 from synthetic import preset
@@ -34,7 +34,7 @@ def test_rail_split_jobs_need_the_server_set_merge(tiny_cluster):
     a = topo.nic_index(flows["src"])
     b = topo.nic_index(flows["dst"])
     gpu = (a >= 0) & (b >= 0)
-    raw = JobRecognizer(topo, merge_rails=False).partial_fit_pairs(a[gpu], b[gpu])
+    raw = JobRecogniser(topo, merge_rails=False).partial_fit_pairs(a[gpu], b[gpu])
     labels = raw.labels()
     truth = tiny_cluster.jobs.assign(nic=topo.ips.get_indexer(tiny_cluster.jobs["ip"]))
     clusters_per_job = truth.assign(c=labels[truth["nic"]]).groupby("job_id")["c"].nunique()
@@ -45,7 +45,7 @@ def test_rail_split_jobs_need_the_server_set_merge(tiny_cluster):
     rails = tiny_cluster.topology["rail"].to_numpy()
     tp4 = truth[truth.job_id == "tp4-pp2-dp4"]
     assert (pd.Series(rails[tp4["nic"]]).groupby(labels[tp4["nic"]]).nunique() == 2).all()
-    merged = JobRecognizer(topo).partial_fit_pairs(a[gpu], b[gpu]).predict()
+    merged = JobRecogniser(topo).partial_fit_pairs(a[gpu], b[gpu]).predict()
     assert _score(merged, tiny_cluster.jobs)[0] == 1.0
 
 
@@ -71,7 +71,7 @@ def test_storage_host_bridging_two_jobs_does_not_merge_them():
     )
     a, b = topo.nic_index(flows["src"]), topo.nic_index(flows["dst"])
     gpu = (a >= 0) & (b >= 0)
-    jobs = JobRecognizer(topo).partial_fit_pairs(a[gpu], b[gpu]).predict()
+    jobs = JobRecogniser(topo).partial_fit_pairs(a[gpu], b[gpu]).predict()
     assert jobs.groupby("job_id")["server"].agg(lambda s: tuple(sorted(set(s)))).sort_values().tolist() == [("s0", "s1"), ("s2", "s3")]
 
 
@@ -92,9 +92,9 @@ def test_job_ids_are_stable_across_runs(tiny_cluster):
     flows = tiny_cluster.flows
     a, b = topo.nic_index(flows["src"]), topo.nic_index(flows["dst"])
     g = (a >= 0) & (b >= 0)
-    first = JobRecognizer(topo).partial_fit_pairs(a[g], b[g]).predict()
+    first = JobRecogniser(topo).partial_fit_pairs(a[g], b[g]).predict()
     half = len(a) // 2
-    r = JobRecognizer(topo).partial_fit_pairs(a[g][half:], b[g][half:]).partial_fit_pairs(a[g][:half], b[g][:half])
+    r = JobRecogniser(topo).partial_fit_pairs(a[g][half:], b[g][half:]).partial_fit_pairs(a[g][:half], b[g][:half])
     pd.testing.assert_frame_equal(first, r.predict())
 
 
@@ -115,7 +115,7 @@ def test_tp4_job_whose_rails_cover_overlapping_servers_is_one_job():
     a, b = topo.nic_index(c.flows["src"]), topo.nic_index(c.flows["dst"])
     ips = topo.nics["ip"].to_numpy()
     for merge, jobs in (("shared", 1), ("identical", None)):
-        labels = JobRecognizer(topo, merge=merge).partial_fit_pairs(a, b).labels()
+        labels = JobRecogniser(topo, merge=merge).partial_fit_pairs(a, b).labels()
         active = labels >= 0
         n = len(np.unique(labels[active]))
         if jobs is not None:
@@ -136,7 +136,7 @@ def test_pairs_marked_in_a_table_are_the_sorted_distinct_pairs(dense_after, monk
     rng = np.random.default_rng(5)
     n = 40
     topo = Topology.from_frame(pd.DataFrame({"ip": [f"10.0.{i // 8}.{i % 8 + 1}" for i in range(n)], "server": [f"s{i // 8}" for i in range(n)]}))
-    rec = JobRecognizer(topo)
+    rec = JobRecogniser(topo)
     want = set()
     for size in (100, 200, 50):  # chunks below and above the threshold
         a, b = rng.integers(0, n, size), rng.integers(0, n, size)

@@ -5,7 +5,7 @@ import pytest
 
 from prism.analysis.changepoint import BOCD
 from prism.analysis.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth
-from prism.analysis.jobs import JobRecognizer
+from prism.analysis.jobs import JobRecogniser
 from prism.analysis.parallelism import ParallelismClassifier, SizeRuleClassifier, pair_steps, refine_by_dp_components
 from prism.ingest.topology import Topology
 from synthetic import preset
@@ -15,7 +15,7 @@ def classify(cluster, clf):
     topo = Topology.from_frame(cluster.topology)
     a, b, start, size = gpu_flow_arrays(cluster.flows, topo)
     end = gpu_flow_ends(cluster.flows, topo)
-    labels = JobRecognizer(topo).partial_fit_pairs(a, b).labels()
+    labels = JobRecogniser(topo).partial_fit_pairs(a, b).labels()
     p = clf.fit(a, b, start, size, labels, end=end).pairs_
     truth = pair_type_truth(p["a"], p["b"], topo, cluster.pairs)
     assert not pd.isna(truth).any(), "every classified pair is a true GPU pair"
@@ -108,7 +108,7 @@ def test_two_member_ring_and_pipeline_told_apart_by_symmetry():
     topo = Topology.from_frame(c.topology)
     a, b, start, size = gpu_flow_arrays(c.flows, topo)
     end = gpu_flow_ends(c.flows, topo)
-    labels = JobRecognizer(topo).partial_fit_pairs(a, b).labels()
+    labels = JobRecogniser(topo).partial_fit_pairs(a, b).labels()
     p = ParallelismClassifier().fit(a, b, start, size, labels, end=end).pairs_
     p["truth"] = pair_type_truth(p["a"], p["b"], topo, c.pairs)
     lo, hi = topo.pair_addresses(p["a"], p["b"])

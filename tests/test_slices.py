@@ -134,14 +134,14 @@ def test_files_that_each_cover_the_capture_are_sliced_in_time_order(tiny_cluster
 
 
 def test_flows_given_out_of_time_order_are_warned_about(tiny_dir, caplog):
-    from prism.analysis.jobs import JobRecognizer
+    from prism.analysis.jobs import JobRecogniser
     from prism.analysis.slices import analyse_sliced
 
     topo = Topology.from_csv(tiny_dir / "topology.csv")
     flows = pd.read_parquet(tiny_dir / "flows.parquet")
     a, b = topo.nic_index(flows["src"]), topo.nic_index(flows["dst"])
     gpu = (a >= 0) & (b >= 0) & (a != b)
-    rec = JobRecognizer(topo)
+    rec = JobRecogniser(topo)
     rec.partial_fit_pairs(a[gpu], b[gpu])
     labels, jobs = rec.labels(), rec.predict()
     job = np.where(gpu, labels[np.maximum(a, 0)], -1)

@@ -82,9 +82,9 @@ def analyse(
         Source and destination NIC indices.
     start, duration, size : int arrays
     labels : int array
-        Job label per NIC (:meth:`prism.analysis.jobs.JobRecognizer.labels`).
+        Job label per NIC (:meth:`prism.analysis.jobs.JobRecogniser.labels`).
     jobs : DataFrame
-        ``job_id, ip`` (:meth:`prism.analysis.jobs.JobRecognizer.predict`).
+        ``job_id, ip`` (:meth:`prism.analysis.jobs.JobRecogniser.predict`).
     topology : Topology
     capture_end : int
         Start of the capture's last record (any traffic).

@@ -8,7 +8,7 @@ rails of one job and are merged. Jobs own whole servers, so we merge more
 generally: clusters that share any server are one job (with TP < 8 the
 rails of one job cover overlapping, not identical, server sets).
 
-Functions here are plain functions of arrays; :class:`JobRecognizer` wraps
+Functions here are plain functions of arrays; :class:`JobRecogniser` wraps
 them for streaming use (``partial_fit`` per chunk, then ``predict``).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pandas as pd
 from prism.common.components import connected_components
 from prism.ingest.topology import Topology
 
-__all__ = ["gpu_clusters", "merge_identical_server_sets", "merge_shared_servers", "job_id_for", "JobRecognizer"]
+__all__ = ["gpu_clusters", "merge_identical_server_sets", "merge_shared_servers", "job_id_for", "JobRecogniser"]
 
 
 def gpu_clusters(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
@@ -186,7 +186,7 @@ def _mark_pairs(seen, a, b, n):  # pragma: no cover - compiled
         seen[min(x, y) * n + max(x, y)] = True
 
 
-class JobRecognizer:
+class JobRecogniser:
     """Streaming job recognition over flow chunks.
 
     Parameters
@@ -207,7 +207,7 @@ class JobRecognizer:
     >>> topo = Topology.from_frame(pd.DataFrame({
     ...     "ip": ["10.0.0.1", "10.0.0.2", "10.0.1.1", "10.0.1.2"],
     ...     "server": ["s0", "s0", "s1", "s1"]}))
-    >>> jr = JobRecognizer(topo)
+    >>> jr = JobRecogniser(topo)
     >>> jr.partial_fit_pairs(np.array([0, 1]), np.array([2, 3])).predict().groupby("job_id").size().tolist()
     [4]
     """
@@ -229,7 +229,7 @@ class JobRecognizer:
         self._n = n
         self._labels = None  # cached until new pairs arrive
 
-    def partial_fit_pairs(self, a: np.ndarray, b: np.ndarray) -> "JobRecognizer":
+    def partial_fit_pairs(self, a: np.ndarray, b: np.ndarray) -> "JobRecogniser":
         """Add GPU pairs given as NIC indices (both >= 0)."""
         if self._seen is None and len(a) >= DENSE_AFTER_ROWS and self._n * self._n <= DENSE_PAIR_MARKS:
             self._seen = np.zeros(self._n * self._n, dtype=bool)

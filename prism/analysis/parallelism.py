@@ -283,7 +283,7 @@ class SizeRuleClassifier:
         start, size : int arrays
             Flow start (ns) and size (bytes).
         job_of : int array
-            Job label per NIC (from :class:`prism.analysis.jobs.JobRecognizer`).
+            Job label per NIC (from :class:`prism.analysis.jobs.JobRecogniser`).
 
         Notes
         -----
@@ -650,7 +650,7 @@ class ParallelismClassifier:
         start, size : int arrays
             Flow start (ns) and bytes.
         job_of : int array
-            Job label per NIC (:class:`prism.analysis.jobs.JobRecognizer`).
+            Job label per NIC (:class:`prism.analysis.jobs.JobRecogniser`).
         end : int array, optional
             Flow end (ns); default ``start`` (episodes then merge on starts).
         server_of : int array, optional

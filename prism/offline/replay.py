@@ -1,6 +1,6 @@
 """``prism replay``: the offline pipeline over captured flow dumps.
 
-source (files) -> records (validated chunks) -> analyzers -> sinks (files)
+source (files) -> records (validated chunks) -> analyses -> sinks (files)
 
 Output contract (names and columns are fixed; later stages fill them in):
 
@@ -37,7 +37,7 @@ from prism.analysis.analyse import Analysis, Settings
 from prism.analysis.batches import analyse_by_jobs, analyse_chunks_by_jobs, analyse_job_batches, plan_analysis
 from prism.analysis.diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
 from prism.analysis.diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
-from prism.analysis.jobs import JobRecognizer
+from prism.analysis.jobs import JobRecogniser
 from prism.analysis.parallelism import UNCERTAIN_BELOW
 from prism.ingest.readers import DEFAULT_CHUNK_ROWS, FlowReader
 from prism.ingest.records import RejectCounter
@@ -291,7 +291,7 @@ def replay(
         raise ValueError(f"stop_after must be one of {STAGES}")
     t_start = time.perf_counter()
     res = ReplayResult(files=[str(p) for p in paths])
-    recognizer = JobRecognizer(topology)
+    recogniser = JobRecogniser(topology)
     activity = _NicActivity(len(topology))
     gpu_flows = _GpuFlows(len(topology), spill_above, spill_dir) if stop_after != "jobs" else None
     switch_bw = SwitchBandwidth(switch_window_s) if stop_after == "diagnosis" else None
@@ -302,19 +302,19 @@ def replay(
             total = reader.bytes_total or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=Path(str(path)).name, disable=(None if progress is None else not progress), leave=False) as bar:
                 for chunk in reader:
-                    _consume(chunk, topology, recognizer, activity, res, gpu_flows, switch_bw)
+                    _consume(chunk, topology, recogniser, activity, res, gpu_flows, switch_bw)
                     if total:
                         bar.update(reader.bytes_done - bar.n)
                     bar.set_postfix(rows=f"{reader.rows_read:,}", refresh=False)
             res.rows_read += reader.rows_read
-        res.jobs = recognizer.predict()
+        res.jobs = recogniser.predict()
         res.job_spans = _job_spans(res.jobs, topology, activity)
         stages = _StageClock(res.stage_seconds, progress)
         stages.begin("read", t_start)
         if gpu_flows is not None:
             res.flows_spilled = len(gpu_flows.spilled) if gpu_flows.spilled is not None else 0
             res.analysis = gpu_flows.analyse(
-                recognizer.labels(), res.jobs, topology, capture_end=res.last_start_ns or 0, switch_bw=switch_bw,
+                recogniser.labels(), res.jobs, topology, capture_end=res.last_start_ns or 0, switch_bw=switch_bw,
                 settings=settings, stop_after=stop_after, on_stage=stages.begin,
             )
     finally:
@@ -359,7 +359,7 @@ class _StageClock:
 def _consume(
     chunk: pd.DataFrame,
     topology: Topology,
-    recognizer: JobRecognizer,
+    recogniser: JobRecogniser,
     activity: _NicActivity,
     res: ReplayResult,
     gpu_flows: _GpuFlows | None,
@@ -390,7 +390,7 @@ def _consume(
     lo, hi = int(start.min()), int(end.max())
     res.first_ns = lo if res.first_ns is None else min(res.first_ns, lo)
     res.last_ns = hi if res.last_ns is None else max(res.last_ns, hi)
-    recognizer.partial_fit_pairs(a, b)
+    recogniser.partial_fit_pairs(a, b)
     activity.update(a, b, start, end)
     if gpu_flows is not None:
         gpu_flows.add(a, b, start, duration, size)

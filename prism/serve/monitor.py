@@ -34,7 +34,7 @@ import pandas as pd
 
 from prism.analysis.analyse import Settings, analyse, label_names
 from prism.analysis.diagnosis import SwitchBandwidth
-from prism.analysis.jobs import JobRecognizer, gpu_clusters
+from prism.analysis.jobs import JobRecogniser, gpu_clusters
 from prism.analysis.parallelism import UNCERTAIN_BELOW
 from prism.ingest.topology import Topology
 from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_hashes
@@ -138,7 +138,7 @@ class Monitor:
     topology : Topology
     settings : MonitorSettings, optional
     analysis : prism.analysis.analyse.Settings, optional
-        The analyzers' settings (the same as ``prism replay``'s).
+        The analyses' settings (the same as ``prism replay``'s).
 
     Notes
     -----
@@ -300,8 +300,8 @@ class Monitor:
         df = pd.DataFrame({"label": labels, "ip": ips})[labels >= 0]
         return [g.tolist() for _, g in df.groupby("label")["ip"]]
 
-    def _recognizer(self) -> JobRecognizer:
-        rec = JobRecognizer(self.topology)
+    def _recogniser(self) -> JobRecogniser:
+        rec = JobRecogniser(self.topology)
         if len(self._pair_keys):
             rec.partial_fit_pairs(self._pair_keys // self._n, self._pair_keys % self._n)
         for comps in self.remote_components.values():
@@ -392,7 +392,7 @@ class Monitor:
         live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
         self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
 
-        rec = self._recognizer()
+        rec = self._recogniser()
         labels, jobs = rec.labels(), rec.predict()
         self.jobs_ = jobs
         a, b, start, duration, size = self.window.columns()

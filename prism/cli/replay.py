@@ -1,0 +1,83 @@
+"""``prism replay``: captured flow dumps analysed offline."""
+from __future__ import annotations
+
+import sys
+
+from prism.common.argtypes import existing_directory, non_negative_int, positive_float, positive_int, slice_size
+from prism.common.output import EXIT_BAD_INPUT, EXIT_FAILED, add_output_flags, finish
+from prism.ingest.readers import DEFAULT_CHUNK_ROWS
+from prism.analysis.analyse import DEFAULT_SLICE_FLOWS
+from prism.offline.spill import DEFAULT_SPILL_ABOVE, SpillError
+
+
+
+
+def add_command(sub):
+    p = sub.add_parser(
+        "replay",
+        help="analyse captured flow dumps offline",
+        description=(
+            "Read flow records (CSV, Parquet or JSON Lines, optionally .gz; - for JSON Lines on stdin), "
+            "recognise jobs, tell DP from PP pairs, reconstruct every job's training steps, diagnose slow steps, "
+            "slow servers and slow switches, and write jobs.csv, pairs.csv, steps.csv, phases.csv, anomalies.csv, "
+            "switches.csv, timeline.json (open it in ui.perfetto.dev) and summary.json to --out. Malformed rows "
+            "are counted by reason and skipped; traffic to or from addresses not in the topology (storage, "
+            "management) is counted and kept out of jobs."
+        ),
+    )
+    p.add_argument("flows", nargs="+", metavar="FLOWS", help="flow files, in time order")
+    p.add_argument("--topology", required=True, help="CSV with ip,server (optional rail,leaf): one row per GPU NIC")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--chunk-rows", type=positive_int, default=DEFAULT_CHUNK_ROWS, help="rows per chunk; bounds memory, about 1.2 KiB per row at peak (default: %(default)s)")
+    p.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_output_flags(p)
+    p.add_argument(
+        "--stop-after", choices=["jobs", "pairs", "steps", "diagnosis"], default="diagnosis",
+        help="last analysis to run: 'jobs' is a quick job inventory whose memory does not grow with the flows; "
+        "'pairs' adds DP/PP types, 'steps' the step timelines, 'diagnosis' the anomalies (default: %(default)s)",
+    )
+    p.add_argument("--plots", action="store_true", help="also write steps.png (step time per job, anomalies marked) and switches.png (bandwidth heat map)")
+    p.add_argument(
+        "--switch-window", type=positive_float, default=None, metavar="SECONDS",
+        help="window of the switch bandwidth comparison, aligned to the epoch (default: 300; LLMPrism used 3600)",
+    )
+    p.add_argument(
+        "--spill-above", type=non_negative_int, default=DEFAULT_SPILL_ABOVE, metavar="FLOWS",
+        help="GPU flows held in memory (32 B each) at most; past it they are written to --spill-dir and analysed a "
+        "batch of whole jobs at a time, with the same results, so memory no longer grows with the capture "
+        "(0: always; default: %(default)s)",
+    )
+    p.add_argument("--spill-dir", type=existing_directory, default=None, metavar="DIR",
+                   help="where spilled flows go, up to 64 B per GPU flow (default: the system's temporary directory, $TMPDIR)")
+    p.add_argument(
+        "--slice-flows", type=slice_size, default=DEFAULT_SLICE_FLOWS, metavar="FLOWS",
+        help="a job with more GPU flows is analysed this many at a time, in time slices that overlap by a few steps, "
+        "the results stitched: memory then follows the slice, not the job's length (with --spill-above, a capture "
+        "of any length fits). A slice must hold ten or more of the job's steps (default: %(default)s)",
+    )
+    p.set_defaults(func=cmd_replay)
+
+
+def cmd_replay(args) -> int:
+    from prism.analysis.analyse import Settings
+    from prism.ingest.records import FlowFormatError
+    from prism.offline.replay import format_summary, replay
+    from prism.ingest.topology import Topology
+
+    try:
+        topo = Topology.from_csv(args.topology)
+        kw = {"switch_window_s": args.switch_window} if args.switch_window else {}
+        progress = False if args.output == "json" and args.progress is None else args.progress
+        res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=progress, stop_after=args.stop_after, plots=args.plots,
+                     spill_above=args.spill_above, spill_dir=args.spill_dir, settings=Settings(slice_flows=args.slice_flows), **kw)
+    except SpillError as e:  # the disk, not the input
+        print(f"prism replay: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except (FlowFormatError, FileNotFoundError) as e:
+        print(f"prism replay: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    summary = res.summary()
+    warnings = summary.pop("warnings")
+    return finish(args, "replay", {**summary, "out": str(args.out)}, warnings, text=lambda: f"{format_summary(res)}\nresults in {args.out}")
