@@ -28,14 +28,21 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed tools
 	$(PY) -m pytest
 
-# promtool (Debian's prometheus package) runs the alert rules' unit tests; stunnel is the TLS listener in front
-# of the test broker (the bundled Tansu cannot serve TLS itself); openssl makes the tests' certificates
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Optional test tools from Debian's packages: promtool (package prometheus) runs the alert rules' unit tests,
+# stunnel the TLS listener in front of the test broker (the bundled Tansu cannot serve TLS itself), openssl
+# makes the tests' certificates. They are installed only where that needs no password (as root, or with
+# passwordless sudo); elsewhere the tests that need them are skipped, and pytest names them and the reason.
 TOOLS_PKGS := $(if $(shell command -v promtool),,prometheus) $(if $(shell command -v stunnel),,stunnel4) $(if $(shell command -v openssl),,openssl)
 tools:
 	@[ -z "$(strip $(TOOLS_PKGS))" ] || { \
-	  echo "installing test tools (apt-get install $(strip $(TOOLS_PKGS)))"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(strip $(TOOLS_PKGS)) >/dev/null; }
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi; \
+	  if [ "$$SUDO" != none ] && command -v apt-get >/dev/null; then \
+	    echo "installing optional test tools (apt-get install $(strip $(TOOLS_PKGS)))"; \
+	    { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(strip $(TOOLS_PKGS)) >/dev/null; } \
+	      || echo "note: could not install $(strip $(TOOLS_PKGS)); the tests that need them will be skipped"; \
+	  else \
+	    echo "note: $(strip $(TOOLS_PKGS)) not installed (needs root: apt-get install $(strip $(TOOLS_PKGS))); the tests that need them will be skipped"; \
+	  fi; }
 
 # alert rules, Grafana files and the chart's generated templates, from prism/deploy/alerting.py and prism/deploy/grafana.py
 generate: $(VENV)/.installed
