@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prism import alerting, grafana
+from prism.deploy import alerting, grafana
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS_DIR = ROOT / "alerts"
