@@ -10,20 +10,26 @@ from pathlib import Path
 
 from prism.common.argtypes import non_negative_float, positive_int
 from prism.common.output import EXIT_BAD_INPUT, EXIT_FAILED, add_output_flags, finish
+from prism.ingest.formats import formats
 
 DESCRIPTION = (
     "Decode pcap/pcapng captures of ERSPAN-mirrored (Type I, II, III) or plain host-side RoCEv2 traffic, assemble RDMA "
     "messages (FIRST..LAST or ONLY, keyed by source, destination and destination QP; mirror copies merged into one flow "
     "whose switches list the path, go-back-N retransmissions merged, sizes from IP/UDP lengths or RETH) and write one "
-    "flow record per message to a file (CSV, Parquet, JSON Lines) or to Kafka in the daemon's format. ACKs, CNPs (per "
+    f"flow record per message to a file ({', '.join(f.title for f in formats())}) or to Kafka in the daemon's format. ACKs, CNPs (per "
     "switch), READ requests and non-RoCE traffic are counted, not turned into flows. A file that is not a capture is "
     "counted and skipped; a capture cut short keeps its whole packets."
 )
 
 
+def _written() -> str:
+    """The flow files --out writes, from the format registry: ``.parquet, .csv[.gz], ...``."""
+    return ", ".join(f.suffixes[0] + ("[.gz]" if f.writes_gzip else "") for f in formats())
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("captures", nargs="*", metavar="PCAP", help="capture files (pcap or pcapng) or directories of them, in time order")
-    p.add_argument("--out", required=True, help="FILE (.parquet, .csv[.gz], .jsonl[.gz]) or kafka://HOST:PORT/TOPIC")
+    p.add_argument("--out", required=True, help=f"FILE ({_written()}) or kafka://HOST:PORT/TOPIC")
     p.add_argument("--switch-map", metavar="YAML", help="ERSPAN session id and/or mirror source address -> switch name: "
                    "{sessions: {17: leaf-03}, sources: {10.0.0.3: leaf-03}}; unmapped mirrors are named mirror-<address>/s<session>")
     p.add_argument("--follow", metavar="DIR", help="keep reading new capture files as they appear in DIR (rotated pcaps); "

@@ -3,8 +3,8 @@
 :class:`Collector` reads each capture (memory-mapped), decodes it in
 slices of ``batch_packets`` into a reused field matrix, and feeds the
 :class:`~collectors.assemble.FlowAssembler`, whose completed messages go to
-the sink as they appear. Sinks: a flow file (CSV, Parquet or JSON Lines,
-optionally .gz) or a Kafka topic in the daemon's message format (one
+the sink as they appear. Sinks: a flow file (any format
+:mod:`prism.ingest.formats` writes) or a Kafka topic in the daemon's message format (one
 message per GPU pair, keyed by the unordered pair).
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from prism.ingest.formats import written_suffixes
 from prism.ingest.readers import write_flows
 from prism.ingest.records import empty_flows
 
@@ -32,8 +33,9 @@ class FileSink:
 
     def __init__(self, path: str):
         name = str(path)
-        if not name.endswith((".parquet", ".csv", ".csv.gz", ".jsonl", ".jsonl.gz")):
-            raise ValueError(f"--out {name}: unknown flow format; use .parquet, .csv, .csv.gz, .jsonl or .jsonl.gz, or kafka://HOST:PORT/TOPIC")
+        written = written_suffixes()
+        if not name.endswith(written):
+            raise ValueError(f"--out {name}: unknown flow format; use {', '.join(written[:-1])} or {written[-1]}, or kafka://HOST:PORT/TOPIC")
         self.path, self.parts, self.records = Path(name), [], 0
 
     def send(self, flows: pd.DataFrame) -> None:

@@ -47,8 +47,9 @@ class GeneratedCluster:
     def write(self, out: str | os.PathLike, fmt: str = "parquet") -> Path:
         """Write ``flows.<fmt>``, ``topology.csv``, ``truth/*`` and ``manifest.json``.
 
-        ``fmt`` is ``parquet``, ``csv``, ``jsonl``, or either of the latter
-        two with ``.gz``.
+        ``fmt`` is a suffix :func:`~prism.ingest.readers.write_flows` writes,
+        without its dot: one of :func:`prism.ingest.formats.written_suffixes`
+        (``parquet``, ``csv``, ``csv.gz``, ...).
         """
         out = Path(out)
         (out / "truth").mkdir(parents=True, exist_ok=True)

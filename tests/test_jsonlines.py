@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from prism import readers
+from prism.ingest.formats import jsonl as readers  # where the JSON Lines reader looks read_flow_lines up
 from prism.ingest.jsonlines import SCHEMA, read_flow_lines
 from prism.ingest.messages import decode_messages, encode_jsonl
 from prism.ingest.readers import FlowReader

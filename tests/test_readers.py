@@ -213,7 +213,7 @@ def test_one_bad_csv_row_costs_only_itself(tmp_path, case):
 
 
 def test_a_line_too_long_for_memory_is_skipped_in_json_lines(tmp_path):
-    from prism.ingest.readers import MAX_LINE_BYTES
+    from prism.ingest.formats.common import MAX_LINE_BYTES
 
     good = '{"start_ns":%d,"duration_ns":5,"src":"10.0.0.1","dst":"10.0.0.2","size":64,"switches":"l"}'
     body = [good % i for i in range(5)] + ['{"start_ns":' + "9" * (2 * MAX_LINE_BYTES)] + [good % i for i in range(5, 10)]
@@ -226,12 +226,13 @@ def test_a_line_too_long_for_memory_is_skipped_in_json_lines(tmp_path):
 
 
 def test_long_lines_within_the_limit_stay_on_the_fast_path(tmp_path, monkeypatch):
-    from prism.ingest.readers import MAX_LINE_BYTES
+    from prism.ingest.formats.common import MAX_LINE_BYTES
+    from prism.ingest.formats.jsonl import JsonLinesReader
 
     def no_slow_path(*_):
         raise AssertionError("a block of valid lines went to the per-line parser")
 
-    monkeypatch.setattr(FlowReader, "_json_lines_slow", no_slow_path)
+    monkeypatch.setattr(JsonLinesReader, "_json_lines_slow", no_slow_path)
     good = '{"start_ns":%d,"duration_ns":5,"src":"10.0.0.1","dst":"10.0.0.2","size":64,"switches":"l","note":"%s"}'
     pad = "x" * (MAX_LINE_BYTES - len(good) - 10)  # just under the limit, with an ignored field
     # three lines at the limit between ordinary ones: a block of 7 MiB, parsed in pieces
@@ -301,14 +302,14 @@ def test_blank_lines_keep_json_lines_on_the_fast_path_and_the_line_numbers(sampl
     path.write_text("\n" + text)
     want_line = 1 + 13 + len([i for i in range(13) if i % 3 == 0]) + 1  # the leading blank, rows 0-12 and their blanks, then row 13
 
-    from prism.ingest.readers import FlowReader as Reader
+    from prism.ingest.formats.jsonl import JsonLinesReader
 
     def no_slow_path(self, block):
         raise AssertionError("the per-line parser ran")
 
-    monkeypatch.setattr(Reader, "_json_lines_slow", no_slow_path)
+    monkeypatch.setattr(JsonLinesReader, "_json_lines_slow", no_slow_path)
     rejects = RejectCounter()
-    got = pd.concat(list(Reader(str(path), rejects=rejects, chunk_rows=chunk_rows)), ignore_index=True)
+    got = pd.concat(list(FlowReader(str(path), rejects=rejects, chunk_rows=chunk_rows)), ignore_index=True)
     assert dict(rejects.counts) == {"negative_size": 1}
     assert rejects.examples["negative_size"][0].startswith(f"{path}:line {want_line}:")
     pd.testing.assert_frame_equal(_canon(got), _canon(flows.drop(index=13)))
@@ -326,7 +327,7 @@ def test_read_ahead_keeps_order_raises_in_place_and_stops_its_thread():
     early stops the thread even while the queue is full."""
     import threading
 
-    from prism.ingest.readers import _read_ahead
+    from prism.ingest.formats.parquet import _read_ahead
 
     def source(n, fail_at=None):
         for i in range(n):

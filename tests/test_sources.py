@@ -93,3 +93,61 @@ def test_records_of_a_partition_revoked_by_the_second_poll_are_left_to_its_next_
     src = KafkaSource.__new__(KafkaSource)
     src.consumer = Polls({T0: [1, 2], T1: [7]}, {T2: [9]}, revoke={T1})
     assert src._fetch(200) == {T0: [1, 2], T2: [9]}
+
+
+def test_both_sources_implement_every_member_of_the_source_protocol(tmp_path):
+    """Each built-in source defines every protocol member itself (none falls back to the protocol's empty
+    stub), with the protocol's parameters, and a DirectorySource is a Source at run time."""
+    import inspect
+
+    from prism.serve.sources import DirectorySource, Source
+
+    members = [m for m in ("poll", "lag", "publish", "commit", "close") if callable(getattr(Source, m))]
+    assert members == ["poll", "lag", "publish", "commit", "close"]
+    for cls in (KafkaSource, DirectorySource):
+        assert Source in cls.__mro__  # explicitly (issubclass() does not take a protocol with an attribute)
+        for m in members:
+            assert getattr(cls, m) is not getattr(Source, m), f"{cls.__name__}.{m} is the protocol's stub"
+            assert list(inspect.signature(getattr(cls, m)).parameters) == list(inspect.signature(getattr(Source, m)).parameters), (cls, m)
+    src = DirectorySource(tmp_path)
+    assert isinstance(src, Source) and src.ready
+
+
+def test_a_source_is_any_class_with_the_protocol_members():
+    """The extension point: a class need not name Source to be one; one missing a member is not."""
+    from prism.serve.sources import Source
+
+    class Replay:
+        ready = True
+
+        def poll(self, monitor, timeout_ms=500):
+            return 0
+
+        def lag(self):
+            return None
+
+        def publish(self, only=None):
+            pass
+
+        def commit(self, only=None):
+            pass
+
+        def close(self):
+            pass
+
+    class NoCommit:
+        ready = True
+
+        def poll(self, monitor, timeout_ms=500):
+            return 0
+
+        def lag(self):
+            return None
+
+        def publish(self, only=None):
+            pass
+
+        def close(self):
+            pass
+
+    assert isinstance(Replay(), Source) and not isinstance(NoCommit(), Source)

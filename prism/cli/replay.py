@@ -5,11 +5,18 @@ import sys
 
 from prism.common.argtypes import existing_directory, non_negative_int, positive_float, positive_int, slice_size
 from prism.common.output import EXIT_BAD_INPUT, EXIT_FAILED, add_output_flags, finish
-from prism.ingest.readers import DEFAULT_CHUNK_ROWS
+from prism.ingest.formats import by_name, formats, suffixes
+from prism.ingest.readers import DEFAULT_CHUNK_ROWS, STDIN_FORMAT
 from prism.analysis.analyse import DEFAULT_SLICE_FLOWS
 from prism.offline.spill import DEFAULT_SPILL_ABOVE, SpillError
 
 
+
+
+def _read_formats() -> str:
+    """The formats replay reads, from the format registry: ``Parquet, CSV or JSON Lines``."""
+    titles = [f.title for f in formats()]
+    return ", ".join(titles[:-1]) + " or " + titles[-1] if len(titles) > 1 else titles[0]
 
 
 def add_command(sub):
@@ -17,7 +24,7 @@ def add_command(sub):
         "replay",
         help="analyse captured flow dumps offline",
         description=(
-            "Read flow records (CSV, Parquet or JSON Lines, optionally .gz; - for JSON Lines on stdin), "
+            f"Read flow records ({_read_formats()}, optionally .gz; - for {by_name(STDIN_FORMAT).title} on stdin), "
             "recognise jobs, tell DP from PP pairs, reconstruct every job's training steps, diagnose slow steps, "
             "slow servers and slow switches, and write jobs.csv, pairs.csv, steps.csv, phases.csv, anomalies.csv, "
             "switches.csv, timeline.json (open it in ui.perfetto.dev) and summary.json to --out. Malformed rows "
@@ -25,7 +32,7 @@ def add_command(sub):
             "management) is counted and kept out of jobs."
         ),
     )
-    p.add_argument("flows", nargs="+", metavar="FLOWS", help="flow files, in time order")
+    p.add_argument("flows", nargs="+", metavar="FLOWS", help=f"flow files ({', '.join(suffixes())}, each optionally .gz), in time order")
     p.add_argument("--topology", required=True, help="CSV with ip,server (optional rail,leaf): one row per GPU NIC")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--chunk-rows", type=positive_int, default=DEFAULT_CHUNK_ROWS, help="rows per chunk; bounds memory, about 1.2 KiB per row at peak (default: %(default)s)")

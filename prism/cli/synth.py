@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from prism.common.argtypes import positive_float
+from prism.ingest.formats import written_suffixes
 
 
 
@@ -26,7 +27,7 @@ def add_command(sub):
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS", help="capture window (default: the preset's)")
     p.add_argument("--no-faults", action="store_true", help="the fault-free twin: same seed and random draws, no injected faults")
-    p.add_argument("--format", default="parquet", choices=["parquet", "csv", "csv.gz", "jsonl", "jsonl.gz"], help="flow file format (default: %(default)s)")
+    p.add_argument("--format", default="parquet", choices=[s.lstrip(".") for s in written_suffixes()], help="flow file format (default: %(default)s)")
     p.set_defaults(func=cmd_synth)
 
 

@@ -23,9 +23,16 @@ replica writes two kinds of keyed records to a compacted *summaries* topic
 
 Directory
 ---------
-``--source DIR`` reads flow dumps (any format :mod:`prism.ingest.readers` knows)
+``--source DIR`` reads flow dumps (any format :mod:`prism.ingest.formats` knows)
 that appear in DIR, in modification-time order, each once it has stopped
 growing (write to a temporary name and rename into place to be safe).
+
+Another source
+--------------
+:class:`Source` is the extension point: what the daemon loop
+(:class:`prism.serve.daemon.Daemon`) calls on a source, and nothing else.
+A new source is one class implementing it (see ``docs/design.md``,
+"Extension points").
 """
 from __future__ import annotations
 
@@ -35,16 +42,75 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from prism.ingest.messages import DEFAULT_MAX_MESSAGE_BYTES, decode_messages
 from prism.serve.monitor import Monitor
 from prism.ingest.readers import FlowReader, detect_format
 from prism.ingest.records import FlowFormatError, RejectCounter
 
-__all__ = ["KafkaSource", "DirectorySource", "ensure_topic"]
+__all__ = ["Source", "KafkaSource", "DirectorySource", "ensure_topic"]
 
 log = logging.getLogger("prism.sources")
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Where the daemon's flow records come from: the extension point for a new one.
+
+    The daemon loop (:class:`prism.serve.daemon.Daemon`) calls exactly these
+    members, from one thread: :meth:`poll` over and over, :meth:`lag` after
+    each poll, and after each published window :meth:`publish` then
+    :meth:`commit`; ``prism daemon`` calls :meth:`close` on the way out,
+    and the health endpoint reports :attr:`ready`. A source decodes into the
+    monitor itself, so records reach the windows the same way whatever
+    their origin (a file format, a message codec).
+
+    The loop also looks these up, where a source has them (they are not
+    part of the protocol: a source without them is taken as without the
+    behaviour):
+
+    ``keep_alive(timeout_ms)``
+        called repeatedly while a window is analysed on another thread
+        (Kafka: stay in the consumer group; decode ahead without touching
+        the monitor);
+    ``components_changed`` (bool)
+        set when another replica's job membership changed: the loop re-runs
+        the last window and clears it;
+    ``bad_files`` (sequence of (file, error)), ``resets`` (int)
+        reported on the health endpoint and as metrics.
+
+    Like prometheus client_python's ``Collector``, this is a
+    :class:`typing.Protocol`: a class with these members is a source
+    whether or not it names this class; the built-in ones subclass it to
+    say so (and so that mypy checks them).
+    """
+
+    #: records can be read (Kafka: partitions assigned; a directory: it can be listed)
+    ready: bool
+
+    def poll(self, monitor: Monitor, timeout_ms: int = 500) -> int:
+        """Ingest what has arrived into ``monitor`` (``monitor.ingest``, ``monitor.reject``), waiting up to
+        ``timeout_ms`` when nothing has; return how many units (messages, files) were read, 0 for none."""
+        ...
+
+    def lag(self) -> int | None:
+        """How far behind the input the source is (records, files), None when unknown."""
+        ...
+
+    def publish(self, only: Collection[Any] | None = None) -> None:
+        """Make what was ingested up to now durable elsewhere (state for another replica), before :meth:`commit`."""
+        ...
+
+    def commit(self, only: Collection[Any] | None = None) -> None:
+        """Mark what was ingested up to now as done: a restart resumes after it (at least once)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and files; the source is not used after it."""
+        ...
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, compact: bool = False, timeout_s: float = 30.0, security=None) -> bool:
@@ -68,8 +134,8 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, compact: bool 
         admin.close()
 
 
-class KafkaSource:
-    """Consume flow records from Kafka (see the module docstring).
+class KafkaSource(Source):
+    """Consume flow records from Kafka (see the module docstring); a :class:`Source`.
 
     Parameters
     ----------
@@ -476,7 +542,7 @@ class KafkaSource:
             known = True
         return total if known else None
 
-    def publish(self, only=None) -> None:
+    def publish(self, only: Collection[Any] | None = None) -> None:
         """Write partition state and job membership to the summaries topic."""
         if self.monitor is None:
             return
@@ -494,7 +560,7 @@ class KafkaSource:
             self.producer.send(self.summary_topic, key=f"components/{self.group_id}/{self.replica_id}".encode(), value=json.dumps(value).encode())
         self.producer.flush(timeout=30)
 
-    def commit(self, only=None) -> None:
+    def commit(self, only: Collection[Any] | None = None) -> None:
         from kafka.structs import OffsetAndMetadata
 
         offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self.positions.items() if only is None or tp in only}
@@ -541,8 +607,8 @@ class _Rebalance(_ListenerBase):
         self.source._on_assigned(set(assigned))
 
 
-class DirectorySource:
-    """Tail a directory of flow dumps (no Kafka)."""
+class DirectorySource(Source):
+    """Tail a directory of flow dumps (no Kafka); a :class:`Source`."""
 
     PARTITION = "dir"
 
@@ -577,6 +643,7 @@ class DirectorySource:
         return sorted(out, key=lambda p: (p.stat().st_mtime, p.name))
 
     def poll(self, monitor: Monitor, timeout_ms: int = 500) -> int:
+        """Ingest the oldest settled dump (one file a poll) into ``monitor``; return 1, or 0 (after waiting) for none."""
         for p in self._candidates():
             size = p.stat().st_size
             if self._sizes.get(str(p)) != size:  # still growing (or first seen): wait a poll
@@ -601,14 +668,15 @@ class DirectorySource:
         return 0
 
     def lag(self) -> int | None:
+        """Dumps waiting to be read."""
         return len(self._candidates())
 
-    def publish(self, only=None) -> None:
-        pass
+    def publish(self, only: Collection[Any] | None = None) -> None:
+        """Nothing: a directory keeps no state for another replica."""
 
-    def commit(self, only=None) -> None:
-        pass
+    def commit(self, only: Collection[Any] | None = None) -> None:
+        """Nothing: what was read is remembered in memory only (a restart reads the directory again)."""
 
     def close(self) -> None:
-        pass
+        """Nothing to release: each dump is closed once read."""
 
