@@ -13,10 +13,9 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.diagnosis import CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser, empty_anomalies, in_time_order
-from prism.common.allocator import release_free_memory
-from prism.common.ordering import group_rows, rank_keys, stable_order
 from prism.analysis.parallelism import ParallelismClassifier, pair_ids
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
+from prism.common.ordering import rank_keys, stable_order
 from prism.ingest.topology import Topology
 
 __all__ = ["Analysis", "DEFAULT_SLICE_FLOWS", "Settings", "add_anomalies", "analyse", "label_names"]

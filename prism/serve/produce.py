@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-
 import pyarrow as pa
 
 from prism.ingest.messages import ARROW_CONTENT_TYPE, JSONL_CONTENT_TYPE, arrow_ipc, encode_jsonl, pair_keys
