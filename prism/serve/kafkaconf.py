@@ -209,11 +209,11 @@ _HINTS = (
 
 
 class _Capture(logging.Handler):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.messages: list[str] = []
 
-    def emit(self, record):
+    def emit(self, record: logging.LogRecord) -> None:
         try:
             self.messages.append(record.getMessage())
         except Exception:  # noqa: BLE001 - a log line we cannot format is no reason to fail the check
