@@ -1,11 +1,11 @@
 # The two commands of the README:
 #   make demo   set up .venv and run the main job on the embedded default
-#   make test   set up .venv and run the test suite (what .ci/run calls)
+#   make test   set up .venv and run the test suite (.ci/run runs `make lint`, then this)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test bench generate tools lock docs clean
+.PHONY: demo test lint bench generate tools lock docs clean
 
 # dependencies from the lock file, every file checked against its hash, then Prism itself; the lock is
 # resolved for Python 3.11 on Linux x86_64, so elsewhere the declared ranges are installed instead
@@ -27,6 +27,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed tools
 	$(PY) -m pytest
+
+# ruff (pyproject.toml's [tool.ruff]: import order, bugbear, private access, relative imports) and mypy on prism,
+# collectors and synthetic ([tool.mypy]); .ci/run runs this before the tests
+lint: $(VENV)/.installed
+	$(PY) -m ruff check . && $(PY) -m mypy
 
 # Optional test tools from Debian's packages: promtool (package prometheus) runs the alert rules' unit tests,
 # stunnel the TLS listener in front of the test broker (the bundled Tansu cannot serve TLS itself), openssl

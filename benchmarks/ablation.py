@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from prism.analysis.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth  # noqa: E402
-from prism.analysis.jobs import JobRecogniser  # noqa: E402
-from prism.analysis.parallelism import SIGNALS, ParallelismClassifier, SizeRuleClassifier  # noqa: E402
-from prism.ingest.topology import Topology  # noqa: E402
-
-from synthetic.fromtrace import shared_data_dir  # noqa: E402
+from prism.analysis.evaluation import gpu_flow_arrays, gpu_flow_ends, pair_type_truth
+from prism.analysis.jobs import JobRecogniser
+from prism.analysis.parallelism import SIGNALS, ParallelismClassifier, SizeRuleClassifier
+from prism.ingest.topology import Topology
+from synthetic.fromtrace import shared_data_dir
 
 SA = shared_data_dir() / "straggler-analysis"
 

@@ -10,16 +10,13 @@ error, injected faults found, and anomalies that no injected fault explains
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps  # noqa: E402
-from prism.offline.replay import replay  # noqa: E402
-from prism.ingest.topology import Topology  # noqa: E402
-from synthetic import preset  # noqa: E402
+from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps
+from prism.ingest.topology import Topology
+from prism.offline.replay import replay
+from synthetic import preset
 
 
 def run(name, seed, with_faults, tmp):

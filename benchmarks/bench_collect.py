@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import argparse
 import struct
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from collectors.assemble import SwitchMap  # noqa: E402
-from collectors.collect import Collector  # noqa: E402
-from synthetic import preset  # noqa: E402
-from synthetic.pcapgen import write_roce_pcap  # noqa: E402
+from collectors.assemble import SwitchMap
+from collectors.collect import Collector
+from synthetic import preset
+from synthetic.pcapgen import write_roce_pcap
 
 
 class CountSink:

@@ -33,16 +33,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
-import numpy as np  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from prism.serve.broker import LocalBroker, free_port  # noqa: E402
-from prism.serve.live import stream_flows  # noqa: E402
-from prism.serve.produce import FlowProducer  # noqa: E402
-from prism.serve.sources import ensure_topic  # noqa: E402
-from synthetic import preset  # noqa: E402
+from prism.serve.broker import LocalBroker, free_port
+from prism.serve.live import stream_flows
+from prism.serve.produce import FlowProducer
+from prism.serve.sources import ensure_topic
+from synthetic import preset
 
 WINDOW = ["--window", "10s", "--window.step", "2s", "--window.lateness", "500ms", "--switch.window", "5s"]
 
@@ -181,9 +179,9 @@ def every_step(cluster, topo_csv, batch: int = 36_000):
     """
     import pyarrow as pa
 
-    from prism.serve.monitor import Monitor, MonitorSettings
     from prism.ingest.records import RejectCounter, validate_flows
     from prism.ingest.topology import Topology
+    from prism.serve.monitor import Monitor, MonitorSettings
 
     flows = cluster.flows.sort_values("start_ns", kind="stable")
     frames = [validate_flows(pa.Table.from_pandas(flows.iloc[i:i + batch], preserve_index=False), RejectCounter(), "bench")

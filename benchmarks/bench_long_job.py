@@ -27,9 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import pandas as pd  # noqa: E402
+import pandas as pd
 
 GENERATE = """
 import sys
@@ -103,7 +101,7 @@ def main() -> int:
                                cwd=Path(__file__).resolve().parents[1]).stdout.split()[-1])
         w = replay(data, data / "whole", 1 << 62)
         s = replay(data, data / "sliced", args.slice_flows)
-        cell = lambda r: f"{r['wall']:.1f} s, {r['peak']:,.0f} MiB, {r['peak'] * 2**20 / n:,.0f}"  # noqa: E731
+        cell = lambda r, n=n: f"{r['wall']:.1f} s, {r['peak']:,.0f} MiB, {r['peak'] * 2**20 / n:,.0f}"  # noqa: E731
         print(f"| {d:g} s | {n:,} | {cell(w)} | {cell(s)} | {same(data / 'whole', data / 'sliced')} | {truth(data, data / 'sliced')} |", flush=True)
     return 0
 

@@ -19,23 +19,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import pandas as pd
+import yaml
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
-
-from prism.cli import main as prism  # noqa: E402
-from prism.whatif.graph import ExecutionGraph, simulate  # noqa: E402
-from prism.whatif.optrace import OpGraph, observed_step_times, read_op_trace  # noqa: E402
-from prism.whatif.scenarios import apply_op_scenarios, parse_scenario  # noqa: E402
-
-from synthetic.fromtrace import shared_data_dir  # noqa: E402
+from prism.cli import main as prism
+from prism.whatif.graph import ExecutionGraph, simulate
+from prism.whatif.optrace import OpGraph, observed_step_times, read_op_trace
+from prism.whatif.scenarios import apply_op_scenarios, parse_scenario
+from synthetic.fromtrace import shared_data_dir
 
 SA = shared_data_dir() / "straggler-analysis"
 
@@ -51,7 +47,7 @@ def real_traces() -> None:
         meta = yaml.safe_load((SA / f"meta-{trial}.yaml").read_text())
         g = OpGraph(ops)
 
-        def steps(sc):
+        def steps(sc, g=g, meta=meta):  # bound now: called within this iteration only
             d = apply_op_scenarios(g, [parse_scenario(s) for s in sc], meta["dp_size"])
             return g.step_seconds(simulate(g.graph(d, launch_delay=False)))
 

@@ -28,18 +28,15 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import pandas as pd
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from prism.analysis.analyse import Settings  # noqa: E402
-from prism.analysis.evaluation import score_cluster, score_stream  # noqa: E402
-from prism.serve.monitor import MonitorSettings  # noqa: E402
-from prism.offline.replay import replay  # noqa: E402
-from prism.ingest.topology import Topology  # noqa: E402
-
-from synthetic.fromtrace import shared_data_dir  # noqa: E402
+from prism.analysis.analyse import Settings
+from prism.analysis.evaluation import score_cluster, score_stream
+from prism.ingest.topology import Topology
+from prism.offline.replay import replay
+from prism.serve.monitor import MonitorSettings
+from synthetic.fromtrace import shared_data_dir
 
 SA = shared_data_dir() / "straggler-analysis"
 
@@ -65,8 +62,8 @@ def run_stream(cluster, name, settings: MonitorSettings, slice_s: float = 0.25, 
     import pyarrow as pa
 
     from prism.analysis.diagnosis import ANOMALY_COLUMNS
-    from prism.serve.monitor import Monitor
     from prism.ingest.records import RejectCounter, validate_flows
+    from prism.serve.monitor import Monitor
 
     # The monitor keeps its last step_history steps per job, and a young job's steps come all at
     # once (a capture shorter than the window: at the last tick): keep enough of them to score all.
@@ -160,9 +157,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_traces and SA.is_dir():
-            from synthetic.fromtrace import CollectorNoise, read_trace_job, trace_cluster
-
-            from synthetic.fromtrace import Straggler
+            from synthetic.fromtrace import CollectorNoise, Straggler, read_trace_job, trace_cluster
 
             for tp in (8, 2, 1):
                 for noise in (None, CollectorNoise()):

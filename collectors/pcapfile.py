@@ -219,7 +219,7 @@ _PCAPNG_ERRORS = {1: "bad section header byte-order magic", 2: "block length not
                   6: "interface timestamp resolution (if_tsresol) finer than 10^-18 s or 2^-63 s"}
 
 
-def capture_from_bytes(data, path: str = "<bytes>") -> Capture:
+def capture_from_bytes(data: bytes | bytearray | memoryview, path: str = "<bytes>") -> Capture:
     """Parse a capture held in memory (``bytes``/``bytearray``/``memoryview``)."""
     buf = np.frombuffer(data, np.uint8)
     return _parse(buf, len(buf), path)

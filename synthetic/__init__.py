@@ -9,10 +9,10 @@ faults (slow steps, slow servers, degraded switches), and writes flows,
 topology and the ground truth for every later stage of Prism.
 """
 from .fabric import Fabric
-from .workload import JobSpec, one_f_one_b
 from .faults import DegradedSwitch, SlowServer, SlowStep
 from .generator import ClusterGenerator, GeneratedCluster
 from .presets import PRESETS, preset
+from .workload import JobSpec, one_f_one_b
 
 __all__ = [
     "Fabric",

@@ -68,7 +68,7 @@ class Fabric:
     def server_name(self, s: int) -> str:
         return f"srv{s:04d}"
 
-    def gpu_ip(self, g: int) -> str:
+    def gpu_ip(self, g: int | np.integer) -> str:
         s, r = divmod(int(g), self.gpus_per_server)
         return f"10.{1 + s // 256}.{s % 256}.{10 + r}"
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import struct
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -59,7 +60,7 @@ def _be(arr: np.ndarray, col: int, values, nbytes: int, rows=None):
         arr[rows] = target
 
 
-def write_roce_pcap(flows: pd.DataFrame, path, *, seed: int = 0, loss: float = 0.01, rto_ns: int = 30_000,
+def write_roce_pcap(flows: pd.DataFrame, path: str | Path, *, seed: int = 0, loss: float = 0.01, rto_ns: int = 30_000,
                     snap: int = 256, ack_every: int = 8) -> dict:
     """Write ``flows`` as an ERSPAN-mirrored RoCEv2 pcap (nanosecond timestamps).
 

@@ -101,7 +101,7 @@ class JobSpec:
         if self.world == gpus_per_server:
             raise ValueError(f"{self.name}: a one-server job has no network traffic")
 
-    def rank(self, t, d, p):
+    def rank(self, t: np.ndarray, d: np.ndarray, p: np.ndarray) -> np.ndarray:
         if self.rank_order == "tp-pp-dp":
             return t + self.tp * (p + self.pp * d)
         return t + self.tp * (d + self.dp * p)
@@ -116,7 +116,7 @@ class JobSpec:
         return (self.microbatches + self.pp - 1) * per
 
 
-def one_f_one_b(F: np.ndarray, B: np.ndarray, xf: np.ndarray, xb: np.ndarray, t0: float):
+def one_f_one_b(F: np.ndarray, B: np.ndarray, xf: np.ndarray, xb: np.ndarray, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Times of every forward and backward under the 1F1B schedule.
 
     Stage ``p`` of ``P`` runs ``min(P - p - 1, M)`` warm-up forwards, then

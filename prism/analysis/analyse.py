@@ -6,17 +6,18 @@ here is vectorised, and the loops left run over jobs, pipelines or steps.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numba
 import numpy as np
 import pandas as pd
 
 from prism.analysis.diagnosis import CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser, empty_anomalies, in_time_order
-from prism.common.allocator import release_free_memory
-from prism.common.ordering import group_rows, rank_keys, stable_order
 from prism.analysis.parallelism import ParallelismClassifier, pair_ids
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
+from prism.common.ordering import rank_keys, stable_order
 from prism.ingest.topology import Topology
 
 __all__ = ["Analysis", "DEFAULT_SLICE_FLOWS", "Settings", "add_anomalies", "analyse", "label_names"]
@@ -45,12 +46,12 @@ class Analysis:
     """What the analyses found (frames in the output contract's formats)."""
 
     pairs: pd.DataFrame  # job_id, src, dst, type
-    steps: pd.DataFrame = None  # STEP_COLUMNS
-    phases: pd.DataFrame = None  # PHASE_COLUMNS
-    anomalies: pd.DataFrame = None  # ANOMALY_COLUMNS
-    switch_bandwidth: pd.DataFrame = None  # per window and switch/link
-    shapes: pd.DataFrame = None  # job_id, dp, pp, tp
-    group_lag: pd.DataFrame = None  # job_id, server, step, ratio, z, stage, lag (per pipeline-stage server and step)
+    steps: pd.DataFrame | None = None  # STEP_COLUMNS
+    phases: pd.DataFrame | None = None  # PHASE_COLUMNS
+    anomalies: pd.DataFrame | None = None  # ANOMALY_COLUMNS
+    switch_bandwidth: pd.DataFrame | None = None  # per window and switch/link
+    shapes: pd.DataFrame | None = None  # job_id, dp, pp, tp
+    group_lag: pd.DataFrame | None = None  # job_id, server, step, ratio, z, stage, lag (per pipeline-stage server and step)
     slices: dict = field(default_factory=dict)  # job_id -> time slices, for the jobs analysed in slices (prism.analysis.slices)
 
 
@@ -71,7 +72,7 @@ def analyse(
     switch_bw: SwitchBandwidth | None = None,
     settings: Settings | None = None,
     stop_after: str = "diagnosis",
-    on_stage=None,
+    on_stage: Callable[[str], object] | None = None,
     phases: bool = True,
 ) -> Analysis:
     """Run the analyses over one window of GPU flows.
@@ -107,7 +108,8 @@ def analyse(
     stage("pairs")
     flow_pair, n_pairs = pair_ids(a, b, n)  # numbered once: the classifier's and the per-flow lookups below
     ours = isinstance(s.classifier, ParallelismClassifier)
-    clf = s.classifier.fit(a, b, start, size, labels, end=start + duration, **({"server_of": topology.server_codes, "pair_numbers": (flow_pair, n_pairs)} if ours else {}))
+    extra: dict[str, Any] = {"server_of": topology.server_codes, "pair_numbers": (flow_pair, n_pairs)} if ours else {}
+    clf = s.classifier.fit(a, b, start, size, labels, end=start + duration, **extra)
     p = clf.pairs_
     src_ip, dst_ip = topology.pair_addresses(p["a"], p["b"])
     ip_job = jobs.set_index("ip")["job_id"]
@@ -164,7 +166,7 @@ def analyse(
     return out
 
 
-def add_anomalies(out: Analysis, found: list[pd.DataFrame], switch_bw, s: Settings) -> None:
+def add_anomalies(out: Analysis, found: list[pd.DataFrame], switch_bw: SwitchBandwidth | None, s: Settings) -> None:
     """The jobs' anomalies and the fabric's (one switch diagnosis over all flows) into ``out``."""
     if switch_bw is not None:
         sd = s.switches.fit(switch_bw)
@@ -173,9 +175,9 @@ def add_anomalies(out: Analysis, found: list[pd.DataFrame], switch_bw, s: Settin
     out.anomalies = in_time_order(found)
 
 
-def label_names(labels, jobs, topology) -> dict:
+def label_names(labels: np.ndarray, jobs: pd.DataFrame, topology: Topology) -> dict:
     """``{job label: job id}`` from the recogniser's per-NIC labels and its jobs frame."""
-    idx = topology.ips.get_indexer(jobs["ip"])
+    idx = topology.ips.get_indexer(jobs["ip"])  # type: ignore[arg-type]  # pandas takes any array-like; the stubs ask for an Index
     return dict(zip(labels[idx].tolist(), jobs["job_id"].tolist()))
 
 

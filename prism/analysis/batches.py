@@ -8,13 +8,18 @@ replay drives these, from memory or from flows spilled to disk.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
 from prism.analysis.analyse import Analysis, Settings, add_anomalies, analyse
+from prism.analysis.diagnosis import SwitchBandwidth
 from prism.analysis.slices import analyse_sliced
 from prism.common.allocator import release_free_memory
 from prism.common.ordering import group_rows
+from prism.ingest.topology import Topology
 
 __all__ = ["JOB_BATCH_FLOWS", "JobChunks", "analyse_by_jobs", "analyse_chunks_by_jobs", "analyse_job_batches", "plan_analysis", "plan_job_batches"]
 
@@ -32,10 +37,10 @@ class JobChunks:
     at a time.
     """
 
-    def __init__(self, chunks):
+    def __init__(self, chunks: Iterable[list[np.ndarray]]) -> None:
         self.chunks = chunks
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[list[np.ndarray]]:
         return iter(self.chunks)
 
 
@@ -106,8 +111,10 @@ def plan_job_batches(flows_per_label: np.ndarray, max_flows: int | None = None) 
     return batches
 
 
-def analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, capture_end, switch_bw=None, settings=None,
-                    stop_after="diagnosis", on_stage=None, max_flows: int | None = None) -> Analysis:
+def analyse_by_jobs(a: np.ndarray, b: np.ndarray, start: np.ndarray, duration: np.ndarray, size: np.ndarray, labels: np.ndarray,
+                    jobs: pd.DataFrame, topology: Topology, capture_end: int, switch_bw: SwitchBandwidth | None = None,
+                    settings: Settings | None = None, stop_after: str = "diagnosis", on_stage: Callable[[str], object] | None = None,
+                    max_flows: int | None = None) -> Analysis:
     """:func:`analyse`, run over batches of whole jobs of at most ``max_flows`` flows (default :data:`JOB_BATCH_FLOWS`).
 
     Every analysis but the switches' is per job, so batches of whole jobs
@@ -124,8 +131,9 @@ def analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, capture
                                   stop_after, on_stage, max_flows)
 
 
-def analyse_chunks_by_jobs(chunks, labels, jobs, topology, capture_end, switch_bw=None, settings=None,
-                           stop_after="diagnosis", on_stage=None, max_flows: int | None = None) -> Analysis:
+def analyse_chunks_by_jobs(chunks: list[list[np.ndarray]], labels: np.ndarray, jobs: pd.DataFrame, topology: Topology, capture_end: int,
+                           switch_bw: SwitchBandwidth | None = None, settings: Settings | None = None, stop_after: str = "diagnosis",
+                           on_stage: Callable[[str], object] | None = None, max_flows: int | None = None) -> Analysis:
     """:func:`analyse_by_jobs` over flows given as chunks of columns (``[a, b, start, duration, size]`` each), in capture order.
 
     The chunks are consumed: each chunk's column goes as the whole column
@@ -142,7 +150,8 @@ def analyse_chunks_by_jobs(chunks, labels, jobs, topology, capture_end, switch_b
     plan, sliced = plan_analysis(counts, (settings or Settings()).slice_flows, max_flows)
     if len(plan) <= 1 and not any(sliced):  # one batch: the flows as given, not regrouped
         del keys
-        return analyse(*_joined(chunks), labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
+        a, b, start, duration, size = _joined(chunks)
+        return analyse(a, b, start, duration, size, labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
     cols = group_rows(chunks, keys, counts, after_column=release_free_memory if len(chunks) > 1 else None)
     del keys, chunks
 
@@ -164,7 +173,7 @@ def analyse_chunks_by_jobs(chunks, labels, jobs, topology, capture_end, switch_b
     return analyse_job_batches(batches(), labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
 
 
-def _joined(chunks: list[list[np.ndarray]]) -> list[np.ndarray]:
+def _joined(chunks: list[list[Any]]) -> list[np.ndarray]:
     """The chunks' columns, each joined whole; a column's chunks go once it is joined."""
     if len(chunks) == 1:
         return chunks[0]
@@ -177,8 +186,9 @@ def _joined(chunks: list[list[np.ndarray]]) -> list[np.ndarray]:
     return cols
 
 
-def analyse_job_batches(batches, labels, jobs, topology, capture_end, switch_bw=None, settings=None,
-                        stop_after="diagnosis", on_stage=None) -> Analysis:
+def analyse_job_batches(batches: Iterable[tuple[np.ndarray, list[np.ndarray] | JobChunks]], labels: np.ndarray, jobs: pd.DataFrame,
+                        topology: Topology, capture_end: int, switch_bw: SwitchBandwidth | None = None, settings: Settings | None = None,
+                        stop_after: str = "diagnosis", on_stage: Callable[[str], object] | None = None) -> Analysis:
     """:func:`analyse` over each batch of whole jobs, combined into what one run over all of them gives.
 
     Parameters
@@ -194,7 +204,7 @@ def analyse_job_batches(batches, labels, jobs, topology, capture_end, switch_bw=
         As for :func:`analyse`; the switch diagnosis runs once, over
         ``switch_bw``, after the batches.
     """
-    job_label = labels[topology.ips.get_indexer(jobs["ip"])]
+    job_label = labels[topology.ips.get_indexer(jobs["ip"])]  # type: ignore[arg-type]  # pandas takes any array-like; the stubs ask for an Index
     parts = []
     for batch_labels, cols in batches:
         batch_jobs = jobs[np.isin(job_label, batch_labels)]
@@ -202,7 +212,9 @@ def analyse_job_batches(batches, labels, jobs, topology, capture_end, switch_bw=
         if isinstance(cols, JobChunks):
             parts.append(analyse_sliced(cols, labels, batch_jobs, topology, capture_end, settings, stop_after, on_stage))
         else:
-            parts.append(analyse(*cols, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage))
+            a, b, start, duration, size = cols
+            parts.append(analyse(a, b, start, duration, size, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage))
+            del a, b, start, duration, size  # the batch's columns go before the next is read
         del cols
     return _combine(parts, switch_bw, settings or Settings(), stop_after)
 

@@ -32,7 +32,10 @@ thousands of GPU pairs fast.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["BOCD"]
 
@@ -116,7 +119,7 @@ class BOCD:
         self._beta_gain = self._kappa / (2 * (self._kappa + 1))
         self._log_h = np.log(1 / self.lam)
         self._log_1mh = np.log1p(-1 / self.lam)
-        self._online = None
+        self._online: dict[str, Any] | None = None
 
     # -- batch over many series -------------------------------------------
     def fit_many(self, series: list[np.ndarray]) -> list[list[int]]:
@@ -161,7 +164,7 @@ class BOCD:
             out[k] = self._breakpoints(maps[offsets[i] : offsets[i] + lengths[k]])
         return out
 
-    def fit(self, signal) -> "BOCD":
+    def fit(self, signal: ArrayLike) -> "BOCD":
         """Run the detector over one series; results via :meth:`predict`."""
         signal = np.asarray(signal, dtype=np.float64).ravel()
         self._bkps = self.fit_many([signal])[0]
@@ -174,7 +177,7 @@ class BOCD:
             raise RuntimeError("call fit() first")
         return list(self._bkps)
 
-    def fit_predict(self, signal) -> list[int]:
+    def fit_predict(self, signal: ArrayLike) -> list[int]:
         return self.fit(signal).predict()
 
     # -- online ------------------------------------------------------------

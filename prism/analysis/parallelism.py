@@ -52,6 +52,8 @@ After the additions, refinement runs again over the larger DP graph.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 import pandas as pd
@@ -269,11 +271,12 @@ class SizeRuleClassifier:
         self.event_gap_ns = int(event_gap_ns)
 
     @classmethod
-    def paper(cls, refine: bool = True, **kw) -> "SizeRuleClassifier":
+    def paper(cls, refine: bool = True, **kw: Any) -> "SizeRuleClassifier":
         """LLMPrism's Algorithm 2 as published (with or without refinement)."""
         return cls(refine=refine, use_direction=False, use_job_sizes=False, size_repeats=1, min_size_share=0.0, use_burstiness=False, **kw)
 
-    def fit(self, src: np.ndarray, dst: np.ndarray, start: np.ndarray, size: np.ndarray, job_of: np.ndarray, end=None) -> "SizeRuleClassifier":
+    def fit(self, src: np.ndarray, dst: np.ndarray, start: np.ndarray, size: np.ndarray, job_of: np.ndarray,
+            end: np.ndarray | None = None) -> "SizeRuleClassifier":
         """Classify from GPU flows (``end`` is accepted and not used).
 
         Parameters
@@ -640,7 +643,8 @@ class ParallelismClassifier:
         self.asymmetric_share = float(asymmetric_share)
         self.uncertain_below = float(uncertain_below)
 
-    def fit(self, src, dst, start, size, job_of, end=None, server_of=None, pair_numbers=None) -> "ParallelismClassifier":
+    def fit(self, src: np.ndarray, dst: np.ndarray, start: np.ndarray, size: np.ndarray, job_of: np.ndarray, end: np.ndarray | None = None,
+            server_of: np.ndarray | None = None, pair_numbers: tuple[np.ndarray, int] | None = None) -> "ParallelismClassifier":
         """Type the pairs.
 
         Parameters
@@ -806,7 +810,7 @@ def _job_step_counts(jobs: np.ndarray, job_of: np.ndarray, src: np.ndarray, dst:
     """
     from prism.analysis.timeline import busy_gaps, natural_break
 
-    out = {}
+    out: dict[int, int] = {}
     if len(jobs) == 0:
         return out
     lo_nic = np.minimum(src, dst)

@@ -26,6 +26,9 @@ of its DP collective, and the same per DP group (ring) and per pipeline.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import numba
 import numpy as np
 import pandas as pd
@@ -168,11 +171,10 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     # partial steps at the edges) is admissible only if every cut does
     if any(whole for _, _, whole in scored):
         scored = [x for x in scored if x[2]]
-    scored = [(sc, tau) for sc, tau, _ in scored]
-    best = min(s for s, _ in scored)
+    best = min(s for s, _, _ in scored)
     # near-ties go to the coarsest cut: a pipeline's microbatches are as
     # regular as its steps
-    best_tau = max(t for s, t in scored if s <= best + tie)
+    best_tau = max(t for s, t, _ in scored if s <= best + tie)
     return best_tau
 
 
@@ -195,7 +197,8 @@ def _fragments(dur: np.ndarray, med: float) -> float:
     return float(np.mean(short & (with_prev | with_next)))
 
 
-def optimizer_gaps(start, busy_end, gap, cut, size, pair, other_start, other_end, other_size, min_gap_ns: int = 100_000,
+def optimizer_gaps(start: np.ndarray, busy_end: np.ndarray, gap: np.ndarray, cut: np.ndarray, size: np.ndarray, pair: np.ndarray,
+                   other_start: np.ndarray, other_end: np.ndarray, other_size: np.ndarray, min_gap_ns: int = 100_000,
                    max_candidates: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """Where, inside each collective burst, one step ends and the next begins.
 
@@ -285,7 +288,7 @@ def optimizer_gaps(start, busy_end, gap, cut, size, pair, other_start, other_end
         big = big[np.argsort(gap[big])[::-1][:max_candidates]]  # the largest pauses first
         sz = size[f0 : f1 + 1].astype(np.float64)
         cum = np.cumsum(sz)
-        n_pairs, pcodes = None, None
+        n_pairs, pcodes = 0, None
         for i in big:
             lo, hi = busy_end[i], start[i + 1]
             j0 = np.searchsorted(os_, lo, side="right")  # other flows starting in the gap: j0..j1-1
@@ -340,7 +343,8 @@ def _pause_like_the_others(busy_end, gap, cut, split, split_end) -> np.ndarray:
     return out
 
 
-def control_tails(ends, light_start, light_end, heavy_start, dp_start, tau) -> np.ndarray:
+def control_tails(ends: np.ndarray, light_start: np.ndarray, light_end: np.ndarray, heavy_start: np.ndarray, dp_start: np.ndarray,
+                  tau: float) -> np.ndarray:
     """Move each step end past the control traffic that closes the step.
 
     After the gradient collective, the grad-norm all-reduce (a few bytes
@@ -438,7 +442,9 @@ class StepTimeline:
         self.min_jump = float(min_jump)
         self.min_steps = int(min_steps)
 
-    def fit(self, job, start, end, is_dp, size=None, capture_end=None, job_names=None, pair=None, collective=None) -> "StepTimeline":
+    def fit(self, job: np.ndarray, start: np.ndarray, end: np.ndarray, is_dp: np.ndarray, size: np.ndarray | None = None,
+            capture_end: int | None = None, job_names: Mapping[int, Any] | Sequence[Any] | None = None, pair: np.ndarray | None = None,
+            collective: np.ndarray | None = None) -> "StepTimeline":
         """Find the steps.
 
         Parameters
@@ -484,7 +490,9 @@ class StepTimeline:
         firsts = np.concatenate([[0], bounds])
         lasts = np.concatenate([bounds, [len(js)]])
         flow_step = np.full(len(start), -1, dtype=np.int64)
-        frames, self.breaks_, self.optimizer_split_ = [], {}, {}
+        frames: list[pd.DataFrame] = []
+        self.breaks_: dict[int, float] = {}
+        self.optimizer_split_: dict[int, bool] = {}
         n_steps = 0
         for f0, f1 in zip(firsts, lasts):
             label = int(js[f0]) if f1 > f0 else -1

@@ -90,10 +90,10 @@ def _set_glibc_thresholds() -> bool:
 
 def _numpy_hugepage_off() -> bool:
     try:  # numpy >= 2
-        from numpy._core.multiarray import _set_madvise_hugepage
+        from numpy._core.multiarray import _set_madvise_hugepage  # type: ignore[attr-defined]  # private, not in numpy's stubs
     except ImportError:  # numpy 1.x
         try:
-            from numpy.core.multiarray import _set_madvise_hugepage
+            from numpy.core.multiarray import _set_madvise_hugepage  # type: ignore[no-redef]  # the same, before numpy 2
         except ImportError:
             return False
     _set_madvise_hugepage(False)

@@ -18,10 +18,12 @@ keys. Fields beyond the message are passed as ``extra={"fields": {...}}``.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
 import time
+from typing import IO
 
 __all__ = ["setup_logging", "add_log_flags", "LOG_LEVELS", "LOG_FORMATS", "LogfmtFormatter", "JsonFormatter"]
 
@@ -64,16 +66,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(_fields(record), default=str)
 
 
-def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None:
+class _CliHandler(logging.StreamHandler):
+    """The handler :func:`setup_logging` adds: marked, so a later call replaces it and leaves a host program's be."""
+
+    prism_cli = True
+
+
+def setup_logging(level: str = "info", fmt: str = "logfmt", stream: IO[str] | None = None) -> None:
     """Route every logger (Prism's and its libraries') to one stderr handler in ``fmt`` (replacing the one an earlier call added)."""
     level, fmt = str(level).lower(), str(fmt).lower()
     if level not in LOG_LEVELS:
         raise ValueError(f"--log.level: expected one of {', '.join(LOG_LEVELS)}, got {level!r}")
     if fmt not in LOG_FORMATS:
         raise ValueError(f"--log.format: expected one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = _CliHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
-    handler.prism_cli = True
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "prism_cli", False):  # ours from an earlier call; other handlers (a host program's) stay
@@ -88,7 +95,7 @@ def setup_logging(level: str = "info", fmt: str = "logfmt", stream=None) -> None
     logging.getLogger("kafka.net.selector").setLevel(logging.ERROR if level != "debug" else logging.DEBUG)
 
 
-def add_log_flags(parser, defaults: bool = True) -> None:
+def add_log_flags(parser: argparse.ArgumentParser, defaults: bool = True) -> None:
     """Add ``--log.level`` and ``--log.format`` to a command's parser."""
     g = parser.add_argument_group("logging")
     g.add_argument("--log.level", dest="log_level", default="info" if defaults else None, choices=LOG_LEVELS if defaults else None,

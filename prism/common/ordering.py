@@ -14,6 +14,9 @@ True
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numba
 import numpy as np
 
@@ -120,7 +123,7 @@ def _rank_keys(key, n_keys):  # pragma: no cover - compiled
     return rank, present
 
 
-def group_rows(chunks: list[list[np.ndarray]], keys: list[np.ndarray], counts: np.ndarray, after_column=None) -> list[np.ndarray]:
+def group_rows(chunks: list[list[Any]], keys: list[np.ndarray], counts: np.ndarray, after_column: Callable[[], object] | None = None) -> list[np.ndarray]:
     """Chunked columns as whole columns, their rows grouped by a small key (a stable counting sort).
 
     What ``np.concatenate(column)[order_by([np.concatenate(keys)], rows)]``

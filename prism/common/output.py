@@ -13,8 +13,10 @@ Exit codes, the same for every command:
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from collections.abc import Callable
 
 __all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_BAD_INPUT", "add_output_flags", "finish"]
 
@@ -23,14 +25,14 @@ EXIT_FAILED = 1  # findings or failed checks (demo: results differ from the trut
 EXIT_BAD_INPUT = 2  # usage or input error: a bad flag, a file that cannot be read or parsed
 
 
-def add_output_flags(p) -> None:
+def add_output_flags(p: argparse.ArgumentParser) -> None:
     """``-o text|json`` and ``--strict``, for the commands scripts run."""
     p.add_argument("-o", "--output", choices=["text", "json"], default="text",
                    help="text (default) or json: the summary as one JSON document on stdout, for scripts")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings (e.g. a topology that matches no flow)")
 
 
-def finish(args, command: str, summary: dict, warnings: list[str], text=None) -> int:
+def finish(args: argparse.Namespace, command: str, summary: dict, warnings: list[str], text: Callable[[], str] | None = None) -> int:
     """Print the result (text or JSON) and the warnings; the exit status (1 on warnings with --strict)."""
     if args.output == "json":
         print(json.dumps({**summary, "warnings": warnings}, default=str))

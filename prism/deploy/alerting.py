@@ -259,7 +259,7 @@ def settings_from_strings(pairs: list[str], base: AlertSettings | None = None) -
     1.5
     """
     base = base or AlertSettings()
-    types = {f.name: f.type for f in fields(AlertSettings)}
+    types = {f.name: str(f.type) for f in fields(AlertSettings)}  # the annotations as written: "float", "int", "str"
     changes = {}
     for pair in pairs:
         name, sep, text = pair.partition("=")

@@ -77,7 +77,7 @@ def dashboard(settings: AlertSettings | None = None) -> gd.Dashboard:
         .with_panel(table.Panel().title("Jobs recognised").span(20).height(6).datasource(_DS)
                     .description("GPUs, servers and DP x PP shape of each job.")
                     .with_target(_q(f"max by (job_id, gpus, servers, dp, pp) (prism_job_info{{{job}}})", instant=True)
-                                 .format("table")))
+                                 .format("table")))  # type: ignore[arg-type]  # the SDK's StrEnums (3.11+) read as str under mypy's 3.10
         .with_panel(_ts("Step time per job", "s",
                         _q(f"max by (job_id) (prism_step_duration_seconds{{{job}}})", "{{job_id}}"),
                         description="Duration of each job's last complete step.", span=12))
@@ -96,8 +96,8 @@ def dashboard(settings: AlertSettings | None = None) -> gd.Dashboard:
             heatmap.Panel().title("Switch bandwidth (heat map)").span(24).height(10).datasource(_DS)
             .description("Each switch's effective bandwidth over its tier's median, per window (1 = like its peers).")
             .calculate(False)
-            .rows_frame(heatmap.RowsHeatmapOptions().layout(common.HeatmapCellLayout.AUTO))
-            .color(heatmap.HeatmapColorOptions().mode("scheme").scheme("RdYlGn").min(0).max(1.2))
+            .rows_frame(heatmap.RowsHeatmapOptions().layout(common.HeatmapCellLayout.AUTO))  # type: ignore[arg-type]  # as above
+            .color(heatmap.HeatmapColorOptions().mode("scheme").scheme("RdYlGn").min(0).max(1.2))  # type: ignore[arg-type]  # as above
             .with_target(_q(f"min by (switch) (prism_switch_bandwidth_ratio{{{sel}}})", "{{switch}}"))
         )
         .with_panel(_ts("Switch bandwidth", "Bps",

@@ -23,6 +23,7 @@ cost as much as decoding its hundred records.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numba
@@ -45,7 +46,7 @@ class Declared(NamedTuple):
     dictionary_entries: int  # dictionary batches' entries (a dictionary can be a bomb too)
 
 
-def declared_rows(value) -> Declared | None:
+def declared_rows(value: bytes | bytearray | memoryview) -> Declared | None:
     """What an Arrow IPC stream's headers declare: its rows and its dictionaries' entries.
 
     Parameters
@@ -87,7 +88,7 @@ class Streams(NamedTuple):
     spans: np.ndarray  # (streams, 4): schema message [lo, hi), record batch messages [lo, hi) in buf
 
 
-def walk_streams(values) -> Streams:
+def walk_streams(values: Sequence[bytes | bytearray | memoryview]) -> Streams:
     """Walk the headers of several Arrow IPC streams in one compiled pass.
 
     Parameters
@@ -129,7 +130,7 @@ def walk_streams(values) -> Streams:
     return Streams(buf, ok, declared, plain, same, spans)
 
 
-def join_streams(streams: Streams, which) -> np.ndarray:
+def join_streams(streams: Streams, which: Sequence[int] | np.ndarray) -> np.ndarray:
     """One Arrow IPC stream of the record batches of the plain streams ``which`` (sharing one schema), in order.
 
     The first one's schema message, each one's record batch messages, an

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -61,7 +62,11 @@ _ARROW_MARKER = b"\xff\xff\xff\xff"
 log = logging.getLogger("prism.messages")
 
 
-def message_format(value: bytes, headers=None) -> str:
+#: Kafka headers: (key, value) pairs
+Headers = Iterable[tuple[str, "bytes | str"]]
+
+
+def message_format(value: bytes, headers: Headers | None = None) -> str:
     """``"arrow"`` or ``"jsonl"`` for a message (see the module docstring).
 
     >>> message_format(b'{"start_ns": 1}')
@@ -85,7 +90,7 @@ def decode_message(
     value: bytes | None,
     rejects: RejectCounter,
     source: str = "<message>",
-    headers=None,
+    headers: Headers | None = None,
     max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> pd.DataFrame:
     """Validated flow records of one message (possibly zero rows).
@@ -126,7 +131,8 @@ def decode_message(
     return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
 
 
-def decode_messages(messages, rejects: RejectCounter, source: str, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[pd.DataFrame]:
+def decode_messages(messages: Iterable[tuple[bytes | None, Headers | None, str]], rejects: RejectCounter, source: str,
+                    max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[pd.DataFrame]:
     """Validated flow records of a poll's messages from one partition.
 
     Parameters
@@ -313,7 +319,7 @@ def validate_arrow(tables: list, rejects: RejectCounter, source: str) -> pd.Data
     return validate_flows(table.combine_chunks(), rejects, source, first_line=0, line_step="row")
 
 
-def pair_keys(src, dst) -> np.ndarray:
+def pair_keys(src: Sequence[str] | np.ndarray | pd.Series, dst: Sequence[str] | np.ndarray | pd.Series) -> np.ndarray:
     """Kafka keys: the unordered pair ``"lo|hi"`` per record (bytes).
 
     >>> pair_keys(["10.0.0.2"], ["10.0.0.1"]).tolist()

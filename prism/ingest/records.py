@@ -262,7 +262,7 @@ _ADDRESS_CACHE: dict[str, str | None] = {}
 _ADDRESS_CACHE_MAX = 1 << 20
 
 
-def normalise_address(text) -> str | None:
+def normalise_address(text: str) -> str | None:
     """Canonical text form of an IPv4/IPv6 address, or None if it is not one.
 
     IPv6 has many spellings of one address (``fe80:0::1`` and ``fe80::1``),
@@ -577,7 +577,7 @@ def validate_flows(
     for name in INT_COLUMNS:
         ints[name], bad = _parse_int(col(name))
         mark(bad, "bad_number", name)
-    qps = {}
+    qps: dict[str, pd.api.extensions.ExtensionArray] = {}
     for name in OPTIONAL_COLUMNS:
         if name in names:
             c = col(name)
@@ -649,6 +649,6 @@ def validate_flows(
             "switches": sw.array[keep],
         }
     )
-    for name, v in qps.items():
-        out[name] = v[keep]
+    for name, q in qps.items():
+        out[name] = q[keep]
     return out

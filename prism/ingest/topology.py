@@ -13,6 +13,7 @@ from functools import cached_property
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from prism.ingest.records import FlowFormatError, normalise_address
 
@@ -67,7 +68,7 @@ class Topology:
         if missing:
             raise FlowFormatError(f"{path}: topology is missing column(s) {', '.join(map(repr, missing))} (found: {', '.join(h for h in header if h)})")
         seen: dict[str, int] = {}
-        out = {c: [] for c in REQUIRED + tuple(c for c in OPTIONAL if c in header)}
+        out: dict[str, list] = {c: [] for c in REQUIRED + tuple(c for c in OPTIONAL if c in header)}
         for i, row in enumerate(rows, start=2):
             raw_ip = (row.get("ip") or "").strip()
             ip = normalise_address(raw_ip) if raw_ip else None
@@ -118,7 +119,7 @@ class Topology:
         codes, uniques = pd.factorize(self.nics["server"], sort=True)
         return codes, pd.Index(uniques)
 
-    def pair_addresses(self, a, b) -> tuple[np.ndarray, np.ndarray]:
+    def pair_addresses(self, a: ArrayLike, b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """Addresses of NIC pairs as ``(src, dst)`` with ``src < dst`` as text.
 
         The unordered-pair convention of ``pairs.csv`` and the ground truth.
@@ -128,7 +129,7 @@ class Topology:
         swap = sa > sb
         return np.where(swap, sb, sa), np.where(swap, sa, sb)
 
-    def nic_index(self, addresses) -> np.ndarray:
+    def nic_index(self, addresses: pd.Series | pd.Categorical | np.ndarray | list[str]) -> np.ndarray:
         """NIC index of each canonical address, -1 where it is not a GPU NIC.
 
         A categorical is looked up per category, not per row.

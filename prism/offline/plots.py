@@ -8,9 +8,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from prism.offline.replay import ReplayResult
 
 __all__ = ["write_plots", "plot_steps", "plot_switches", "steps_figure", "switches_figure"]
 
@@ -26,7 +32,7 @@ def _pyplot():
     return plt
 
 
-def steps_figure(steps: pd.DataFrame, anomalies: pd.DataFrame | None, switch_window_ns: int | None = None):
+def steps_figure(steps: pd.DataFrame, anomalies: pd.DataFrame | None, switch_window_ns: int | None = None) -> Figure:
     """The step plot as a matplotlib Figure (``plot_steps`` saves it).
 
     One panel per job: step duration against wall-clock time (UTC), the
@@ -76,7 +82,7 @@ def steps_figure(steps: pd.DataFrame, anomalies: pd.DataFrame | None, switch_win
     return fig
 
 
-def plot_steps(steps: pd.DataFrame, anomalies: pd.DataFrame, path: Path, switch_window_ns: int | None = None) -> Path | None:
+def plot_steps(steps: pd.DataFrame | None, anomalies: pd.DataFrame | None, path: Path, switch_window_ns: int | None = None) -> Path | None:
     """Write ``steps_figure`` to ``path`` (None when there are no steps)."""
     if steps is None or steps.empty:
         return None
@@ -86,7 +92,7 @@ def plot_steps(steps: pd.DataFrame, anomalies: pd.DataFrame, path: Path, switch_
     return path
 
 
-def switches_figure(bandwidth: pd.DataFrame, window_ns: int | None = None):
+def switches_figure(bandwidth: pd.DataFrame | None, window_ns: int | None = None) -> Figure | None:
     """Heat map, switch x window, of bandwidth over the tier's median (None without switch rows).
 
     Columns are labelled with the window's start in UTC (seconds shown when
@@ -113,7 +119,7 @@ def switches_figure(bandwidth: pd.DataFrame, window_ns: int | None = None):
     return fig
 
 
-def plot_switches(bandwidth: pd.DataFrame, path: Path, window_ns: int | None = None) -> Path | None:
+def plot_switches(bandwidth: pd.DataFrame | None, path: Path, window_ns: int | None = None) -> Path | None:
     """Write ``switches_figure`` to ``path`` (None without switch rows)."""
     fig = switches_figure(bandwidth, window_ns)
     if fig is None:
@@ -123,7 +129,7 @@ def plot_switches(bandwidth: pd.DataFrame, path: Path, window_ns: int | None = N
     return path
 
 
-def write_plots(res, out: Path) -> list[Path]:
+def write_plots(res: ReplayResult, out: Path) -> list[Path]:
     """Write the figures of a replay; returns the files written."""
     an = res.analysis
     if an is None:

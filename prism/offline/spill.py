@@ -26,12 +26,17 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from prism.analysis.analyse import DEFAULT_SLICE_FLOWS
+
+if TYPE_CHECKING:
+    from prism.analysis.batches import JobChunks
 
 __all__ = ["SpilledFlows", "SpillError", "RECORD", "DEFAULT_SPILL_ABOVE"]
 
@@ -41,7 +46,7 @@ DEFAULT_SPILL_ABOVE = 20_000_000
 
 #: one GPU flow on disk: the columns the per-pair analyses read (32 bytes)
 RECORD = np.dtype([("a", "<i4"), ("b", "<i4"), ("start", "<i8"), ("duration", "<i8"), ("size", "<i8")])
-COLUMNS = RECORD.names
+COLUMNS: tuple[str, ...] = RECORD.names or ()
 #: records read at a time when scattering the file into batches
 SLICE_ROWS = 1 << 20
 
@@ -107,7 +112,7 @@ class SpilledFlows:
     def __len__(self) -> int:
         return self._n
 
-    def add(self, a, b, start, duration, size) -> None:
+    def add(self, a: np.ndarray, b: np.ndarray, start: np.ndarray, duration: np.ndarray, size: np.ndarray) -> None:
         """Append one chunk's flows (column arrays of equal length)."""
         rec = np.empty(len(a), dtype=RECORD)
         for name, col in zip(COLUMNS, (a, b, start, duration, size)):
@@ -138,8 +143,8 @@ class SpilledFlows:
             self._file.flush()
             return self._columns(np.fromfile(self.path, dtype=RECORD))
 
-    def job_batches(self, labels: np.ndarray, plan: list[np.ndarray], on_stage=None, sliced: list[bool] | None = None,
-                    slice_flows: int | None = None):
+    def job_batches(self, labels: np.ndarray, plan: list[np.ndarray], on_stage: Callable[[str], object] | None = None,
+                    sliced: list[bool] | None = None, slice_flows: int | None = None) -> Iterator[tuple[np.ndarray, list[np.ndarray] | JobChunks]]:
         """Yield ``(batch labels, columns)`` per batch of ``plan``, each job's flows together.
 
         Parameters
@@ -187,7 +192,7 @@ class SpilledFlows:
         # covering the capture); at most a quarter of a slice a bucket, if the job's flow rate is steady
         counts = self.flows_per_label(labels)
         buckets, span = {}, {}  # sliced batch -> time buckets, and the job's (first, last) start
-        for i in np.flatnonzero(sliced):
+        for i in np.flatnonzero(sliced).tolist():
             label = int(plan[i][0])
             buckets[i] = max(1, -(-int(counts[label + 1]) // max(1, (slice_flows or DEFAULT_SLICE_FLOWS) // 4)))
             nics = labels == label
@@ -216,7 +221,7 @@ class SpilledFlows:
                 o = np.argsort(bid.astype(np.int16) if len(plan) <= np.iinfo(np.int16).max else bid, kind="stable")
                 rec, bid = rec[o], bid[o]
                 cuts = np.searchsorted(bid, np.arange(len(plan) + 1))
-                for i in np.flatnonzero(np.diff(cuts)):
+                for i in np.flatnonzero(np.diff(cuts)).tolist():
                     with open(paths[i], "ab") as f:
                         rec[cuts[i]:cuts[i + 1]].tofile(f)
                 del rec, bid, o
@@ -257,8 +262,8 @@ class SpilledFlows:
             self._file.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self):
+    def __enter__(self) -> SpilledFlows:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -15,8 +15,13 @@ double, microseconds with three decimals keep nanosecond precision.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from prism.offline.replay import ReplayResult
 
 __all__ = ["chrome_trace", "MAX_SERVER_EVENTS"]
 
@@ -31,7 +36,7 @@ def _us(ns, t0):
     return round((int(ns) - t0) / 1e3, 3)
 
 
-def chrome_trace(res) -> dict:
+def chrome_trace(res: ReplayResult) -> dict:
     """The trace of a :class:`prism.offline.replay.ReplayResult`, as a JSON-ready dict."""
     events: list[dict] = []
     t0 = int(res.first_ns or 0)
@@ -47,6 +52,7 @@ def chrome_trace(res) -> dict:
             events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
     server_tracks = True
     if an is not None and an.steps is not None and len(an.steps):
+        r: Any  # a row: the stubs type its fields as any scalar
         for r in an.steps.itertuples(index=False):
             pid = pids[r.job_id]
             events.append({"ph": "X", "pid": pid, "tid": 1, "name": f"step {r.step}", "cat": "step", "ts": _us(r.start_ns, t0), "dur": round(r.duration_ns / 1e3, 3),
@@ -64,14 +70,15 @@ def chrome_trace(res) -> dict:
     }
 
 
-def _server_slices(phases: pd.DataFrame, pids: dict, t0: int, events: list) -> bool:
+def _server_slices(phases: pd.DataFrame | None, pids: dict, t0: int, events: list) -> bool:
     """Per (job, step, server, kind): the span of the server's traffic."""
     if phases is None or phases.empty:
         return True
     # one split per distinct server list (a group's), not per phase row
     codes, lists = pd.factorize(phases["servers"])
     servers = [str(x).split("|") for x in lists]
-    ph = phases.assign(server=[servers[c] if c >= 0 else np.nan for c in codes]).explode("server")
+    per_row: list[Any] = [servers[c] if c >= 0 else np.nan for c in codes]  # a list of servers per row, exploded next
+    ph = phases.assign(server=per_row).explode("server")
     per = ph.groupby(["job_id", "step", "server", "kind"], sort=True).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"), flows=("flows", "sum")).reset_index()
     if len(per) > MAX_SERVER_EVENTS:
         return False

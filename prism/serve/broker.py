@@ -124,8 +124,8 @@ class LocalBroker:
             self.proc.wait()
         self.proc = None
 
-    def __enter__(self):
+    def __enter__(self) -> LocalBroker:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -37,10 +37,16 @@ False
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ssl
 
 __all__ = ["KafkaSecurity", "KafkaConnectError", "check_connection", "add_security_flags", "security_from_args",
            "PROTOCOLS", "MECHANISMS", "PASSWORD_ENV"]
@@ -69,7 +75,7 @@ class KafkaSecurity:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         protocol = str(self.protocol).upper()
         object.__setattr__(self, "protocol", protocol)
         if protocol not in PROTOCOLS:
@@ -105,7 +111,7 @@ class KafkaSecurity:
     @classmethod
     def from_options(cls, protocol: str | None = None, ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None,
                      sasl_mechanism: str | None = None, username: str | None = None, password_file: str | None = None,
-                     env: dict | None = None) -> "KafkaSecurity":
+                     env: Mapping[str, str] | None = None) -> "KafkaSecurity":
         """Build from flag values; the password from ``password_file`` or ``$PRISM_KAFKA_SASL_PASSWORD``.
 
         >>> KafkaSecurity.from_options(env={}).protocol
@@ -127,7 +133,7 @@ class KafkaSecurity:
             password = env[PASSWORD_ENV]
         return cls(protocol or "PLAINTEXT", ca_file, cert_file, key_file, sasl_mechanism, username, password)
 
-    def ssl_context(self):
+    def ssl_context(self) -> ssl.SSLContext:
         """The client TLS context these settings describe (ValueError naming the flag if the files do not load)."""
         import ssl
 
@@ -203,11 +209,11 @@ _HINTS = (
 
 
 class _Capture(logging.Handler):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.messages: list[str] = []
 
-    def emit(self, record):
+    def emit(self, record: logging.LogRecord) -> None:
         try:
             self.messages.append(record.getMessage())
         except Exception:  # noqa: BLE001 - a log line we cannot format is no reason to fail the check
@@ -316,7 +322,7 @@ def _explain(bootstrap: str, security: KafkaSecurity, error: Exception, messages
     text = "\n".join(messages + [reason])
     hint = next((h for key, h in _HINTS if key in text), None)
     sasl = security.protocol.startswith("SASL_")
-    if hint is None and sasl and security.sasl_mechanism.startswith("SCRAM") and {"'v'", "KeyError: 'v'"} & {*reasons, reason}:
+    if hint is None and sasl and (security.sasl_mechanism or "").startswith("SCRAM") and {"'v'", "KeyError: 'v'"} & {*reasons, reason}:
         # kafka-python's SCRAM client fails on the server's "e=<error>" final message (no "v=" signature). It retries
         # until the deadline, so on a loaded machine its last attempt may end in a timeout instead: any refusal counts.
         reason, hint = "the broker ended the SCRAM exchange with an error", "SASL authentication failed: check --kafka.sasl.username and the password"
@@ -327,7 +333,7 @@ def _explain(bootstrap: str, security: KafkaSecurity, error: Exception, messages
     return f"{msg}; {hint}" if hint else msg
 
 
-def add_security_flags(parser) -> None:
+def add_security_flags(parser: argparse.ArgumentParser) -> None:
     """Add the ``--kafka.security-protocol``, ``--kafka.tls.*`` and ``--kafka.sasl.*`` flags to an argparse parser."""
     g = parser.add_argument_group("Kafka connection security",
                                   f"TLS, mutual TLS and SASL for every Kafka client; the SASL password comes from --kafka.sasl.password-file "
@@ -336,7 +342,7 @@ def add_security_flags(parser) -> None:
         g.add_argument(flag, **kw)
 
 
-SECURITY_FLAGS = {
+SECURITY_FLAGS: dict[str, dict[str, Any]] = {
     "--kafka.security-protocol": dict(dest="kafka_security_protocol", metavar="PROTOCOL", help=f"{', '.join(PROTOCOLS)} (default: PLAINTEXT)"),
     "--kafka.tls.ca-file": dict(dest="kafka_tls_ca_file", metavar="PEM", help="CA that signed the brokers' certificates (default: system trust store)"),
     "--kafka.tls.cert-file": dict(dest="kafka_tls_cert_file", metavar="PEM", help="client certificate for mutual TLS"),
@@ -347,7 +353,7 @@ SECURITY_FLAGS = {
 }
 
 
-def security_from_args(values) -> KafkaSecurity:
+def security_from_args(values: argparse.Namespace | dict) -> KafkaSecurity:
     """:class:`KafkaSecurity` from parsed flags (an argparse namespace or a settings dict)."""
     get = values.get if isinstance(values, dict) else (lambda k: getattr(values, k, None))
     return KafkaSecurity.from_options(get("kafka_security_protocol"), get("kafka_tls_ca_file"), get("kafka_tls_cert_file"),

@@ -7,12 +7,16 @@ and the collectors.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import pandas as pd
-
 import pyarrow as pa
 
 from prism.ingest.messages import ARROW_CONTENT_TYPE, JSONL_CONTENT_TYPE, arrow_ipc, encode_jsonl, pair_keys
+
+if TYPE_CHECKING:
+    from prism.serve.kafkaconf import KafkaSecurity
 
 __all__ = ["FlowProducer"]
 
@@ -30,7 +34,8 @@ class FlowProducer:
         TLS and SASL settings (default: plaintext).
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str = "prism-flows", fmt: str = "arrow", security=None, **producer_options):
+    def __init__(self, bootstrap_servers: str, topic: str = "prism-flows", fmt: str = "arrow", security: KafkaSecurity | None = None,
+                 **producer_options: Any) -> None:
         from kafka import KafkaProducer
 
         if fmt not in ("arrow", "jsonl"):
@@ -67,7 +72,7 @@ class FlowProducer:
         self.messages_sent += len(bounds) - 1
         return len(bounds) - 1
 
-    def send_raw(self, value: bytes, key: bytes | None = None, headers=None) -> None:
+    def send_raw(self, value: bytes, key: bytes | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
         """Send one message as is (tests of bad input)."""
         self.producer.send(self.topic, key=key, value=value, headers=headers or [])
         self.messages_sent += 1

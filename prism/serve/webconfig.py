@@ -100,7 +100,7 @@ class WebConfig:
     headers: tuple = ()  # (name, value) added to every response
 
     @classmethod
-    def parse(cls, doc, where: str = "web config") -> "WebConfig":
+    def parse(cls, doc: object, where: str = "web config") -> "WebConfig":
         """Validate a parsed YAML document; ValueError names the key."""
         if doc is None:
             return cls()

@@ -11,6 +11,7 @@ distinct address, never per record.
 from __future__ import annotations
 
 import hashlib
+from typing import cast
 
 import numba
 import numpy as np
@@ -34,7 +35,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 def _address_hashes(col) -> np.ndarray:
     """A stable 64-bit hash per row of an address column (via its categories)."""
-    cat = col.array if isinstance(col, pd.Series) and isinstance(col.dtype, pd.CategoricalDtype) else pd.Categorical(col)
+    cat = cast(pd.Categorical, col.array) if isinstance(col, pd.Series) and isinstance(col.dtype, pd.CategoricalDtype) else pd.Categorical(col)
     lut = np.empty(len(cat.categories), dtype=np.uint64)
     for i, text in enumerate(cat.categories):
         h = _ADDR_HASH.get(text)
@@ -203,7 +204,7 @@ def _insert(keys, times, hashes, start, new):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def latest_into(keys, last, key, start):  # pragma: no cover - compiled
+def latest_into(keys: np.ndarray, last: np.ndarray, key: np.ndarray, start: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
     """Raise ``last`` to each row's ``start`` where its ``key`` is among ``keys``; return the rows whose key is not.
 
     ``keys`` is sorted and unique, ``last`` its latest start per key
@@ -264,7 +265,7 @@ class FlowWindow:
     def __len__(self) -> int:
         return self._n
 
-    def add(self, a, b, start, duration, size) -> None:
+    def add(self, a: np.ndarray, b: np.ndarray, start: np.ndarray, duration: np.ndarray, size: np.ndarray) -> None:
         if len(a) == 0:
             return
         self._parts.append((np.asarray(a, np.int32), np.asarray(b, np.int32), np.asarray(start, np.int64),
@@ -287,7 +288,9 @@ class FlowWindow:
             return tuple(np.empty(0, dtype=np.int64) for _ in self.COLUMNS)
         if self._sorted_head and len(self._parts) > 1:
             new = [np.concatenate([p[i] for p in self._parts[1:]]) for i in range(len(self.COLUMNS))]
-            self._parts = [_merge_sorted(*self._parts[0], *new, np.argsort(new[2], kind="stable"))]
+            a, b, start, duration, size = self._parts[0]
+            na, nb, nstart, nduration, nsize = new
+            self._parts = [_merge_sorted(a, b, start, duration, size, na, nb, nstart, nduration, nsize, np.argsort(nstart, kind="stable"))]
         elif not self._sorted_head:  # (a single batch added is no more sorted than several)
             cols = [np.concatenate([p[i] for p in self._parts]) for i in range(len(self.COLUMNS))]
             o = np.argsort(cols[2], kind="stable")

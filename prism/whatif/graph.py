@@ -55,7 +55,7 @@ class ExecutionGraph:
     label: np.ndarray | None = None  # str per node, for the trace
     proc: np.ndarray | None = None  # int64 processor of a node (-1: a synchronisation of several)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         n = len(self.duration)
         self.duration = np.asarray(self.duration, np.float64)
         self.step = np.asarray(self.step, np.int64)
@@ -83,6 +83,7 @@ class SimResult:
 
     def step_times(self) -> pd.DataFrame:
         """Per step: first start (its earliest release), last finish, and the step time between them."""
+        assert self.graph.release is not None  # __post_init__ fills it in
         df = pd.DataFrame({"step": self.graph.step, "start": np.minimum(self.start, self.graph.release), "finish": self.finish})
         out = df.groupby("step").agg(start=("start", "min"), finish=("finish", "max"))
         out["step_s"] = out["finish"] - out["start"]

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from prism.whatif.graph import ExecutionGraph
+from prism.whatif.graph import ExecutionGraph, SimResult
 
 __all__ = ["ReplayGraph", "read_replay"]
 
@@ -50,7 +51,7 @@ REPLAY_COLUMNS = {"steps": ("job_id", "step", "start_ns", "end_ns"), "phases": (
 MAX_SPAN_NS = 24 * 3600 * 10**9
 
 
-def read_replay(replay_dir, topology=None) -> dict:
+def read_replay(replay_dir: str | Path, topology: str | Path | None = None) -> dict:
     """A ``prism replay`` output directory's tables, checked.
 
     Missing files or columns are an error. A job with a row whose step or
@@ -64,7 +65,7 @@ def read_replay(replay_dir, topology=None) -> dict:
     missing = [n for n in need if not (d / n).is_file()]
     if missing:
         raise ValueError(f"{d}: not a 'prism replay' output directory (missing {', '.join(missing)})")
-    out = {}
+    out: dict[str, Any] = {}
     for name in need:
         try:
             out[name[:-4]] = pd.read_csv(d / name)
@@ -103,7 +104,7 @@ def _checked_times(df: pd.DataFrame, file: str, invalid: dict) -> pd.DataFrame:
     b = ~bad & ((span < 0) | (span > MAX_SPAN_NS))
     why[b] = "end_ns"
     bad |= b
-    for i in np.flatnonzero(bad):
+    for i in np.flatnonzero(bad).tolist():
         job = df["job_id"].iat[i]
         if job not in invalid:
             c = why[i]
@@ -170,7 +171,7 @@ class ReplayGraph:
         self.n_s, self.n_r, self.step_i, self.ring_of = n_s, n_r, step_i, ring_of
         self.t0 = int(s0[0])
 
-    def graph(self, work=None, coll=None) -> ExecutionGraph:
+    def graph(self, work: np.ndarray | None = None, coll: np.ndarray | None = None) -> ExecutionGraph:
         work = self.work if work is None else work
         coll = self.coll if coll is None else coll
         dur = np.concatenate([work, coll, self.tail])
@@ -179,14 +180,14 @@ class ReplayGraph:
         proc = np.concatenate([self.ring_of, self.ring_of, np.full(self.n_s, -1)])
         return ExecutionGraph(dur, step, self.src, self.dst, self.gap, label=labels, proc=proc)
 
-    def step_ends(self, result) -> np.ndarray:
+    def step_ends(self, result: SimResult) -> np.ndarray:
         """Simulated end of each step (seconds from the first step's start)."""
         return result.finish[2 * self.n_s * self.n_r:]
 
     def observed(self) -> np.ndarray:
         return (self.steps["end_ns"].to_numpy(np.int64) - self.steps["start_ns"].to_numpy(np.int64)) / 1e9
 
-    def simulated_steps(self, result) -> np.ndarray:
+    def simulated_steps(self, result: SimResult) -> np.ndarray:
         ends = self.step_ends(result)
         starts = np.r_[0.0, ends[:-1] + self.end_gap[:-1]]
         return ends - starts

@@ -28,11 +28,13 @@ observed start in the step.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from prism.common.components import connected_components
-from prism.whatif.graph import ExecutionGraph
+from prism.whatif.graph import ExecutionGraph, SimResult
 
 __all__ = ["COLLECTIVE_GROUPS", "COMMUNICATION", "OpGraph", "read_op_trace", "observed_step_times"]
 
@@ -52,7 +54,7 @@ P2P = ("forward-send", "forward-recv", "backward-send", "backward-recv")
 COMMUNICATION = P2P + tuple(COLLECTIVE_GROUPS) + ("layernorm-grads-all-reduce", "separate-grads-all-reduce")
 
 
-def read_op_trace(path) -> pd.DataFrame:
+def read_op_trace(path: str | Path) -> pd.DataFrame:
     """Read a trace (Parquet or CSV) and check its columns; the message names the file and what is missing."""
     path = str(path)
     try:
@@ -184,6 +186,6 @@ class OpGraph:
         """Per op, what it costs without waiting: a compute op's duration, a communication op's transfer."""
         return np.where(self.is_comm, self.transfer, self.ops["duration"].to_numpy(np.float64))
 
-    def step_seconds(self, result) -> pd.Series:
+    def step_seconds(self, result: SimResult) -> pd.Series:
         """Simulated step times, by step: last finish - the step's observed first start."""
         return result.step_times().set_index("step")["finish"] - self.step_start

@@ -21,12 +21,17 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from prism.whatif.graph import simulate
 from prism.whatif.scenarios import Scenario
+
+if TYPE_CHECKING:
+    from prism.whatif.netreplay import ReplayGraph
+    from prism.whatif.optrace import OpGraph
 
 __all__ = ["WhatIfResult", "whatif_ops", "whatif_replay", "write_outputs"]
 
@@ -64,6 +69,7 @@ def _trace_events(job: str, rows: pd.DataFrame, pid: int = 1) -> list[dict]:
         ev.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": t or "other"}})
         ev.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
     tids = rows["track"].astype(str).map(tid_of).to_numpy()
+    r: Any  # a row: the stubs type its fields as any scalar
     for r, tid in zip(rows.itertuples(index=False), tids):
         ev.append({"name": r.name, "ph": "X", "pid": pid, "tid": int(tid), "ts": round(r.start * 1e6, 3),
                    "dur": round(max(r.dur, 0.0) * 1e6, 3), "args": {"step": int(r.step)}})
@@ -75,7 +81,7 @@ _PP_COMM = {"forward-send": "forward-pp-comm", "forward-recv": "forward-pp-comm"
             "backward-send": "backward-pp-comm", "backward-recv": "backward-pp-comm"}
 
 
-def attribute_ops(g) -> tuple[pd.DataFrame, dict]:
+def attribute_ops(g: OpGraph) -> tuple[pd.DataFrame, dict]:
     """An :class:`~.optrace.OpGraph`'s slowdown by worker (rank), DP rank, stage and op type, and M_W, M_S."""
     from prism.whatif.attribution import attribute, worker_and_stage_metrics
     from prism.whatif.scenarios import ideal_op_work
@@ -110,7 +116,7 @@ def _checked_meta(meta: dict) -> dict:
     return out
 
 
-def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario], attribution: bool = False) -> WhatIfResult:
+def whatif_ops(trace_path: str | Path, meta: dict | None, scenarios: list[Scenario], attribution: bool = False) -> WhatIfResult:
     """Op-level trace -> its :class:`WhatIfResult`.
 
     ``replayed``: the graph with observed durations and launch delays (fidelity); ``baseline``: observed
@@ -133,7 +139,7 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario], attribu
         if sc.kind == "microbatches":
             from prism.whatif.schedule import rebuild_microbatches
 
-            gp = OpGraph(rebuild_microbatches(gp.ops, int(sc.arg), meta.get("pp_size")))
+            gp = OpGraph(rebuild_microbatches(gp.ops, int(sc.value), meta.get("pp_size")))
     pred = simulate(gp.graph(apply_op_scenarios(gp, scenarios, meta.get("dp_size")), launch_delay=False)) if scenarios else replay
     sim_s = time.perf_counter() - t0
     observed = observed_step_times(ops)
@@ -173,7 +179,7 @@ def whatif_ops(trace_path, meta: dict | None, scenarios: list[Scenario], attribu
     return WhatIfResult({job: summary}, steps, _trace_events(job, rows), table)
 
 
-def attribute_replay(g) -> tuple[pd.DataFrame, dict]:
+def attribute_replay(g: ReplayGraph) -> tuple[pd.DataFrame, dict]:
     """A :class:`~.netreplay.ReplayGraph`'s slowdown by DP ring, stage (the servers a ring spans), server and
     task kind. The network sees when each ring's collective starts (its last member's arrival), so a ring
     is the finest unit: a server's share is that of the rings it is in."""
@@ -200,7 +206,7 @@ def attribute_replay(g) -> tuple[pd.DataFrame, dict]:
     return table, {"baseline_step_mean_s": t_base, "ideal_step_mean_s": t_ideal, "slowdown": t_base / t_ideal}
 
 
-def whatif_replay(replay_dir, scenarios: list[Scenario], topology=None, attribution: bool = False) -> WhatIfResult:
+def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: str | Path | None = None, attribution: bool = False) -> WhatIfResult:
     """``prism replay`` output -> its :class:`WhatIfResult`.
 
     A job the network cannot model (no DP collective seen, or never every ring in one step) is not
@@ -237,9 +243,9 @@ def whatif_replay(replay_dir, scenarios: list[Scenario], topology=None, attribut
             if sc.kind == "remove-stragglers":
                 work = g.remove_stragglers(rep["anomalies"], work)
             elif sc.kind == "heal-switch":
-                coll, work = g.heal_switch(sc.arg, rep["switches"], rep["topology"], coll, work)
+                coll, work = g.heal_switch(sc.value, rep["switches"], rep["topology"], coll, work)
             elif sc.kind == "scale-comm":
-                coll = coll * float(sc.arg)
+                coll = coll * float(sc.value)
         pred = simulate(g.graph(work, coll))
         t = pd.DataFrame({"job_id": job, "step": g.steps["step"].to_numpy(), "observed_s": g.observed(),
                           "replayed_s": g.simulated_steps(base), "predicted_s": g.simulated_steps(pred)})
@@ -259,6 +265,7 @@ def whatif_replay(replay_dir, scenarios: list[Scenario], topology=None, attribut
             attributions.append(table)
         jobs[job]["simulation_seconds"] = round(time.perf_counter() - t0, 3)
         gr = pred.graph
+        assert gr.proc is not None  # ReplayGraph.graph sets every node's processor
         rows = pd.DataFrame({"name": gr.label, "track": np.where(gr.proc >= 0, pd.Series(gr.proc).map(dict(enumerate(g.rings))).fillna("").to_numpy(), "steps"),
                              "start": pred.start, "dur": gr.duration, "step": gr.step})
         events += _trace_events(job, rows[rows["dur"] > 0], pid=len(jobs))
@@ -269,7 +276,7 @@ def whatif_replay(replay_dir, scenarios: list[Scenario], topology=None, attribut
                         pd.concat(attributions, ignore_index=True) if attributions else None, skipped, run_warnings)
 
 
-def write_outputs(out, result: WhatIfResult) -> None:
+def write_outputs(out: str | Path, result: WhatIfResult) -> None:
     """``summary.json`` (jobs, and the jobs not modelled with why), ``steps.csv``, ``timeline.json`` and, with
     an attribution, ``attribution.csv``."""
     out = Path(out)

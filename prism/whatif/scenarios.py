@@ -28,9 +28,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from prism.whatif.optrace import OpGraph
 
 __all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "ideal_op_work", "SCENARIO_HELP"]
 
@@ -47,6 +51,13 @@ class Scenario:
 
     def __str__(self) -> str:
         return self.kind + (f":{self.arg}" if self.arg is not None else "")
+
+    @property
+    def value(self) -> str:
+        """``arg`` of a kind that takes one (:func:`parse_scenario` checks that it is there)."""
+        if self.arg is None:
+            raise ValueError(f"scenario {self.kind} has no value")
+        return self.arg
 
 
 def parse_scenario(text: str) -> Scenario:
@@ -77,7 +88,7 @@ def parse_scenario(text: str) -> Scenario:
     return Scenario(kind, arg or None)
 
 
-def ideal_op_work(graph_builder) -> np.ndarray:
+def ideal_op_work(graph_builder: OpGraph) -> np.ndarray:
     """Per op, StragglerAnalysis' ideal value: its op type's mean work (compute) or median transfer (communication)
     over every rank, micro-batch and step of the job."""
     ops = graph_builder.ops
@@ -99,7 +110,7 @@ def _lower_median(values: np.ndarray, group: np.ndarray) -> np.ndarray:
     return values[order][first + (counts - 1) // 2][group]
 
 
-def apply_op_scenarios(graph_builder, scenarios: list[Scenario], dp_size: int | None = None) -> np.ndarray:
+def apply_op_scenarios(graph_builder: OpGraph, scenarios: list[Scenario], dp_size: int | None = None) -> np.ndarray:
     """Per op, its value under the scenarios (for :meth:`~prism.whatif.optrace.OpGraph.graph`).
 
     Starts from each op's work (:meth:`~prism.whatif.optrace.OpGraph.work`: a communication op's
@@ -117,11 +128,11 @@ def apply_op_scenarios(graph_builder, scenarios: list[Scenario], dp_size: int | 
         elif sc.kind == "ideal":
             d = ideal_op_work(graph_builder)
         elif sc.kind == "scale-comm":
-            comm_scale *= np.where(comm, float(sc.arg), 1.0)
+            comm_scale *= np.where(comm, float(sc.value), 1.0)
         elif sc.kind == "scale-dp":
             if not dp_size:
                 raise ValueError("scale-dp needs the trace's DP size (--meta with dp_size)")
-            n = int(sc.arg)
+            n = int(sc.value)
             ring = lambda k: (k - 1) / k if k > 1 else 0.0  # noqa: E731
             f = ring(n) / ring(dp_size) if dp_size > 1 else 1.0
             dp_coll = ops["optype"].isin(["grads-reduce-scatter", "params-all-gather"]).to_numpy()

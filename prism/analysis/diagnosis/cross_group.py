@@ -30,6 +30,8 @@ servers), and the median of two equal groups is no baseline.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -77,6 +79,7 @@ def pipeline_stages(first_flows: pd.DataFrame) -> pd.DataFrame:
         adj.setdefault(int(x), []).append(int(y))
         adj.setdefault(int(y), []).append(int(x))
     rows = []
+    pl: Any  # a pipeline number (the stubs type a Series' labels as any hashable)
     for pl, s0 in stage0.items():
         s0 = int(s0)
         if len(adj.get(s0, [])) != 1:
@@ -166,7 +169,7 @@ class StageLagDiagnoser:
         self.min_steps = int(min_steps)
         self.min_peers = int(min_peers)
 
-    def fit(self, first_flows: pd.DataFrame, steps: pd.DataFrame, server_of) -> "StageLagDiagnoser":
+    def fit(self, first_flows: pd.DataFrame, steps: pd.DataFrame, server_of: np.ndarray) -> "StageLagDiagnoser":
         """Compare stages.
 
         Parameters
@@ -276,6 +279,7 @@ class StageLagDiagnoser:
         (MAD) of the per-server medians, at least ``z``.
         """
         ok = np.zeros(len(runs), dtype=bool)
+        r: Any  # a row: the stubs type its fields as any scalar
         for i, r in enumerate(runs.itertuples(index=False)):
             if r.n < self.min_steps:
                 continue
