@@ -71,7 +71,7 @@ class SwitchMap:
     @classmethod
     def load(cls, path) -> "SwitchMap":
         """From YAML: ``{sessions: {17: leaf-03}, sources: {10.0.0.3: leaf-03}}``."""
-        from prism.serve.daemon import read_yaml
+        from prism.common.yamlfile import read_yaml
 
         doc = read_yaml(path, "--switch-map")
         if not isinstance(doc, dict) or set(doc) - {"sessions", "sources"}:

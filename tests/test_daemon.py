@@ -17,7 +17,6 @@ import uuid
 import numpy as np
 import pandas as pd
 import pytest
-from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from prism.serve.broker import LocalBroker, free_port
@@ -25,10 +24,12 @@ from prism.serve.daemon import Daemon
 from prism.analysis.evaluation import job_name_map
 from prism.serve.live import stream_flows
 from prism.ingest.messages import JSONL_CONTENT_TYPE, encode_arrow
-from prism.serve.metrics import Health, MetricsServer, PrismCollector
+from prism.serve.build import build_daemon
+from prism.serve.metrics import Health
 from prism.serve.monitor import Monitor, MonitorSettings
 from prism.serve.produce import FlowProducer
-from prism.serve.sources import KafkaSource, ensure_topic
+from prism.serve.settings import DaemonSettings, KafkaSettings
+from prism.serve.sources import ensure_topic
 from prism.ingest.topology import Topology
 from synthetic import preset
 from support import scrape_total as _scrape_total, stop_process, wait_for
@@ -57,20 +58,20 @@ def topic(broker):
 
 
 class RunningDaemon:
-    """A daemon on a thread with its metrics server, as `prism daemon` wires it."""
+    """A daemon on a thread with its metrics server, wired by the builder `prism daemon` uses."""
 
     def __init__(self, broker, topic, cluster, group=None, replica="r0", summary=None, max_message_bytes=1 << 20, **settings):
-        self.monitor = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**{**SETTINGS, **settings}))
-        self.health = Health()
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(PrismCollector(self.monitor, self.health))
-        self.server = MetricsServer(self.registry, self.health, "127.0.0.1:0").start()
-        self.source = KafkaSource(broker.bootstrap, topic, group or f"g-{topic}", summary or f"sum-{topic}", replica_id=replica,
-                                  max_poll_interval_ms=3000, session_timeout_ms=3000, max_message_bytes=max_message_bytes)
         self.events = []
-        self.daemon = Daemon(self.source, self.monitor, self.health, on_event=lambda k, e: self.events.append((k, e)))
-        self.thread = threading.Thread(target=self.daemon.run, daemon=True)
-        self.thread.start()
+        self.service = build_daemon(
+            DaemonSettings(monitor=MonitorSettings(**{**SETTINGS, **settings}), web_listen_address="127.0.0.1:0", max_poll_interval_s=3.0,
+                           kafka=KafkaSettings(broker.bootstrap, topic, group or f"g-{topic}", summary or f"sum-{topic}", replica_id=replica,
+                                               session_timeout_s=3.0, max_message_bytes=max_message_bytes)),
+            Topology.from_frame(cluster.topology), on_event=lambda k, e: self.events.append((k, e)),
+            warm=False,  # many daemons in one process: the kernels load in the first one's first window
+        )
+        s = self.service
+        self.monitor, self.health, self.registry, self.server, self.source, self.daemon = s.monitor, s.health, s.registry, s.server, s.source, s.daemon
+        self.thread = s.start()
 
     def value(self, name, **labels):
         return self.registry.get_sample_value(name, labels) or 0.0
@@ -97,10 +98,7 @@ class RunningDaemon:
         return self.total("prism_flows_ingested_total") + self.total("prism_flows_duplicate_total") >= n and m.analysed_to is not None and m.analysed_to >= (m.max_start or 0)
 
     def stop(self):
-        self.daemon.stop()
-        self.thread.join(timeout=20)
-        self.source.close()
-        self.server.stop()
+        self.service.close(timeout_s=20)
 
 
 def produce(broker, topic, flows, fmt="jsonl"):

@@ -261,8 +261,7 @@ def test_daemon_pod_is_locked_down_and_probed():
 
 
 def test_daemon_config_from_values_is_what_the_daemon_reads(tmp_path):
-    from prism.cli.daemon import DAEMON_FLAGS
-    from prism.serve.daemon import load_config
+    from prism.serve.settings import DAEMON_FLAGS, load_config
 
     objs = objects(render({"config": {"window": "300s", "kafka.bootstrap-servers": "k1:9092,k2:9092"}}))
     path = tmp_path / "prism.yaml"

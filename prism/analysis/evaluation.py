@@ -1,5 +1,7 @@
-"""Scores against ground truth (used by tests and benchmarks)."""
+"""Scores against ground truth (used by the demos, tests and benchmarks)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -7,7 +9,8 @@ from scipy.special import comb
 
 from prism.analysis.parallelism import UNCERTAIN_BELOW
 
-__all__ = ["detection_delays", "adjusted_rand_index", "gpu_flow_arrays", "gpu_flow_ends", "score_cluster", "score_stream", "pair_type_truth", "job_name_map", "score_steps", "score_anomalies"]
+__all__ = ["detection_delays", "adjusted_rand_index", "gpu_flow_arrays", "gpu_flow_ends", "score_cluster", "score_stream", "pair_type_truth", "job_name_map", "score_steps", "score_anomalies",
+           "TruthReport", "compare_with_truth"]
 
 
 def adjusted_rand_index(labels_true, labels_pred) -> float:
@@ -229,3 +232,83 @@ def _score_found(jobs, steps, anomalies, cluster) -> dict:
         for kind, n in scored.loc[~scored["matched"], "kind"].value_counts().items():
             row[f"false_{kind}"] = int(n)
     return row
+
+
+@dataclass
+class TruthReport:
+    """What :func:`compare_with_truth` found: the lines a demo prints, and whether everything matched (its exit status)."""
+
+    lines: list[str]
+    ok: bool
+
+
+def compare_with_truth(cluster, jobs: pd.DataFrame | None, steps: pd.DataFrame, anomalies: pd.DataFrame, *,
+                       pairs: pd.DataFrame | None = None, live: bool = False, delays: bool = False) -> TruthReport:
+    """The demos' comparison of what was found with a generated cluster's ground truth.
+
+    ``prism demo --offline`` (a replay: ``pairs`` given, ``live`` False) and
+    ``prism demo`` (the daemon: ``live`` True) both report jobs (adjusted
+    Rand index), steps, and each injected fault found or missed with the
+    anomalies it does not explain; what differs is what each can know:
+
+    - the replay names the truth job of each job found and counts GPUs
+      assigned to no true job; it has pair types (``pairs``, checked
+      against ``cluster.pairs``) and a step duration error. Its verdict:
+      jobs, pairs and faults; steps are reported, not judged.
+    - the daemon counts the steps it reported; with ``delays`` (a paced
+      stream, whose anomalies carry ``detected_ns``) the time to detect
+      each fault. Its verdict: jobs, faults, and at least 95 % of the true
+      steps with none spurious.
+
+    Either way every fault must be found and every anomaly explained.
+    """
+    truth = cluster.jobs
+    lines: list[str] = []
+    found = jobs.set_index("ip")["job_id"] if jobs is not None and len(jobs) else pd.Series(dtype=object)
+    merged = truth.assign(found=found.reindex(truth["ip"]).to_numpy())
+    missing = int(merged["found"].isna().sum())
+    ari = adjusted_rand_index(merged["job_id"], merged["found"].fillna("<none>"))
+    if live:
+        jobs_ok = ari == 1.0 and missing == 0
+        lines.append(f"jobs {'MATCH' if jobs_ok else 'DIFFER FROM'} the ground truth (adjusted Rand index {ari:.4f})")
+    else:
+        assert jobs is not None  # a replay always has its job table
+        extra = len(set(jobs["ip"]) - set(truth["ip"]))
+        truth_names = merged.dropna().groupby("found")["job_id"].agg(lambda s: ",".join(sorted(set(s))))
+        for job_id, g in jobs.groupby("job_id"):
+            lines.append(f"{job_id} = truth job {truth_names.get(job_id, '?')} ({len(g)} GPUs)")
+        jobs_ok = ari == 1.0 and missing == 0 and extra == 0
+        lines.append(f"jobs {'MATCH' if jobs_ok else 'DIFFER FROM'} the ground truth: adjusted Rand index {ari:.4f}, {missing} GPUs missed, {extra} extra")
+    pairs_ok = True
+    if pairs is not None:
+        both_sides = pairs.merge(cluster.pairs, on=["src", "dst"], how="outer", suffixes=("", "_truth"), indicator=True)
+        both = both_sides[both_sides["_merge"] == "both"]
+        correct = int((both["type"] == both["type_truth"]).sum())
+        pairs_ok = correct == len(both_sides)
+        lines.append(f"DP/PP pair types {'MATCH' if pairs_ok else 'DIFFER FROM'} the ground truth: {correct:,} of {len(both_sides):,} pairs correct")
+    names = job_name_map(jobs, truth) if jobs is not None else {}
+    sc = score_steps(steps, cluster.steps, names)
+    n_found, true_n, spurious = int(sc["found"].sum()), int(sc["true_steps"].sum()), int(sc["spurious"].sum())
+    if live:
+        lines.append(f"steps: {n_found:,} of {true_n:,} true steps reported ({n_found / max(true_n, 1):.1%}), {spurious} spurious")
+    else:
+        err = (sc["mean_err"] * sc["found"]).sum() / max(n_found, 1)
+        lines.append(f"steps: {n_found:,} of {true_n:,} true steps found ({n_found / max(true_n, 1):.1%}), {spurious} spurious, "
+                     f"mean duration error {err:.1e} ({err * 100:.1e} %)")
+    faults, scored = score_anomalies(anomalies, cluster.faults, names, steps)
+    unexplained = scored[~scored["matched"]]
+    for r in faults.itertuples(index=False):
+        lines.append(f"injected {r.kind:<11} {r.job_id or r.subject:<12} {'FOUND' if r.matched else 'MISSED'}")
+    lines.append(f"anomalies: {len(scored)} reported, {len(scored) - len(unexplained)} explained by injected faults, {len(unexplained)} unexplained")
+    if delays:
+        d = detection_delays(anomalies, cluster.faults, names)
+        found_d = d["delay_s"].dropna()
+        if len(found_d):
+            each = ", ".join(f"{r.kind} {r.delay_s:.1f} s" for r in d.dropna().itertuples(index=False))
+            lines.append(f"time to detect (stream time from a fault's start to its anomaly): {each}; "
+                         f"max {found_d.max():.1f} s{'' if found_d.max() <= 15 else ' (over 15 s)'}")
+    diag_ok = bool(faults["matched"].all()) and unexplained.empty
+    if live:
+        steps_ok = n_found >= 0.95 * true_n and spurious == 0
+        return TruthReport(lines, jobs_ok and steps_ok and diag_ok)
+    return TruthReport(lines, jobs_ok and pairs_ok and diag_ok)

@@ -52,7 +52,7 @@ def cmd_whatif(args) -> int:
         if args.replay_dir and Path(args.replay_dir).is_file():
             raise ValueError(f"{args.replay_dir} is a file; an op-level trace goes with --ops, a 'prism replay' output directory as REPLAY_DIR")
         if args.ops:
-            from prism.serve.daemon import read_yaml
+            from prism.common.yamlfile import read_yaml
 
             meta = read_yaml(args.meta, "--meta") if args.meta else {}
             if not isinstance(meta, dict):

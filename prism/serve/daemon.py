@@ -9,132 +9,22 @@ and decodes ahead, which the next poll ingests: decoding overlaps the
 analysis. The metrics server reads the monitor's last view from its own
 thread.
 
-Configuration: flags, or a YAML ``--config.file`` with the same keys
-(``kafka.topic: flows``, or nested ``kafka: {topic: flows}``); flags given
-on the command line win. Durations take ``ms``, ``s``, ``m``, ``h``.
+The settings (flags, ``--config.file``, their checks) are in
+:mod:`prism.serve.settings`; the wiring of source, monitor, metrics server
+and this loop in :mod:`prism.serve.build`.
 """
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
 from prism.serve.monitor import Monitor
 
-__all__ = ["Daemon", "load_config", "read_yaml", "parse_duration", "check_settings", "format_event", "LOG_LEVELS"]
-
-from prism.common.logs import LOG_FORMATS, LOG_LEVELS  # noqa: E402 - re-exported: the daemon's settings check uses them
+__all__ = ["Daemon", "format_event"]
 
 log = logging.getLogger("prism.daemon")
-
-
-def parse_duration(text) -> float:
-    """Seconds from ``"90s"``, ``"2m"``, ``"500ms"``, ``"1h"`` or a number.
-
-    >>> parse_duration("2m"), parse_duration("500ms"), parse_duration(3)
-    (120.0, 0.5, 3.0)
-    """
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*", str(text))
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 5m, 1h)")
-    return float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
-
-
-def _count(value, flag: str) -> int:
-    """A whole number >= 1 (config files may give ``1e6`` or ``"20_000_000"``)."""
-    try:
-        f = float(str(value).replace("_", ""))
-    except ValueError:
-        raise ValueError(f"{flag}: expected a whole number >= 1, got {value!r}") from None
-    if not f.is_integer() or f < 1:
-        raise ValueError(f"{flag}: expected a whole number >= 1, got {value!r}")
-    return int(f)
-
-
-def check_settings(settings: dict) -> dict:
-    """The daemon's settings, checked and typed; a ValueError names the flag.
-
-    Durations must be positive (``--window.lateness`` may be 0), counts
-    whole and >= 1, the listen address a HOST:PORT with a port in range,
-    the log level one of :data:`LOG_LEVELS`.
-
-    >>> check_settings({"window": "2m", "log_level": "INFO"})["window"]
-    120.0
-    >>> check_settings({"window_max_flows": 0})
-    Traceback (most recent call last):
-    ...
-    ValueError: --window.max-flows: expected a whole number >= 1, got 0
-    """
-    from prism.serve.metrics import parse_listen_address
-
-    out = dict(settings)
-    for key, flag, zero_ok in (
-        ("window", "--window", False), ("window_step", "--window.step", False), ("window_lateness", "--window.lateness", True),
-        ("jobs_ttl", "--jobs.ttl", False), ("switch_window", "--switch.window", False),
-        ("kafka_max_poll_interval", "--kafka.max-poll-interval", False), ("kafka_session_timeout", "--kafka.session-timeout", False),
-    ):
-        if key in out:
-            try:
-                out[key] = parse_duration(out[key])
-            except ValueError as e:
-                raise ValueError(f"{flag}: {e}") from None
-            if out[key] < 0 or (out[key] == 0 and not zero_ok):
-                raise ValueError(f"{flag}: must be {'>= 0' if zero_ok else '> 0'}, got {settings[key]!r}")
-    for key, flag in (("window_max_flows", "--window.max-flows"), ("kafka_max_message_bytes", "--kafka.max-message-bytes")):
-        if key in out:
-            out[key] = _count(out[key], flag)
-    if "log_level" in out:
-        level = str(out["log_level"]).lower()
-        if level not in LOG_LEVELS:
-            raise ValueError(f"--log.level: expected one of {', '.join(LOG_LEVELS)}, got {out['log_level']!r}")
-        out["log_level"] = level
-    if "log_format" in out:
-        fmt = str(out["log_format"]).lower()
-        if fmt not in LOG_FORMATS:
-            raise ValueError(f"--log.format: expected one of {', '.join(LOG_FORMATS)}, got {out['log_format']!r}")
-        out["log_format"] = fmt
-    if "web_listen_address" in out:
-        parse_listen_address(out["web_listen_address"])
-    return out
-
-
-def read_yaml(path, flag: str):
-    """A YAML file's document; unreadable or invalid files raise ValueError naming ``flag`` and the file."""
-    import yaml
-
-    try:
-        with open(path) as f:
-            return yaml.safe_load(f) or {}
-    except OSError as e:
-        raise ValueError(f"{flag} {path}: {e.strerror}") from e
-    except yaml.YAMLError as e:
-        raise ValueError(f"{flag} {path}: not valid YAML: {e}") from e
-
-
-def load_config(path: str, known: set[str]) -> dict:
-    """Flat ``{dotted.key: value}`` from a YAML file; unknown keys are an error."""
-    doc = read_yaml(path, "--config.file")
-    if not isinstance(doc, dict):
-        raise ValueError(f"--config.file {path}: expected a mapping of settings at the top level")
-    flat: dict = {}
-
-    def walk(prefix, d):
-        for k, v in d.items():
-            key = f"{prefix}.{k}" if prefix else str(k)
-            if isinstance(v, dict) and key not in known:
-                walk(key, v)
-            else:
-                flat[key] = v
-
-    walk("", doc)
-    unknown = sorted(set(flat) - known)
-    if unknown:
-        raise ValueError(f"--config.file {path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return flat
 
 
 def format_event(kind: str, e: dict) -> str:

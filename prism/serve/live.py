@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from prism.serve.daemon import Daemon, format_event
 from prism.analysis.diagnosis import ANOMALY_COLUMNS
-from prism.serve.metrics import Health, MetricsServer, PrismCollector
-from prism.serve.monitor import Monitor, MonitorSettings
-from prism.serve.produce import FlowProducer
-from prism.serve.sources import KafkaSource, ensure_topic
 from prism.ingest.topology import Topology
-from prism.serve.warmup import warm_up
+from prism.serve.build import build_daemon
+from prism.serve.daemon import format_event
+from prism.serve.monitor import MonitorSettings
+from prism.serve.produce import FlowProducer
+from prism.serve.settings import DaemonSettings, KafkaSettings
+from prism.serve.sources import ensure_topic
 
 __all__ = ["LiveDemo", "DemoResult", "demo_settings", "stream_flows"]
 
@@ -109,28 +109,11 @@ class LiveDemo:
             broker = LocalBroker().start()
             self.bootstrap = broker.bootstrap
             self.printer(f"broker   Tansu (Kafka protocol) on {self.bootstrap}")
-        server = daemon = producer = source = None
+        service = producer = None
         t_start = time.monotonic()
         try:
             ensure_topic(self.bootstrap, self.topic, self.partitions, security=self.security)
-            topo = Topology.from_frame(self.cluster.topology)
-            monitor = Monitor(topo, self.settings)
-            warm_up()  # the compiled kernels load now, not inside the first window (time to detect)
-            health = Health()
-            from prometheus_client import CollectorRegistry
-
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(PrismCollector(monitor, health))
-            try:
-                server = MetricsServer(registry, health, self.listen).start()
-            except OSError:
-                host = self.listen.rpartition(":")[0] or "127.0.0.1"
-                server = MetricsServer(registry, health, f"{host}:0").start()
-            self.printer(f"metrics  http://{server.address}/metrics   (also /healthz, /readyz)")
-            source = KafkaSource(self.bootstrap, self.topic, self.group, self.summary_topic, replica_id="demo",
-                                 max_poll_interval_ms=10_000, session_timeout_ms=6_000, security=self.security)
-
-            stream = {}  # wall clock and event time at the stream's start: maps "now" to stream time
+            stream: dict[str, float] = {}  # wall clock and event time at the stream's start: maps "now" to stream time
 
             def on_event(kind, e):
                 if kind == "anomaly":
@@ -140,9 +123,15 @@ class LiveDemo:
                     res.anomalies.loc[len(res.anomalies)] = [e.get(c) for c in ANOMALY_COLUMNS] + [now]
                 self.printer(f"{time.monotonic() - t_start:6.1f}s  {format_event(kind, e)}")
 
-            daemon = Daemon(source, monitor, health, on_event=on_event)
-            thread = threading.Thread(target=daemon.run, name="prism-daemon", daemon=True)
-            thread.start()
+            # the demo's windows are small: 10 s for one's analysis is plenty, and a dead consumer is noticed sooner
+            settings = DaemonSettings(monitor=self.settings, web_listen_address=self.listen, max_poll_interval_s=10.0,
+                                      kafka=KafkaSettings(self.bootstrap, self.topic, self.group, self.summary_topic, replica_id="demo",
+                                                          session_timeout_s=6.0, security=self.security))
+            # the compiled kernels load in here, not inside the first window (time to detect)
+            service = build_daemon(settings, Topology.from_frame(self.cluster.topology), on_event=on_event, free_port_if_taken=True)
+            self.printer(f"metrics  http://{service.server.address}/metrics   (also /healthz, /readyz)")
+            monitor, source, daemon = service.monitor, service.source, service.daemon
+            thread = service.start()
             # the daemon is running before the traffic flows, as on a platform: a consumer group that settles
             # after the stream began starts on a backlog, and its first window sees a partial step
             wait_until = time.monotonic() + 60
@@ -168,8 +157,7 @@ class LiveDemo:
                 if done:
                     break
                 time.sleep(0.2)
-            daemon.stop()
-            thread.join(timeout=30)
+            service.stop(timeout_s=30)
             if daemon.error is not None:
                 raise daemon.error
             res.jobs = monitor.jobs_
@@ -179,10 +167,9 @@ class LiveDemo:
             res.seconds = time.monotonic() - t_start
             return res
         finally:
-            for closer in (producer, source):
-                if closer is not None:
-                    closer.close()
-            if server is not None:
-                server.stop()
+            if producer is not None:
+                producer.close()
+            if service is not None:
+                service.close()
             if broker is not None:
                 broker.stop()
