@@ -135,7 +135,7 @@ def _chart_copy(tmp_path) -> Path:
 
 
 def _exported_metric_names() -> set[str]:
-    src = (ROOT / "prism" / "metrics.py").read_text()
+    src = (ROOT / "prism" / "serve" / "metrics.py").read_text()
     names = set()
     for kind, name in re.findall(r'(Counter|Gauge|Histogram)MetricFamily\(\s*"(prism_\w+)"', src):
         names.add(name)
