@@ -36,6 +36,7 @@ from prism.analysis.analyse import Settings, analyse, label_names
 from prism.analysis.diagnosis import SwitchBandwidth
 from prism.analysis.jobs import JobRecogniser, gpu_clusters
 from prism.analysis.parallelism import UNCERTAIN_BELOW
+from prism.ingest.gpu_traffic import gpu_traffic
 from prism.ingest.topology import Topology
 from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_hashes
 
@@ -195,18 +196,14 @@ class Monitor:
             start = start[new]
         if len(flows) == 0:
             return
-        a = self.topology.nic_index(flows["src"])
-        b = self.topology.nic_index(flows["dst"])
         wm = self.watermark()
         horizon = None if wm is None else wm - int(self.s.window_s * 1e9)
         late = start < horizon if horizon is not None else np.zeros(len(start), dtype=bool)
-        non_gpu = ~late & ((a < 0) | (b < 0))
-        self_flow = ~late & ~non_gpu & (a == b)
-        gpu = ~(late | non_gpu | self_flow)
+        traffic = gpu_traffic(self.topology, flows["src"], flows["dst"], late)
+        a, b, gpu = traffic.a, traffic.b, traffic.gpu
         with self.lock:
-            c["ignored:late"] += int(late.sum())
-            c["ignored:non_gpu_address"] += int(non_gpu.sum())
-            c["ignored:self_flow"] += int(self_flow.sum())
+            for reason, k in traffic.ignored.items():
+                c[f"ignored:{reason}"] += k
         if not late.all():
             self._note_disorder(start[~late], partition)
             m = int(start[~late].max())
