@@ -37,7 +37,7 @@ import pandas as pd
 
 from prism.ingest.records import empty_flows
 
-from .decode import K_FIRST, K_LAST, K_ONLY, STATUS, STATUS_NAMES, _OP_CLASS, PacketTable, address_strings, opcode_kind
+from .decode import K_FIRST, K_LAST, K_ONLY, OP_CLASS, STATUS, STATUS_NAMES, PacketTable, address_strings, opcode_kind
 
 __all__ = ["SwitchMap", "FlowAssembler", "CollectStats"]
 
@@ -242,7 +242,7 @@ class FlowAssembler:
         src_rows = o2[first]
         op = c["opcode"][src_rows]
         kind = opcode_kind(op)
-        cls = _OP_CLASS[op & 31]
+        cls = OP_CLASS[op & 31]
         payload = c["payload"][src_rows]
         reth = c["reth_len"][src_rows]
         # 3. messages: cut at FIRST/ONLY, after LAST/ONLY, at a new key

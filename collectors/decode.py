@@ -24,7 +24,7 @@ import pandas as pd
 
 from .pcapfile import Capture
 
-__all__ = ["decode_packets", "scratch_for", "address_strings", "packet_frame", "PacketTable", "STATUS", "STATUS_NAMES", "ROCE_PORT", "opcode_kind"]
+__all__ = ["decode_packets", "scratch_for", "address_strings", "packet_frame", "PacketTable", "STATUS", "STATUS_NAMES", "ROCE_PORT", "opcode_kind", "OP_CLASS"]
 
 ROCE_PORT = 4791
 
@@ -66,11 +66,12 @@ _EXT[18] += 4 + 8  # AETH + AtomicAckETH
 _EXT[[19, 20]] += 28  # AtomicETH
 _HAS_RETH = np.zeros(32, bool)
 _HAS_RETH[[6, 10, 11, 12]] = True
-# message class, so a SEND_FIRST is not closed by a WRITE_LAST
-_OP_CLASS = np.full(32, -1, np.int8)
-_OP_CLASS[[0, 1, 2, 3, 4, 5, 22, 23]] = 0  # SEND
-_OP_CLASS[[6, 7, 8, 9, 10, 11]] = 1  # WRITE
-_OP_CLASS[[13, 14, 15, 16]] = 2  # READ response
+#: message class of each opcode (0 SEND, 1 WRITE, 2 READ response, -1 none), so a SEND_FIRST
+#: is not closed by a WRITE_LAST; public: the assembler pairs FIRST and LAST by it
+OP_CLASS = np.full(32, -1, np.int8)
+OP_CLASS[[0, 1, 2, 3, 4, 5, 22, 23]] = 0  # SEND
+OP_CLASS[[6, 7, 8, 9, 10, 11]] = 1  # WRITE
+OP_CLASS[[13, 14, 15, 16]] = 2  # READ response
 BTH_LEN, ICRC_LEN, UDP_LEN = 12, 4, 8
 
 

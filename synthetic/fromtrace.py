@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from .fabric import Fabric
-from .generator import EPOCH_NS, GeneratedCluster, _Columns, storage_noise, truth_frames
+from .generator import EPOCH_NS, FlowColumns, GeneratedCluster, storage_noise, truth_frames
 
 __all__ = ["shared_data_dir", "TraceJob", "Straggler", "with_straggler", "trace_cluster", "read_trace_job", "collector_view", "CollectorNoise"]
 
@@ -366,7 +366,7 @@ def trace_cluster(jobs: list[TraceJob], servers_per_group: int = 8, spines: int 
     gps = 8
     need = [-(-j.gpus // gps) for j in jobs]
     fab = Fabric(servers=sum(need) + len(jobs), servers_per_group=servers_per_group, spines=spines)
-    cols = _Columns()
+    cols = FlowColumns()
     truth_pairs, truth_steps, placement, placement_gpu = [], [], {}, {}
     gpu0 = 0
     switch_names = fab.switch_names()

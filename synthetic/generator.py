@@ -21,7 +21,7 @@ from .fabric import Fabric
 from .faults import DegradedSwitch, SlowServer, SlowStep
 from .workload import JobSpec, one_f_one_b
 
-__all__ = ["ClusterGenerator", "GeneratedCluster", "EPOCH_NS"]
+__all__ = ["ClusterGenerator", "GeneratedCluster", "EPOCH_NS", "FlowColumns"]
 
 #: Capture windows start at 2026-01-01T00:00:00Z.
 EPOCH_NS = 1_767_225_600 * 1_000_000_000
@@ -154,7 +154,7 @@ class ClusterGenerator:
         switch_names = fab.switch_names()
         degraded = self._resolve_switch_faults(placement, switch_names)
 
-        cols = _Columns()
+        cols = FlowColumns()
         truth_pairs, truth_steps, truth_faults = [], [], []
         for spec, seq in zip(self.jobs, job_seqs):
             _JobSimulation(self, spec, placement[spec.name], np.random.default_rng(seq), degraded).run(
@@ -237,11 +237,11 @@ class ClusterGenerator:
             return int(vals[np.argmax(counts)])
         raise ValueError("degraded switch 'auto' needs a job with dp >= 2 whose ring crosses a switch")
 
-    def _storage_noise(self, cols: "_Columns", rng) -> None:
+    def _storage_noise(self, cols: "FlowColumns", rng) -> None:
         storage_noise(cols, self.fabric, rng, self.duration_ns, self.storage_flows_per_s)
 
 
-def storage_noise(cols: "_Columns", fab: Fabric, rng, duration_ns: float, flows_per_s: float) -> None:
+def storage_noise(cols: "FlowColumns", fab: Fabric, rng, duration_ns: float, flows_per_s: float) -> None:
     """Storage traffic between GPUs and storage hosts (not training): Poisson arrivals, log-normal sizes."""
     n = rng.poisson(flows_per_s * duration_ns / 1e9)
     if n == 0 or fab.storage_hosts == 0:
@@ -278,7 +278,7 @@ def truth_frames(pairs: pd.DataFrame, ips: np.ndarray) -> tuple[pd.DataFrame, pd
     return pairs_df, jobs_df
 
 
-class _Columns:
+class FlowColumns:
     """Flow columns accumulated as arrays; turned into a frame once at the end."""
 
     def __init__(self):
@@ -366,7 +366,7 @@ class _JobSimulation:
         return np.where(net, fab.latency_ns + size / (fab.bytes_per_ns * factor), size / fab.nvlink_bytes_per_ns)
 
     # ----------------------------------------------------------------------
-    def run(self, cols: _Columns, truth_pairs, truth_steps, truth_faults):
+    def run(self, cols: FlowColumns, truth_pairs, truth_steps, truth_faults):
         gen, spec, fab, rng = self.gen, self.spec, self.fab, self.rng
         T, D, P, M = spec.tp, spec.dp, spec.pp, spec.microbatches
         window = gen.duration_ns

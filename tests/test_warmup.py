@@ -26,7 +26,9 @@ def test_warm_up_loads_every_kernel_of_the_daemons_path_and_says_nothing():
         # helpers called only from compiled code are compiled into their callers: no signature of their own
         inner = {f"{k.rsplit('.', 1)[0]}.{n}" for k, d in kernels.items() for n in d.py_func.__code__.co_names}
         cold = [k for k, d in kernels.items() if not d.signatures and k not in inner]
-        print(json.dumps({"cold": sorted(cold), "log": log.getvalue(), "seconds": seconds}))
+        from prism.common.kernels import registered_warm_ups
+        print(json.dumps({"cold": sorted(cold), "log": log.getvalue(), "seconds": seconds, "generator": "synthetic" in sys.modules,
+                          "registered": sorted(registered_warm_ups())}))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True).stdout
     got = json.loads(out.splitlines()[-1])
@@ -35,3 +37,23 @@ def test_warm_up_loads_every_kernel_of_the_daemons_path_and_says_nothing():
     assert "prism.ingest.ipc_headers._walk_many" not in cold and "prism.serve.window._insert" not in cold
     assert "prism" not in got["log"]  # the throwaway monitor's warnings are not the daemon's
     assert got["seconds"] > 0
+    assert not got["generator"]  # the daemon's start does not depend on the test-data generator
+    # the kernels the fixture cannot reach are warmed by their own modules
+    assert {"prism.analysis.jobs.warm_up", "prism.analysis.diagnosis.switches.warm_up"} <= set(got["registered"])
+
+
+def test_the_fixture_is_training_traffic_the_monitor_finds_steps_in():
+    # a fixture that no longer looked like a job (no steps, no pairs typed) would warm less than the daemon's path
+    from prism.ingest.topology import Topology
+    from prism.serve.monitor import Monitor, MonitorSettings
+    from prism.serve.warmup import warm_up_flows
+
+    topology, flows = warm_up_flows(3.0)
+    assert 1000 <= len(flows) <= 2000 and flows["start_ns"].is_monotonic_increasing
+    monitor = Monitor(Topology.from_frame(topology), MonitorSettings(window_s=3.0, step_s=1.5, lateness_s=0))
+    monitor.ingest(flows)
+    view = monitor.tick(final=True)
+    assert monitor.counters["0"]["ignored:non_gpu_address"] == 0
+    (job,) = view.jobs.values()
+    assert job.gpus == 8 and job.servers == 4 and job.steps >= 20
+    assert (job.dp, job.pp) == (2, 2) and {t for t, _ in job.pairs} == {"DP", "PP"}

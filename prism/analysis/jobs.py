@@ -20,9 +20,10 @@ import numpy as np
 import pandas as pd
 
 from prism.common.components import connected_components
+from prism.common.kernels import register_warm_up
 from prism.ingest.topology import Topology
 
-__all__ = ["gpu_clusters", "merge_identical_server_sets", "merge_shared_servers", "job_id_for", "JobRecogniser"]
+__all__ = ["gpu_clusters", "merge_identical_server_sets", "merge_shared_servers", "job_id_for", "JobRecogniser", "warm_up"]
 
 
 def gpu_clusters(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
@@ -184,6 +185,16 @@ def _mark_pairs(seen, a, b, n):  # pragma: no cover - compiled
     for i in range(len(a)):
         x, y = np.int64(a[i]), np.int64(b[i])
         seen[min(x, y) * n + max(x, y)] = True
+
+
+@register_warm_up
+def warm_up() -> None:
+    """Load :func:`_mark_pairs`, which only a call of 65,536 pairs or more (a large window) reaches.
+
+    The arguments have the types :meth:`JobRecogniser.partial_fit_pairs` passes (int64 NIC indices).
+    """
+    one = np.zeros(3, dtype=np.int64)
+    _mark_pairs(np.zeros(4, dtype=bool), one, one, 2)
 
 
 class JobRecogniser:

@@ -7,12 +7,12 @@ memory at 32 bytes each, or spilled to disk). Such a job is analysed
 ``slice_flows`` flows at a time, in time order, each slice reaching back
 over the last few steps of the one before; the results are stitched:
 
-* **steps** -- a slice's steps are taken once they end a hold (two of the
-  slice's median steps) before its last flow, the later ones waiting for
-  the next slice, which re-cuts them with what follows. A step is new if
-  it ends past the last taken step's end and does not start before it
-  (both within a quarter of a median step), the rule the daemon's windows
-  use. Steps are numbered anew, in order;
+* **steps** -- taken by the rule the daemon's windows use
+  (:mod:`prism.analysis.stitch`): once they end a hold (two median steps)
+  before the slice's last flow, the later ones waiting for the next
+  slice, which re-cuts them with what follows; new if they end past the
+  last taken step's end and do not start before it (within a quarter of
+  a median step). Steps are numbered anew, in order;
 * **phases and per-server lag** -- per step, so the taken steps' rows are
   kept (with the new numbers) and the others dropped;
 * **anomalies** -- the cross-step diagnosis runs once over the stitched
@@ -42,10 +42,11 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from prism.common.allocator import release_free_memory
 from prism.analysis.analyse import Analysis, Settings, analyse
 from prism.analysis.diagnosis import in_time_order
+from prism.analysis.stitch import StepStitcher, median_step_ns
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS
+from prism.common.allocator import release_free_memory
 
 __all__ = ["analyse_sliced"]
 
@@ -69,13 +70,17 @@ class _Stitch:
         self.lag: list[pd.DataFrame] = []
         self.pairs: list[pd.DataFrame] = []
         self.shapes: list[pd.DataFrame] = []
-        self.last_end: int | None = None
-        self.next_step = 0
+        self.stitcher = StepStitcher(HOLD_STEPS)
         self.durations: list[np.ndarray] = []  # taken steps' durations, for the median
 
+    @property
+    def last_end(self) -> int | None:
+        """End of the last taken step (ns)."""
+        return self.stitcher.last_end
+
     def median_ns(self, fallback: np.ndarray) -> float:
-        d = np.concatenate(self.durations[-64:]) if self.durations else fallback
-        return float(np.median(d)) if len(d) else 0.0
+        """The median step over the last 64 slices' taken steps (``fallback``'s before any)."""
+        return median_step_ns(np.concatenate(self.durations[-64:]) if self.durations else None, fallback)
 
     def take(self, an: Analysis, settle_ns: int | None) -> int | None:
         """Keep ``an``'s settled new steps and what belongs to them; return the last taken step's end."""
@@ -88,22 +93,14 @@ class _Stitch:
             return self.last_end
         steps = steps.sort_values("start_ns", kind="stable")
         start, end = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
-        median = self.median_ns(end - start)
-        keep = np.ones(len(steps), dtype=bool)
-        if settle_ns is not None:
-            keep &= end <= settle_ns - HOLD_STEPS * median
-        if self.last_end is not None:
-            tol = 0.25 * median
-            keep &= (end > self.last_end + tol) & (start >= self.last_end - tol)
+        keep, numbers = self.stitcher.take(start, end, self.median_ns(end - start), settle_ns)
         if not keep.any():
             return self.last_end
         taken = steps[keep].copy()
-        renumber = dict(zip(taken["step"].tolist(), range(self.next_step, self.next_step + len(taken))))
-        taken["step"] = np.arange(self.next_step, self.next_step + len(taken))
-        self.next_step += len(taken)
+        renumber = dict(zip(taken["step"].tolist(), numbers.tolist()))  # the slice's step numbers -> the stitched ones
+        taken["step"] = numbers
         self.steps.append(taken)
         self.durations.append(end[keep] - start[keep])
-        self.last_end = int(end[keep][-1])
         for frame, out in ((an.phases, self.phases), (an.group_lag, self.lag)):
             if frame is not None and len(frame) and "step" in frame:
                 rows = frame[frame["step"].isin(renumber)].copy()

@@ -39,6 +39,7 @@ from prism.analysis.diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
 from prism.analysis.diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
 from prism.analysis.jobs import JobRecogniser
 from prism.analysis.parallelism import UNCERTAIN_BELOW
+from prism.ingest.gpu_traffic import gpu_traffic
 from prism.ingest.readers import DEFAULT_CHUNK_ROWS, FlowReader
 from prism.ingest.records import RejectCounter
 from prism.offline.spill import DEFAULT_SPILL_ABOVE, SpilledFlows
@@ -54,13 +55,6 @@ OUTPUT_COLUMNS = {
     "phases.csv": PHASE_COLUMNS,
     "anomalies.csv": ANOMALY_COLUMNS,
 }
-
-#: Why a valid record is not training traffic.
-IGNORE_REASONS = (
-    "non_gpu_address",  # src or dst is not a GPU NIC of the topology (storage, management)
-    "self_flow",  # src == dst
-)
-
 
 @dataclass
 class ReplayResult:
@@ -371,13 +365,9 @@ def _consume(
     res.flows_valid += n
     last_start = int(chunk["start_ns"].max())
     res.last_start_ns = last_start if res.last_start_ns is None else max(res.last_start_ns, last_start)
-    a = topology.nic_index(chunk["src"])
-    b = topology.nic_index(chunk["dst"])
-    non_gpu = (a < 0) | (b < 0)
-    self_flow = ~non_gpu & (a == b)
-    res.ignored["non_gpu_address"] += int(non_gpu.sum())
-    res.ignored["self_flow"] += int(self_flow.sum())
-    gpu = ~(non_gpu | self_flow)
+    traffic = gpu_traffic(topology, chunk["src"], chunk["dst"])
+    res.ignored.update(traffic.ignored)  # Counter.update adds
+    a, b, gpu = traffic.a, traffic.b, traffic.gpu
     if not gpu.any():
         return
     a, b = a[gpu], b[gpu]

@@ -20,6 +20,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
+from prism.ingest.gpu_traffic import NON_GPU_ADDRESS
 from prism.serve.monitor import Monitor
 
 __all__ = ["Daemon", "format_event"]
@@ -122,7 +123,7 @@ class Daemon:
             return
         counts = self.monitor.counters_snapshot().values()
         ingested = sum(c.get("ingested", 0) for c in counts)
-        foreign = sum(c.get("ignored:non_gpu_address", 0) for c in counts)
+        foreign = sum(c.get(f"ignored:{NON_GPU_ADDRESS}", 0) for c in counts)
         self._topology_matched = foreign < ingested
         if ingested >= self.TOPOLOGY_CHECK_RECORDS and foreign == ingested:
             self.topology_warned = True

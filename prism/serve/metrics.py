@@ -26,14 +26,14 @@ import numpy as np
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from prism.serve.monitor import STEP_BUCKETS_S, Monitor, bucket_index
+from prism.ingest.gpu_traffic import IGNORE_REASONS
 from prism.ingest.records import REJECT_REASONS
+from prism.serve.monitor import STEP_BUCKETS_S, Monitor, bucket_index
 
 __all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address"]
 
 log = logging.getLogger("prism.web")
 
-_IGNORE_REASONS = ("non_gpu_address", "self_flow", "late")
 _WINDOW_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
 
@@ -101,7 +101,7 @@ class PrismCollector:
             dup.add_metric([p], c.get("duplicate", 0))
             for r in REJECT_REASONS:
                 rej.add_metric([p, r], c.get(f"rejected:{r}", 0))
-            for r in _IGNORE_REASONS:
+            for r in IGNORE_REASONS:
                 ign.add_metric([p, r], c.get(f"ignored:{r}", 0))
         yield from (ing, dup, rej, ign)
         shed = CounterMetricFamily("prism_flows_shed_total", "GPU flows dropped from the analysis window because it was full (--window.max-flows).")

@@ -17,8 +17,10 @@ What is kept, and why it is bounded:
 
 Each tick runs :func:`prism.analysis.analyse.analyse` (the same analyses as ``prism
 replay``) over the window, then merges: steps already reported are not
-reported again, the cross-step diagnosis runs over each job's step history
-(so its baseline outlives the window), and each anomaly is counted once.
+reported again (the rule of :mod:`prism.analysis.stitch`, which the
+replay's time slices share), the cross-step diagnosis runs over each
+job's step history (so its baseline outlives the window), and each
+anomaly is counted once.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ from prism.analysis.analyse import Settings, analyse, label_names
 from prism.analysis.diagnosis import SwitchBandwidth
 from prism.analysis.jobs import JobRecogniser, gpu_clusters
 from prism.analysis.parallelism import UNCERTAIN_BELOW
+from prism.analysis.stitch import StepStitcher, median_step_ns
+from prism.ingest.gpu_traffic import gpu_traffic
 from prism.ingest.topology import Topology
 from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_hashes
 
@@ -120,12 +124,11 @@ class MonitorView:
 
 
 class _JobState:
-    def __init__(self, job_id: str, history: int):
+    def __init__(self, job_id: str, history: int, hold_steps: float):
         self.view = JobView(job_id=job_id, gpus=0, servers=0)
         self.servers: set = set()
         self.history: deque = deque(maxlen=history)  # (step, start_ns, end_ns)
-        self.next_step = 0
-        self.last_end = -1
+        self.stitcher = StepStitcher(hold_steps)  # which of a window's steps are new, and their numbers
         self.reported: dict = {}  # anomaly key -> start_ns
         self.warned_stepless = False  # the "no steps in a whole window" warning was logged
 
@@ -195,18 +198,14 @@ class Monitor:
             start = start[new]
         if len(flows) == 0:
             return
-        a = self.topology.nic_index(flows["src"])
-        b = self.topology.nic_index(flows["dst"])
         wm = self.watermark()
         horizon = None if wm is None else wm - int(self.s.window_s * 1e9)
         late = start < horizon if horizon is not None else np.zeros(len(start), dtype=bool)
-        non_gpu = ~late & ((a < 0) | (b < 0))
-        self_flow = ~late & ~non_gpu & (a == b)
-        gpu = ~(late | non_gpu | self_flow)
+        traffic = gpu_traffic(self.topology, flows["src"], flows["dst"], late)
+        a, b, gpu = traffic.a, traffic.b, traffic.gpu
         with self.lock:
-            c["ignored:late"] += int(late.sum())
-            c["ignored:non_gpu_address"] += int(non_gpu.sum())
-            c["ignored:self_flow"] += int(self_flow.sum())
+            for reason, k in traffic.ignored.items():
+                c[f"ignored:{reason}"] += k
         if not late.all():
             self._note_disorder(start[~late], partition)
             m = int(start[~late].max())
@@ -441,7 +440,7 @@ class Monitor:
                 # a job that grew (more of its servers seen, or another replica's
                 # share merged in) keeps the history of what it absorbed
                 absorbed = [o for o in gone.values() if o.servers and o.servers <= current[job_id]]
-                st = max(absorbed, key=lambda o: o.view.steps) if absorbed else _JobState(job_id, self.s.step_history)
+                st = max(absorbed, key=lambda o: o.view.steps) if absorbed else _JobState(job_id, self.s.step_history, self.SETTLE_STEPS)
                 st.view.job_id = job_id
                 self._jobs[job_id] = st
                 self.events.append(("job", {"job_id": job_id, "gpus": int(len(g)), "servers": int(g["server"].nunique())}))
@@ -475,6 +474,7 @@ class Monitor:
                 "hint": "a window needs ten or more of the job's steps; if its steps are longer than a tenth of --window, raise --window"}})
 
     #: a step is reported once the window reaches this many of the job's median steps past its end
+    #: (the hold of :class:`prism.analysis.stitch.StepStitcher`)
     SETTLE_STEPS = 0.5
 
     def _merge_steps(self, steps: pd.DataFrame, final: bool, end: int | None = None) -> None:
@@ -485,30 +485,21 @@ class Monitor:
             st = self._jobs.get(job_id)
             if st is None:
                 continue
-            dur = (g["end_ns"] - g["start_ns"]).to_numpy()
-            hist = np.array([e - s for _, s, e in st.history]) if st.history else dur
-            median = float(np.median(hist))
-            if not final and end is not None:
-                # A step that ends just before the window's end may not have ended: a straggling stage can
-                # pause the traffic inside a step for longer than the gap between steps, and the window then
-                # cuts the step at the pause. Steps count once and are not revised, so the last one waits for
-                # a window that reaches half a step past it (the next window re-cuts it with what follows).
-                g = g[g["end_ns"].to_numpy() <= end - self.SETTLE_STEPS * median]
-                if g.empty:
-                    continue
-            tol = 0.25 * median
-            new = (g["end_ns"].to_numpy() > st.last_end + tol) & (g["start_ns"].to_numpy() >= st.last_end - tol)
+            s0s, e0s = g["start_ns"].to_numpy(), g["end_ns"].to_numpy()
+            # the median over the job's step history (its baseline outlives the window), the window's before any
+            median = median_step_ns(np.array([e - s for _, s, e in st.history]) if st.history else None, e0s - s0s)
+            # Steps count once and are not revised: the last one waits for a window that reaches half a
+            # step past it, as it may not have ended (see prism.analysis.stitch)
+            new, numbers = st.stitcher.take(s0s, e0s, median, None if final or end is None else end)
             if not new.any():
                 continue
             v = st.view
-            for s0, e0 in zip(g["start_ns"].to_numpy()[new], g["end_ns"].to_numpy()[new]):  # per step, not per flow
-                st.history.append((st.next_step, int(s0), int(e0)))
-                st.next_step += 1
+            for n, s0, e0 in zip(numbers.tolist(), s0s[new], e0s[new]):  # per step, not per flow
+                st.history.append((n, int(s0), int(e0)))
                 d = (e0 - s0) / 1e9
                 v.bucket_counts[bucket_index(STEP_BUCKETS_S, d)] += 1
                 v.step_sum_s += d
                 v.steps += 1
-            st.last_end = int(st.history[-1][2])
             # the cross-step diagnosis over the history: its baseline outlives the window
             h = pd.DataFrame(list(st.history), columns=["step", "start_ns", "end_ns"]).assign(job_id=job_id)
             h["duration_ns"] = h["end_ns"] - h["start_ns"]

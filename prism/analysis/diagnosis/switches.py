@@ -26,8 +26,9 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies
+from prism.common.kernels import register_warm_up
 
-__all__ = ["SwitchBandwidth", "SwitchDiagnoser", "DEFAULT_WINDOW_S", "SWITCH_COLUMNS"]
+__all__ = ["SwitchBandwidth", "SwitchDiagnoser", "DEFAULT_WINDOW_S", "SWITCH_COLUMNS", "warm_up"]
 
 #: ``switches.csv``: one row per window and switch or link.
 SWITCH_COLUMNS = ["window_start_ns", "kind", "name", "tier", "flows", "bytes", "busy_ns", "gbps", "tier_median_gbps", "ratio", "senders", "slow_senders"]
@@ -122,6 +123,17 @@ class SwitchBandwidth:
         if self._table is None:
             self._table = self._sums.table()
         return self._table
+
+
+@register_warm_up
+def warm_up() -> None:
+    """Load the switch sums' rehash, which only a fabric with more (window, path, sender) keys than a small one reaches.
+
+    Three rows into a table of two slots: the table grows once, as it does
+    when a window brings more keys than it has room for.
+    """
+    one = np.zeros(3, dtype=np.int64)
+    _KeySums(capacity=2).add(np.arange(3), one, one, one, one)
 
 
 class _KeySums:
