@@ -40,16 +40,6 @@ LAYERS = {
     "synthetic": {"common", "ingest", "analysis", "whatif", "synthetic"},
 }
 
-#: known violations, as (importer, imported module, name or None). Being removed: each is fixed on a branch being
-#: merged (warm-up and the collectors by public names; the generator's columns through a public helper); then empty this.
-ALLOWED = {
-    ("prism.serve.warmup", "prism.analysis.diagnosis.switches", "_KeySums"),  # being removed
-    ("prism.serve.warmup", "prism.analysis.jobs", "_mark_pairs"),  # being removed
-    ("prism.serve.warmup", "synthetic.presets", None),  # being removed: serve must not import synthetic (its generator)
-    ("collectors.assemble", "collectors.decode", "_OP_CLASS"),  # being removed
-    ("synthetic.fromtrace", "synthetic.generator", "_Columns"),  # being removed
-}
-
 
 @dataclass(frozen=True)
 class Import:
@@ -210,20 +200,13 @@ def test_prism_has_no_import_cycles(graph):
 
 
 def test_no_private_names_imported_from_another_module(graph):
-    found = [i for i in private_imports(graph.first_party()) if i.key() not in ALLOWED]
+    found = private_imports(graph.first_party())
     assert not found, "private names imported from another module (make them public, or move the code):\n" + _explain(found)
 
 
 def test_no_imports_up_the_layers(graph):
-    found = [i for i in upward_imports(graph.first_party()) if i.key() not in ALLOWED and (i.importer, i.module, None) not in ALLOWED]
+    found = upward_imports(graph.first_party())
     assert not found, "imports up the layers (" + " < ".join(LAYERS) + "):\n" + _explain(found)
-
-
-def test_the_allowed_violations_still_exist(graph):
-    """An entry of ALLOWED that the code no longer has is removed from it, so the list only shrinks."""
-    have = {i.key() for i in private_imports(graph.first_party()) + upward_imports(graph.first_party())}
-    have |= {(i.importer, i.module, None) for i in upward_imports(graph.first_party())}
-    assert not ALLOWED - have, f"fixed, remove from ALLOWED: {sorted(ALLOWED - have, key=str)}"
 
 
 # ---- the checker itself, on small made-up packages
