@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from prism.ingest.readers import write_flows  # noqa: F401  (also re-exported: tests and benchmarks import it from here)
+from prism.ingest.readers import write_flows
 
 from .fabric import Fabric
 from .faults import DegradedSwitch, SlowServer, SlowStep
@@ -161,7 +161,7 @@ class ClusterGenerator:
                 cols, truth_pairs, truth_steps, truth_faults
             )
         self._storage_noise(cols, np.random.default_rng(noise_seq))
-        for name, sw_id, t0, t1, factor in degraded:
+        for name, _sw_id, t0, t1, factor in degraded:
             truth_faults.append(("slow_switch", "", -1, t0, t1, name, factor))
 
         flows = cols.frame(fab, switch_names, self.duration_ns)

@@ -6,9 +6,9 @@ import pytest
 import prism.analysis.analyse
 import prism.analysis.batches
 import prism.offline.spill
-from prism.offline.replay import replay
 from prism.analysis.timeline import parallel_groups
 from prism.ingest.topology import Topology
+from prism.offline.replay import replay
 from synthetic import preset
 from synthetic.scenarios import scenario_cluster
 

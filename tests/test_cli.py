@@ -46,9 +46,9 @@ def test_replay_plots(tiny_dir, tmp_path):
 def test_plots_read_in_real_time_with_every_anomaly_marked(tiny_dir, tmp_path):
     import matplotlib.dates as mdates
 
+    from prism.ingest.topology import Topology
     from prism.offline.plots import steps_figure, switches_figure
     from prism.offline.replay import replay
-    from prism.ingest.topology import Topology
 
     res = replay([str(tiny_dir / "flows.parquet")], Topology.from_csv(tiny_dir / "topology.csv"), out_dir=tmp_path / "out", progress=False)
     an = res.analysis
@@ -292,8 +292,8 @@ def test_every_command_takes_the_logging_flags():
 def test_detection_delay_is_measured_from_the_fault_start(tiny_cluster, tiny_dir, tmp_path):
     """The live demo's time-to-detect, on anomalies stamped with the stream time they appeared at."""
     from prism.analysis.evaluation import detection_delays, job_name_map, score_anomalies
-    from prism.offline.replay import replay
     from prism.ingest.topology import Topology
+    from prism.offline.replay import replay
 
     res = replay([str(tiny_dir / "flows.parquet")], Topology.from_csv(tiny_dir / "topology.csv"), out_dir=tmp_path / "out", progress=False)
     names = job_name_map(res.jobs, tiny_cluster.jobs)

@@ -394,10 +394,10 @@ def test_prism_collect_cli_writes_jsonl_and_stats(synthetic_capture, tmp_path, c
 def test_collect_to_kafka_in_the_daemons_format(synthetic_capture, tmp_path):
     from kafka import KafkaConsumer
 
-    from prism.serve.broker import LocalBroker
     from prism.cli import main
     from prism.ingest.messages import decode_message
     from prism.ingest.records import RejectCounter
+    from prism.serve.broker import LocalBroker
 
     d, info = synthetic_capture
     with LocalBroker() as broker:

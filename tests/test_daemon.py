@@ -18,21 +18,22 @@ import numpy as np
 import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support import scrape_total as _scrape_total
+from support import stop_process, wait_for
 
-from prism.serve.broker import LocalBroker, free_port
-from prism.serve.daemon import Daemon
 from prism.analysis.evaluation import job_name_map
-from prism.serve.live import stream_flows
 from prism.ingest.messages import JSONL_CONTENT_TYPE, encode_arrow
+from prism.ingest.topology import Topology
+from prism.serve.broker import LocalBroker, free_port
 from prism.serve.build import build_daemon
+from prism.serve.daemon import Daemon
+from prism.serve.live import stream_flows
 from prism.serve.metrics import Health
 from prism.serve.monitor import Monitor, MonitorSettings
 from prism.serve.produce import FlowProducer
 from prism.serve.settings import DaemonSettings, KafkaSettings
 from prism.serve.sources import ensure_topic
-from prism.ingest.topology import Topology
 from synthetic import preset
-from support import scrape_total as _scrape_total, stop_process, wait_for
 
 SETTINGS = dict(window_s=3, step_s=1, switch_window_s=2, lateness_s=0.1, idle_flush_s=3)
 
@@ -207,11 +208,12 @@ def test_malformed_messages_are_counted_and_neighbours_kept(broker, topic, clust
 
 def test_poison_messages_cost_only_themselves(broker, topic, cluster):
     """Each poison among 30 good messages of 100 records: its neighbours all ingested, it counted exactly."""
-    from test_messages import encode_jsonl as jsonl, good, poisons
+    from test_messages import encode_jsonl as jsonl
+    from test_messages import good, poisons
 
     p = FlowProducer(broker.bootstrap, topic, fmt="jsonl")
     want_valid, want_rejected = 0, {}
-    for k, (name, poison, valid, reasons) in enumerate(poisons()):
+    for k, (_name, poison, valid, reasons) in enumerate(poisons()):
         for i in range(30):
             g = good(100, offset=(k * 31 + i) * 100)
             p.send_raw(encode_arrow(g) if i % 2 else jsonl(g), key=b"pair")

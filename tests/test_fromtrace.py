@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from prism.analysis.evaluation import score_cluster
-from prism.offline.replay import replay
 from prism.ingest.topology import Topology
+from prism.offline.replay import replay
 from synthetic.fromtrace import CollectorNoise, Straggler, collector_view, read_trace_job, shared_data_dir, trace_cluster, with_straggler
 
 SA = shared_data_dir() / "straggler-analysis"

@@ -2,10 +2,9 @@
 import numpy as np
 import pyarrow as pa
 import pytest
+from reference_ipc_headers import declared_rows as reference_rows
 
 from prism.ingest.ipc_headers import Declared, declared_rows
-
-from reference_ipc_headers import declared_rows as reference_rows
 
 
 def _stream(batches, compression=None) -> bytes:

@@ -5,8 +5,8 @@ import pytest
 
 from prism.analysis.evaluation import adjusted_rand_index
 from prism.analysis.jobs import JobRecogniser, gpu_clusters, merge_identical_server_sets
-from prism.offline.replay import replay
 from prism.ingest.topology import Topology
+from prism.offline.replay import replay
 from synthetic import preset
 
 

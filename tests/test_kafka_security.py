@@ -22,6 +22,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support import make_pki, stop_process, wait_for
+from support import scrape_total as _scrape_total
 
 from prism.serve.broker import LocalBroker, free_port
 from prism.serve.kafkaconf import PASSWORD_ENV, KafkaConnectError, KafkaSecurity, check_connection
@@ -29,7 +31,6 @@ from prism.serve.live import stream_flows
 from prism.serve.produce import FlowProducer
 from prism.serve.sources import ensure_topic
 from synthetic import preset
-from support import make_pki, scrape_total as _scrape_total, stop_process, wait_for
 
 CONNECT_TIMEOUT_S = 5.0
 

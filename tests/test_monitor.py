@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from prism.ingest.messages import pair_keys
-from prism.serve.monitor import Monitor, MonitorSettings
 from prism.ingest.topology import Topology
+from prism.serve.monitor import Monitor, MonitorSettings
 from synthetic import preset
 
 SETTINGS = dict(window_s=3, step_s=1, switch_window_s=2, lateness_s=0.1, idle_flush_s=3)

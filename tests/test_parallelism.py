@@ -148,8 +148,8 @@ def _pair_sums_by_sorting(src, dst, start, end, size, merge_ns, every_flow):
 def test_pair_sums_equal_the_sorted_bincounts(seed, monkeypatch):
     """The compiled per-pair pass gives exactly (floats too) what a sort by (pair, start) and numpy's bincounts give,
     on flows in start order (no sort) and out of it (ties in start included), light flows on or off."""
-    from prism.common import ordering
     from prism.analysis.parallelism import _pair_sums, pair_ids
+    from prism.common import ordering
 
     rng = np.random.default_rng(seed)
     n, nics = 3_000, 40

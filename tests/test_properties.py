@@ -94,9 +94,9 @@ def test_a_poll_with_a_mutated_message_keeps_its_neighbours(edits, where, arrow,
 def test_the_directory_source_never_stalls_and_counts_every_row(tmp_path_factory, edits, fmt):
     """A mutated dump between two good ones: every file is done, nothing raises, and the monitor's
     counts equal what the reader reads: ingested + duplicate == kept, rejected == rows rejected (+1 per bad file)."""
+    from prism.ingest.topology import Topology
     from prism.serve.monitor import Monitor, MonitorSettings
     from prism.serve.sources import DirectorySource
-    from prism.ingest.topology import Topology
 
     d = tmp_path_factory.mktemp("dir")
     data = mutate(csv_bytes() if fmt.startswith("csv") else encode_jsonl(flows(40)), edits)
@@ -239,7 +239,7 @@ def test_chunks_sharing_a_dictionary_validate_as_their_decoded_values():
         n = len(indices)
         enc = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), dictionary)
 
-        def table(src):
+        def table(src, n=n):
             return pa.table({"start_ns": pa.array(range(n), pa.int64()), "duration_ns": pa.array([1] * n, pa.int64()), "src": src,
                              "dst": pa.array(["10.0.0.9"] * n), "size": pa.array([1 << 20] * n, pa.int64()), "switches": pa.array(["a"] * n)})
 

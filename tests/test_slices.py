@@ -8,9 +8,9 @@ import pytest
 
 from prism.analysis.analyse import Settings
 from prism.analysis.batches import plan_analysis
-from prism.offline.replay import replay
 from prism.analysis.slices import _vote_pairs
 from prism.ingest.topology import Topology
+from prism.offline.replay import replay
 
 #: GPU flows a slice holds: the tiny preset's three biggest jobs (19k-50k flows, 600-1,000 flows a step) in 2-5 slices of 12+ steps
 SLICE = 12_000

@@ -4,9 +4,9 @@ import pandas as pd
 import pytest
 
 from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps
-from prism.offline.replay import replay
 from prism.analysis.timeline import StepTimeline, busy_gaps, natural_break
 from prism.ingest.topology import Topology
+from prism.offline.replay import replay
 from synthetic import preset
 
 SEEDS = (0, 1, 2)

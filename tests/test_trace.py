@@ -6,8 +6,8 @@ from collections import defaultdict
 
 import pytest
 
-from prism.offline.replay import replay
 from prism.ingest.topology import Topology
+from prism.offline.replay import replay
 
 
 @pytest.fixture(scope="module")

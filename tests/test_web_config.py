@@ -9,10 +9,10 @@ import bcrypt
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter
+from support import make_pki, stop_process, wait_for
 
 from prism.serve.broker import free_port
 from prism.serve.metrics import Health, MetricsServer
-from support import make_pki, stop_process, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None or shutil.which("openssl") is None, reason="needs curl and openssl")
 

@@ -7,8 +7,6 @@ from pathlib import Path
 from prism.common.output import EXIT_BAD_INPUT
 
 
-
-
 def add_command(sub):
     p = sub.add_parser(
         "alerts",

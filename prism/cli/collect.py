@@ -2,10 +2,6 @@
 from __future__ import annotations
 
 
-
-
-
-
 def add_command(sub):
     from collectors.cli import DESCRIPTION, add_arguments, run
 

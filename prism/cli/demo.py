@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 
 from prism.common.argtypes import non_negative_float, positive_float
-from prism.serve.kafkaconf import KafkaConnectError, add_security_flags, check_connection, security_from_args
 from prism.common.output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from prism.serve.kafkaconf import KafkaConnectError, add_security_flags, check_connection, security_from_args
 
 __all__ = ["add_command", "cmd_demo", "cmd_demo_offline"]
 
@@ -45,11 +45,10 @@ def add_command(sub) -> None:
 
 
 def cmd_demo_offline(args) -> int:
-    from synthetic import preset
-
     from prism.analysis.evaluation import compare_with_truth
-    from prism.offline.replay import format_summary, replay
     from prism.ingest.topology import Topology
+    from prism.offline.replay import format_summary, replay
+    from synthetic import preset
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="prism-demo-"))
     cluster_dir, result_dir = out / "cluster", out / "replay"
@@ -70,11 +69,10 @@ def cmd_demo_offline(args) -> int:
 def cmd_demo(args) -> int:
     if args.offline:
         return cmd_demo_offline(args)
-    from synthetic import preset
-
     from prism.analysis.evaluation import compare_with_truth
     from prism.serve.build import StartupError
     from prism.serve.live import LiveDemo
+    from synthetic import preset
 
     try:
         security = security_from_args(args)

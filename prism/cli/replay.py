@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import sys
 
+from prism.analysis.analyse import DEFAULT_SLICE_FLOWS
 from prism.common.argtypes import existing_directory, non_negative_int, positive_float, positive_int, slice_size
 from prism.common.output import EXIT_BAD_INPUT, EXIT_FAILED, add_output_flags, finish
 from prism.ingest.formats import by_name, formats, suffixes
 from prism.ingest.readers import DEFAULT_CHUNK_ROWS, STDIN_FORMAT
-from prism.analysis.analyse import DEFAULT_SLICE_FLOWS
 from prism.offline.spill import DEFAULT_SPILL_ABOVE, SpillError
-
-
 
 
 def _read_formats() -> str:
@@ -70,8 +68,8 @@ def add_command(sub):
 def cmd_replay(args) -> int:
     from prism.analysis.analyse import Settings
     from prism.ingest.records import FlowFormatError
-    from prism.offline.replay import format_summary, replay
     from prism.ingest.topology import Topology
+    from prism.offline.replay import format_summary, replay
 
     try:
         topo = Topology.from_csv(args.topology)

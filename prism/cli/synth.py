@@ -7,8 +7,6 @@ from prism.common.argtypes import positive_float
 from prism.ingest.formats import written_suffixes
 
 
-
-
 def add_command(sub):
     p = sub.add_parser(
         "synth",

@@ -7,8 +7,6 @@ from pathlib import Path
 from prism.common.output import EXIT_BAD_INPUT, add_output_flags, finish
 
 
-
-
 def add_command(sub):
     from prism.whatif.scenarios import SCENARIO_HELP
 

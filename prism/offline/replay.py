@@ -32,19 +32,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from prism.common.allocator import release_free_memory
 from prism.analysis.analyse import Analysis, Settings
 from prism.analysis.batches import analyse_by_jobs, analyse_chunks_by_jobs, analyse_job_batches, plan_analysis
 from prism.analysis.diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
 from prism.analysis.diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
 from prism.analysis.jobs import JobRecogniser
 from prism.analysis.parallelism import UNCERTAIN_BELOW
+from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS
+from prism.common.allocator import release_free_memory
 from prism.ingest.gpu_traffic import gpu_traffic
 from prism.ingest.readers import DEFAULT_CHUNK_ROWS, FlowReader
 from prism.ingest.records import RejectCounter
-from prism.offline.spill import DEFAULT_SPILL_ABOVE, SpilledFlows
-from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS
 from prism.ingest.topology import Topology
+from prism.offline.spill import DEFAULT_SPILL_ABOVE, SpilledFlows
 
 __all__ = ["ReplayResult", "replay", "OUTPUT_COLUMNS"]
 

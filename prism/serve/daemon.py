@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from prism.ingest.gpu_traffic import NON_GPU_ADDRESS
 from prism.serve.monitor import Monitor

@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from prism.ingest.messages import DEFAULT_MAX_MESSAGE_BYTES, decode_messages
-from prism.serve.monitor import Monitor
 from prism.ingest.readers import FlowReader, detect_format
 from prism.ingest.records import FlowFormatError, RejectCounter
+from prism.serve.monitor import Monitor
 
 __all__ = ["Source", "KafkaSource", "DirectorySource", "ensure_topic"]
 
@@ -311,7 +311,7 @@ class KafkaSource(Source):
         # keeps it in the cluster view it refreshes after every reconnect). No
         # public accessor exists; None (an older client or broker) disables the check.
         try:
-            tid = self.consumer._client.cluster.topic_id(self.topic)
+            tid = self.consumer._client.cluster.topic_id(self.topic)  # noqa: SLF001 - no public accessor (above)
         except AttributeError:
             return None
         return None if tid is None else str(tid)
@@ -601,10 +601,10 @@ class _Rebalance(_ListenerBase):
         self.source = source
 
     def on_partitions_revoked(self, revoked):
-        self.source._on_revoked(set(revoked))
+        self.source._on_revoked(set(revoked))  # noqa: SLF001 - this listener is KafkaSource's own
 
     def on_partitions_assigned(self, assigned):
-        self.source._on_assigned(set(assigned))
+        self.source._on_assigned(set(assigned))  # noqa: SLF001 - this listener is KafkaSource's own
 
 
 class DirectorySource(Source):

@@ -21,7 +21,8 @@ import pyarrow.json as pajson
 
 from prism.ingest.formats.common import MAX_LINE_BYTES, check_columns
 from prism.ingest.formats.registry import FlowFormat, FormatReader
-from prism.ingest.jsonlines import SCHEMA as JSON_SCHEMA, read_flow_lines
+from prism.ingest.jsonlines import SCHEMA as JSON_SCHEMA
+from prism.ingest.jsonlines import read_flow_lines
 from prism.ingest.records import FLOW_COLUMNS, OPTIONAL_COLUMNS, validate_flows
 
 __all__ = ["JsonLinesReader", "write_jsonl", "FORMAT"]
