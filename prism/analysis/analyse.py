@@ -1,7 +1,8 @@
 """The per-window analyses over GPU flows: pairs -> steps -> phases -> anomalies.
 
-``prism replay`` runs them once over a whole capture; the daemon will run
-them per window. Input is column arrays (no per-flow objects); every step
+``prism replay`` runs them over a whole capture (in batches of whole jobs:
+:mod:`prism.analysis.batches`); the daemon runs them on each window
+(:mod:`prism.serve.monitor`). Input is column arrays (no per-flow objects); every step
 here is vectorised, and the loops left run over jobs, pipelines or steps.
 """
 from __future__ import annotations
