@@ -296,3 +296,43 @@ def test_checker_finds_imports_up_the_layers():
         ("prism.deploy.g", "prism.common.logs"),  # deploy imports nothing of prism but itself
         ("collectors.collect", "prism.analysis.jobs"),
     }
+
+
+def _design_paths(text: str) -> set[str]:
+    """The paths under prism/, collectors/ or synthetic/ that docs/design.md's tables name in backquotes (``{a,b}`` expanded).
+
+    Only table rows: the prose may name a module that does not exist yet (how to add a format, say).
+    """
+    import re
+
+    out = set()
+    rows = "\n".join(line for line in text.splitlines() if line.startswith("|"))
+    for path in re.findall(r"`((?:prism|collectors|synthetic)/[\w/{},.]*)`", rows):
+        m = re.search(r"\{([\w,]+)\}", path)
+        names = m.group(1).split(",") if m else [""]
+        out |= {path[:m.start()] + n + path[m.end():] if m else path for n in names}
+    return out
+
+
+def module_map_gaps(root: Path) -> tuple[list[str], list[str]]:
+    """Modules of prism/ that docs/design.md does not name (itself or its package), and paths it names that do not exist."""
+    named = _design_paths((root / "docs" / "design.md").read_text())
+    modules = [p.relative_to(root).as_posix() for p in sorted((root / "prism").rglob("*.py")) if p.name not in ("__init__.py", "__main__.py")]
+    unnamed = [m for m in modules if m not in named and m.rsplit("/", 1)[0] + "/" not in named]
+    missing = sorted(p for p in named if not (root / p).exists())
+    return unnamed, missing
+
+
+def test_the_design_doc_maps_every_module_and_only_real_ones():
+    unnamed, missing = module_map_gaps(ROOT)
+    assert not unnamed, f"modules docs/design.md does not name (add them to its module map): {unnamed}"
+    assert not missing, f"paths docs/design.md names that do not exist: {missing}"
+
+
+def test_module_map_check_finds_an_unnamed_module_and_a_stale_path(tmp_path):
+    (tmp_path / "prism" / "ingest").mkdir(parents=True)
+    for name in ("records.py", "readers.py", "new_format.py"):
+        (tmp_path / "prism" / "ingest" / name).write_text("")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "design.md").write_text("| `prism/ingest/{records,readers}.py` | ... |\n| `prism/ingest/gone.py` | ... |\n")
+    assert module_map_gaps(tmp_path) == (["prism/ingest/new_format.py"], ["prism/ingest/gone.py"])
