@@ -1,7 +1,9 @@
 """Scores against ground truth (used by the demos, tests and benchmarks)."""
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -9,11 +11,36 @@ from scipy.special import comb
 
 from prism.analysis.parallelism import UNCERTAIN_BELOW
 
+if TYPE_CHECKING:
+    from prism.analysis.analyse import Analysis
+    from prism.ingest.topology import Topology
+
 __all__ = ["detection_delays", "adjusted_rand_index", "gpu_flow_arrays", "gpu_flow_ends", "score_cluster", "score_stream", "pair_type_truth", "job_name_map", "score_steps", "score_anomalies",
            "TruthReport", "compare_with_truth"]
 
 
-def adjusted_rand_index(labels_true, labels_pred) -> float:
+class GroundTruth(Protocol):
+    """The truth frames the scores read: a generated cluster (``synthetic.GeneratedCluster``) or one derived from a trace."""
+
+    jobs: pd.DataFrame  # job_id, ip
+    pairs: pd.DataFrame  # job_id, src, dst, type
+    steps: pd.DataFrame  # job_id, step, start_ns, end_ns
+    faults: pd.DataFrame  # kind, job_id, step, start_ns, end_ns, subject, factor
+    meta: dict
+
+
+class ReplayFindings(Protocol):
+    """What :func:`score_cluster` reads of a replay (:class:`prism.offline.replay.ReplayResult`)."""
+
+    @property
+    def jobs(self) -> pd.DataFrame | None: ...
+    @property
+    def pairs(self) -> pd.DataFrame | None: ...
+    @property
+    def analysis(self) -> Analysis | None: ...
+
+
+def adjusted_rand_index(labels_true: Iterable[Hashable], labels_pred: Iterable[Hashable]) -> float:
     """Adjusted Rand index of two clusterings of the same items (Hubert & Arabie 1985).
 
     1.0 for identical partitions (up to renaming), about 0 for random ones.
@@ -39,21 +66,21 @@ def adjusted_rand_index(labels_true, labels_pred) -> float:
     return float((sum_comb - expected) / (max_index - expected))
 
 
-def gpu_flow_arrays(flows: pd.DataFrame, topology) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def gpu_flow_arrays(flows: pd.DataFrame, topology: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(src NIC, dst NIC, start_ns, size) of the flows between two GPU NICs."""
     a, b = topology.nic_index(flows["src"]), topology.nic_index(flows["dst"])
     g = (a >= 0) & (b >= 0)
     return a[g], b[g], flows["start_ns"].to_numpy()[g], flows["size"].to_numpy()[g]
 
 
-def gpu_flow_ends(flows: pd.DataFrame, topology) -> np.ndarray:
+def gpu_flow_ends(flows: pd.DataFrame, topology: Topology) -> np.ndarray:
     """End (ns) of the flows between two GPU NICs, in :func:`gpu_flow_arrays`' order."""
     a, b = topology.nic_index(flows["src"]), topology.nic_index(flows["dst"])
     g = (a >= 0) & (b >= 0)
     return (flows["start_ns"].to_numpy() + flows["duration_ns"].to_numpy())[g]
 
 
-def pair_type_truth(a: np.ndarray, b: np.ndarray, topology, truth_pairs: pd.DataFrame) -> np.ndarray:
+def pair_type_truth(a: np.ndarray, b: np.ndarray, topology: Topology, truth_pairs: pd.DataFrame) -> np.ndarray:
     """The true type of each pair (NIC indices), from a ``job_id,src,dst,type`` frame.
 
     Pairs missing from the truth get NaN.
@@ -179,7 +206,7 @@ def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps
     return f, pred.assign(matched=explained).drop(columns="job")
 
 
-def score_cluster(result, cluster) -> dict:
+def score_cluster(result: ReplayFindings, cluster: GroundTruth) -> dict:
     """One row of the robustness table: a replay result against a generated cluster's truth.
 
     ``result``: :class:`prism.offline.replay.ReplayResult`; ``cluster``: anything with
@@ -189,6 +216,7 @@ def score_cluster(result, cluster) -> dict:
     steps_found, steps_spurious, step_err_mean, faults, faults_found,
     anomalies, anomalies_unexplained`` and per-kind unexplained counts.
     """
+    assert result.jobs is not None and result.pairs is not None  # a finished replay has both
     row = {"jobs_ari": _jobs_ari(result.jobs, cluster.jobs)}
     pairs = result.pairs
     t = cluster.pairs.set_index(["src", "dst"])["type"]
@@ -203,7 +231,7 @@ def score_cluster(result, cluster) -> dict:
     return row
 
 
-def score_stream(jobs: pd.DataFrame, steps: pd.DataFrame, anomalies: pd.DataFrame, cluster) -> dict:
+def score_stream(jobs: pd.DataFrame, steps: pd.DataFrame, anomalies: pd.DataFrame, cluster: GroundTruth) -> dict:
     """:func:`score_cluster` for what the daemon reports: its job map, the steps it counted, the anomalies it raised.
 
     The same keys but the pair ones (the daemon keeps pair counts, not types).
@@ -216,9 +244,9 @@ def _jobs_ari(jobs: pd.DataFrame, truth_jobs: pd.DataFrame) -> float:
     return adjusted_rand_index(truth_jobs["job_id"], pred.to_numpy())
 
 
-def _score_found(jobs, steps, anomalies, cluster) -> dict:
+def _score_found(jobs: pd.DataFrame, steps: pd.DataFrame | None, anomalies: pd.DataFrame | None, cluster: GroundTruth) -> dict:
     """The steps and anomalies of one run against the truth (the keys :func:`score_cluster` documents)."""
-    row = {}
+    row: dict[str, Any] = {}
     names = job_name_map(jobs, cluster.jobs)
     if steps is not None:
         sc = score_steps(steps, cluster.steps, names, capture_end=cluster.meta.get("window_end_ns"))
@@ -242,7 +270,7 @@ class TruthReport:
     ok: bool
 
 
-def compare_with_truth(cluster, jobs: pd.DataFrame | None, steps: pd.DataFrame, anomalies: pd.DataFrame, *,
+def compare_with_truth(cluster: GroundTruth, jobs: pd.DataFrame | None, steps: pd.DataFrame, anomalies: pd.DataFrame, *,
                        pairs: pd.DataFrame | None = None, live: bool = False, delays: bool = False) -> TruthReport:
     """The demos' comparison of what was found with a generated cluster's ground truth.
 
@@ -297,6 +325,7 @@ def compare_with_truth(cluster, jobs: pd.DataFrame | None, steps: pd.DataFrame, 
                      f"mean duration error {err:.1e} ({err * 100:.1e} %)")
     faults, scored = score_anomalies(anomalies, cluster.faults, names, steps)
     unexplained = scored[~scored["matched"]]
+    r: Any  # a row: the stubs type its fields as any scalar
     for r in faults.itertuples(index=False):
         lines.append(f"injected {r.kind:<11} {r.job_id or r.subject:<12} {'FOUND' if r.matched else 'MISSED'}")
     lines.append(f"anomalies: {len(scored)} reported, {len(scored) - len(unexplained)} explained by injected faults, {len(unexplained)} unexplained")

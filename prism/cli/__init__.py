@@ -9,6 +9,7 @@ import argparse
 import atexit
 import os
 import sys
+from collections.abc import Sequence
 
 from prism import __version__
 from prism.cli import alerts, collect, daemon, demo, replay, synth, whatif
@@ -51,7 +52,7 @@ BATCH_COMMANDS = frozenset({"replay", "whatif", "synth", "demo"})
 QUICK_EXIT_COMMANDS = frozenset({"replay", "whatif", "synth"})
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status (the `prism` command calls :func:`run`, tests call this)."""
     return _execute(build_parser().parse_args(argv))
 
@@ -80,7 +81,7 @@ def run() -> None:
     raise SystemExit(rc)
 
 
-def _execute(args) -> int:
+def _execute(args: argparse.Namespace) -> int:
     if not getattr(args, "func", None):
         build_parser().print_help()
         return EXIT_BAD_INPUT

@@ -1,13 +1,14 @@
 """``prism alerts``: alert rules and dashboards written with your thresholds."""
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 from prism.common.output import EXIT_BAD_INPUT
 
 
-def add_command(sub):
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "alerts",
         help="write the alert rules (Prometheus and Grafana) and the Grafana dashboard, with your thresholds",
@@ -27,7 +28,7 @@ def add_command(sub):
     p.set_defaults(func=cmd_alerts)
 
 
-def cmd_alerts(args) -> int:
+def cmd_alerts(args: argparse.Namespace) -> int:
     import dataclasses
 
     from prism.deploy import alerting

@@ -7,6 +7,7 @@ process has: logging set up, signals, the exit code.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 from prism.common.logs import setup_logging
@@ -16,7 +17,7 @@ from prism.serve.settings import DAEMON_FLAGS
 __all__ = ["add_command", "cmd_daemon"]
 
 
-def add_command(sub) -> None:
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``daemon`` subcommand, one argument per daemon setting (all default to None: see :func:`prism.serve.settings.resolve_settings`)."""
     p = sub.add_parser(
         "daemon",
@@ -35,7 +36,7 @@ def add_command(sub) -> None:
     p.set_defaults(func=cmd_daemon)
 
 
-def cmd_daemon(args) -> int:
+def cmd_daemon(args: argparse.Namespace) -> int:
     """Resolve the settings, build the daemon, run it until SIGTERM or Ctrl-C; the exit code."""
     import signal
 

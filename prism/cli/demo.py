@@ -6,6 +6,7 @@ the cluster, runs the replay or the live demo, and prints.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -17,7 +18,7 @@ from prism.serve.kafkaconf import KafkaConnectError, add_security_flags, check_c
 __all__ = ["add_command", "cmd_demo", "cmd_demo_offline"]
 
 
-def add_command(sub) -> None:
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "demo",
         help="live demo: a SYNTHETIC cluster streamed through Kafka into the daemon, checked against ground truth",
@@ -44,7 +45,7 @@ def add_command(sub) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-def cmd_demo_offline(args) -> int:
+def cmd_demo_offline(args: argparse.Namespace) -> int:
     from prism.analysis.evaluation import compare_with_truth
     from prism.ingest.topology import Topology
     from prism.offline.replay import format_summary, replay
@@ -57,16 +58,18 @@ def cmd_demo_offline(args) -> int:
     flows_path = cluster.write(cluster_dir)
     print(f"      {len(cluster.flows):,} flows, {cluster.jobs['job_id'].nunique()} jobs, {len(cluster.faults)} injected faults")
     print(f"[2/3] prism replay {flows_path} --topology {cluster_dir / 'topology.csv'} --out {result_dir}")
-    res = replay([str(flows_path)], Topology.from_csv(cluster_dir / "topology.csv"), out_dir=result_dir, plots=not args.no_plots)
+    res = replay([str(flows_path)], Topology.from_csv(str(cluster_dir / "topology.csv")), out_dir=result_dir, plots=not args.no_plots)
     print("\n".join("      " + line for line in format_summary(res).splitlines()))
     print("[3/3] compared with the ground truth")
-    report = compare_with_truth(cluster, res.jobs, res.analysis.steps, res.analysis.anomalies, pairs=res.pairs)
+    an = res.analysis
+    assert an is not None and an.steps is not None and an.anomalies is not None  # a replay runs every analysis
+    report = compare_with_truth(cluster, res.jobs, an.steps, an.anomalies, pairs=res.pairs)
     print("\n".join("      " + line for line in report.lines))
     print(f"results: {result_dir}" + ("  (open timeline.json in ui.perfetto.dev; steps.png, switches.png)" if not args.no_plots else ""))
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     if args.offline:
         return cmd_demo_offline(args)
     from prism.analysis.evaluation import compare_with_truth
@@ -104,6 +107,7 @@ def cmd_demo(args) -> int:
     print(f"[3/3] compared with the ground truth ({res.seconds:.0f} s)")
     counted_ok = res.ingested == res.records_sent
     print(f"      records: {res.records_sent:,} produced, {res.ingested:,} ingested {'(all)' if counted_ok else '(MISMATCH)'}")
+    assert res.steps is not None  # set by a demo that ran to its end
     report = compare_with_truth(cluster, res.jobs, res.steps, res.anomalies, live=True, delays=args.speed > 0)
     print("\n".join("      " + line for line in report.lines))
     return EXIT_OK if counted_ok and report.ok else EXIT_FAILED

@@ -1,6 +1,7 @@
 """``prism replay``: captured flow dumps analysed offline."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 from prism.analysis.analyse import DEFAULT_SLICE_FLOWS
@@ -17,7 +18,7 @@ def _read_formats() -> str:
     return ", ".join(titles[:-1]) + " or " + titles[-1] if len(titles) > 1 else titles[0]
 
 
-def add_command(sub):
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "replay",
         help="analyse captured flow dumps offline",
@@ -65,7 +66,7 @@ def add_command(sub):
     p.set_defaults(func=cmd_replay)
 
 
-def cmd_replay(args) -> int:
+def cmd_replay(args: argparse.Namespace) -> int:
     from prism.analysis.analyse import Settings
     from prism.ingest.records import FlowFormatError
     from prism.ingest.topology import Topology

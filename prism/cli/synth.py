@@ -1,13 +1,14 @@
 """``prism synth``: a SYNTHETIC cluster's flows, topology and ground truth."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 from prism.common.argtypes import positive_float
 from prism.ingest.formats import written_suffixes
 
 
-def add_command(sub):
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "synth",
         help="generate a SYNTHETIC cluster: flows, topology and ground truth",
@@ -29,7 +30,7 @@ def add_command(sub):
     p.set_defaults(func=cmd_synth)
 
 
-def cmd_synth(args) -> int:
+def cmd_synth(args: argparse.Namespace) -> int:
     from synthetic import preset
 
     if args.scenario:

@@ -1,13 +1,18 @@
 """``prism whatif``: a reconstructed timeline simulated as it was and under changes."""
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prism.common.output import EXIT_BAD_INPUT, add_output_flags, finish
 
+if TYPE_CHECKING:
+    from prism.whatif.run import WhatIfResult
 
-def add_command(sub):
+
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from prism.whatif.scenarios import SCENARIO_HELP
 
     p = sub.add_parser(
@@ -39,7 +44,7 @@ def add_command(sub):
     p.set_defaults(func=cmd_whatif)
 
 
-def cmd_whatif(args) -> int:
+def cmd_whatif(args: argparse.Namespace) -> int:
     from prism.whatif.run import whatif_ops, whatif_replay, write_outputs
     from prism.whatif.scenarios import parse_scenario
 
@@ -81,8 +86,9 @@ def cmd_whatif(args) -> int:
     return finish(args, "whatif", {"jobs": result.jobs, "skipped": result.skipped, "out": str(args.out)}, warnings, text=text)
 
 
-def _format_attribution(result) -> str:
+def _format_attribution(result: WhatIfResult) -> str:
     """Per job: S, M_W, M_S and the top groups of each level."""
+    assert result.attribution is not None  # called only for a what-if run with --attribute
     lines = []
     for job, j in result.jobs.items():
         a = j.get("attribution")

@@ -18,11 +18,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING
 
 from prism.ingest.gpu_traffic import NON_GPU_ADDRESS
-from prism.serve.monitor import Monitor
+from prism.serve.monitor import Monitor, MonitorView
+
+if TYPE_CHECKING:
+    from prism.serve.metrics import Health
+    from prism.serve.sources import Source
 
 __all__ = ["Daemon", "format_event"]
 
@@ -51,7 +57,7 @@ class Daemon:
         without it they are logged at info level.
     """
 
-    def __init__(self, source, monitor: Monitor, health, on_event=None):
+    def __init__(self, source: Source, monitor: Monitor, health: Health, on_event: Callable[[str, dict], object] | None = None) -> None:
         self.source, self.monitor, self.health = source, monitor, health
         self.on_event = on_event
         self.stop_event = threading.Event()
@@ -87,14 +93,14 @@ class Daemon:
                     self._tick(final=True)
                 elif getattr(self.source, "components_changed", False) and m.analysed_to is not None:
                     # another replica's job membership changed: re-run the last window with it
-                    self.source.components_changed = False
+                    self.source.components_changed = False  # type: ignore[attr-defined]  # an optional member, found above (see Source)
                     self._tick(final=False, force=True)
                 self.health.consumer_lag = self.source.lag()
         except BaseException as e:
             self.error = e
             raise
 
-    def _analyse(self, final: bool, force: bool):
+    def _analyse(self, final: bool, force: bool) -> MonitorView | None:
         """The monitor's tick on the worker thread; the source kept alive meanwhile.
 
         A big window takes longer to analyse than a consumer group waits
@@ -113,6 +119,7 @@ class Daemon:
                     return done.result(timeout=0 if keep_alive else None)
                 except FutureTimeout:
                     self.health.beat()
+                    assert keep_alive is not None  # without it the wait above has no timeout
                     keep_alive(timeout_ms=100)
 
     #: records ingested before a topology that matched none of them is called suspicious
@@ -141,13 +148,13 @@ class Daemon:
             self.source.commit()
         except Exception as e:  # noqa: BLE001 - next window publishes again
             log.warning("publishing window state failed: %s", e)
-        for kind, e in self._new_events():
+        for kind, event in self._new_events():
             if self.on_event is not None:  # the caller shows events its own way (the demo prints them)
-                self.on_event(kind, e)
+                self.on_event(kind, event)
             else:
-                log.info(format_event(kind, e))
+                log.info(format_event(kind, event))
 
-    def _new_events(self):
+    def _new_events(self) -> list[tuple[str, dict]]:
         # the monitor's deque is bounded; the daemon drains it each window
         ev = self.monitor.events
         out = []

@@ -12,7 +12,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pandas as pd
@@ -25,6 +27,9 @@ from prism.serve.monitor import MonitorSettings
 from prism.serve.produce import FlowProducer
 from prism.serve.settings import DaemonSettings, KafkaSettings
 from prism.serve.sources import ensure_topic
+
+if TYPE_CHECKING:
+    from prism.serve.kafkaconf import KafkaSecurity
 
 __all__ = ["LiveDemo", "DemoResult", "demo_settings", "stream_flows"]
 
@@ -40,8 +45,15 @@ class DemoResult:
     seconds: float = 0.0
 
 
+class StreamedCluster(Protocol):
+    """What the demo streams of a generated cluster (``synthetic.GeneratedCluster``)."""
+
+    flows: pd.DataFrame
+    topology: pd.DataFrame
+
+
 def stream_flows(producer: FlowProducer, flows: pd.DataFrame, speed: float = 1.0, slice_s: float = 1.0,
-                 stop: threading.Event | None = None, on_slice=None) -> None:
+                 stop: threading.Event | None = None, on_slice: Callable[[int, float], object] | None = None) -> None:
     """Send ``flows`` in event-time slices, paced at ``speed`` x real time (0 = as fast as possible)."""
     flows = flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
     if flows.empty:
@@ -89,8 +101,9 @@ class LiveDemo:
         TLS and SASL settings for ``bootstrap`` (the local broker is plaintext).
     """
 
-    def __init__(self, cluster, bootstrap: str | None = None, listen: str = "127.0.0.1:9464", settings: MonitorSettings | None = None,
-                 speed: float = 1.0, fmt: str = "arrow", partitions: int = 4, printer=print, security=None):
+    def __init__(self, cluster: StreamedCluster, bootstrap: str | None = None, listen: str = "127.0.0.1:9464", settings: MonitorSettings | None = None,
+                 speed: float = 1.0, fmt: str = "arrow", partitions: int = 4, printer: Callable[[str], object] = print,
+                 security: KafkaSecurity | None = None) -> None:
         self.cluster, self.bootstrap, self.listen, self.security = cluster, bootstrap, listen, security
         self.settings = settings or demo_settings()
         self.speed, self.fmt, self.partitions, self.printer = speed, fmt, partitions, printer

@@ -19,12 +19,15 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from socketserver import ThreadingMixIn
+from typing import cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import numpy as np
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from prism.ingest.gpu_traffic import IGNORE_REASONS
 from prism.ingest.records import REJECT_REASONS
@@ -40,12 +43,12 @@ _WINDOW_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 class Health:
     """Liveness and readiness, set by the daemon's loop."""
 
-    def __init__(self, stall_s: float = 60.0):
+    def __init__(self, stall_s: float = 60.0) -> None:
         self.stall_s = stall_s
         self.last_beat = time.monotonic()
         self.ready = False
         self.reason = "starting"
-        self.consumer_lag = None  # Kafka records behind, when known
+        self.consumer_lag: int | None = None  # Kafka records behind, when known
         self.bad_files: list = []  # (file, error): the directory source's last skipped files
         self.source_resets = 0  # times the Kafka topic was found re-created (its log lost)
 
@@ -77,17 +80,17 @@ class PrismCollector:
     True
     """
 
-    def __init__(self, monitor: Monitor, health: Health | None = None):
+    def __init__(self, monitor: Monitor, health: Health | None = None) -> None:
         self.monitor = monitor
         self.health = health
         self._win_counts = [0] * (len(_WINDOW_BUCKETS_S) + 1)
         self._win_sum = 0.0
         self._lock = threading.Lock()
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # no collect() at registration time
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         m = self.monitor
         counts = m.counters_snapshot()
         view = m.view
@@ -188,7 +191,7 @@ class PrismCollector:
                 yield cl
 
 
-def cumulative_buckets(bounds, counts) -> list[tuple[str, float]]:
+def cumulative_buckets(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
     """``(le, cumulative count)`` pairs for a HistogramMetricFamily, from per-bucket counts.
 
     >>> cumulative_buckets((1, 2), [3, 0, 1])
@@ -282,7 +285,7 @@ class MetricsServer:
     """
 
     def __init__(self, registry: CollectorRegistry, health: Health, address: str = "127.0.0.1:9464",
-                 max_connections: int = 64, idle_timeout_s: float = 10.0, web_config: str | None = None):
+                 max_connections: int = 64, idle_timeout_s: float = 10.0, web_config: str | None = None) -> None:
         from prism.serve.webconfig import OPEN_PATHS, WebAuth
 
         host, port = parse_listen_address(address)
@@ -317,12 +320,13 @@ class MetricsServer:
             return routes(environ, respond)
 
         base = _Server6 if ":" in host else _Server
-        server_class = type(base.__name__, (base,), {"max_connections": int(max_connections)})
+        server_class = cast("type[_Server]", type(base.__name__, (base,), {"max_connections": int(max_connections)}))
         handler_class = type("_Handler", (_QuietHandler,), {"timeout": float(idle_timeout_s)})
         self.httpd = make_server(host, port, app, server_class=server_class, handler_class=handler_class)
         if web.context is not None:
             # the handshake runs in the connection's thread (on its first read, within the idle timeout), not in accept();
             # each handshake takes the current context, so a rotated certificate applies without a restart
+            assert web.config.tls is not None  # a context is made from the TLS settings only
             listen_ctx = web.config.tls.context()
 
             def current_context(sslsock, server_name, _ctx):

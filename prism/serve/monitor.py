@@ -29,12 +29,14 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
-from prism.analysis.analyse import Settings, analyse, label_names
+from prism.analysis.analyse import Analysis, Settings, analyse, label_names
 from prism.analysis.diagnosis import SwitchBandwidth
 from prism.analysis.jobs import JobRecogniser, gpu_clusters
 from prism.analysis.parallelism import UNCERTAIN_BELOW
@@ -58,7 +60,7 @@ def _iso(ns: int) -> str:
     return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat(timespec="milliseconds")
 
 
-def bucket_index(bounds, value: float) -> int:
+def bucket_index(bounds: Sequence[float], value: float) -> int:
     """Index of the histogram bucket of ``value`` (the first bound >= it; len(bounds) is +Inf).
 
     >>> bucket_index((1, 2), 1), bucket_index((1, 2), 1.5), bucket_index((1, 2), 9)
@@ -80,7 +82,7 @@ class MonitorSettings:
     step_history: int = 256  # steps kept per job for the cross-step baseline
     idle_flush_s: float = 3.0  # wall seconds without input before analysing the tail
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("window_s", "step_s", "switch_window_s", "pair_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0 (got {getattr(self, name)})")
@@ -124,7 +126,7 @@ class MonitorView:
 
 
 class _JobState:
-    def __init__(self, job_id: str, history: int, hold_steps: float):
+    def __init__(self, job_id: str, history: int, hold_steps: float) -> None:
         self.view = JobView(job_id=job_id, gpus=0, servers=0)
         self.servers: set = set()
         self.history: deque = deque(maxlen=history)  # (step, start_ns, end_ns)
@@ -150,7 +152,7 @@ class Monitor:
     and :meth:`counters_snapshot` (taken under :attr:`lock`).
     """
 
-    def __init__(self, topology: Topology, settings: MonitorSettings | None = None, analysis: Settings | None = None):
+    def __init__(self, topology: Topology, settings: MonitorSettings | None = None, analysis: Settings | None = None) -> None:
         self.topology = topology
         self.s = settings or MonitorSettings()
         self.analysis = analysis or Settings()
@@ -262,7 +264,7 @@ class Monitor:
             for reason, k in rejects.items():
                 c[f"rejected:{reason}"] += int(k)
 
-    def _see_pairs(self, a, b, start) -> None:
+    def _see_pairs(self, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
         key = np.minimum(a, b).astype(np.int64) * self._n + np.maximum(a, b)
         # pairs seen before (nearly all, once the first windows are in) are updated in place
         unseen = latest_into(self._pair_keys, self._pair_last, key, np.asarray(start, dtype=np.int64))
@@ -424,7 +426,7 @@ class Monitor:
                                                            "final": final, "seconds": round(seconds, 3)}})
         return view
 
-    def _merge_jobs(self, jobs: pd.DataFrame, an, end: int) -> None:
+    def _merge_jobs(self, jobs: pd.DataFrame, an: Analysis, end: int) -> None:
         # the job map is the live pairs' (pairs expire after pair_ttl_s): a job
         # whose id is gone has ended, or grown into a bigger one
         shapes = an.shapes.set_index("job_id") if an.shapes is not None and len(an.shapes) else None
@@ -435,6 +437,7 @@ class Monitor:
         current = {job_id: set(g["server"]) for job_id, g in jobs.groupby("job_id", sort=True)}
         gone = {j: st for j, st in self._jobs.items() if j not in current}
         for job_id, g in jobs.groupby("job_id", sort=True):
+            job_id = cast(str, job_id)  # the job ids are strings (the stubs type a group key as any scalar)
             st = self._jobs.get(job_id)
             if st is None:
                 # a job that grew (more of its servers seen, or another replica's
@@ -457,7 +460,7 @@ class Monitor:
         for job_id in [j for j, st in self._jobs.items() if st.view.job_id != j]:
             del self._jobs[job_id]  # absorbed into a bigger job under its new id
 
-    def _warn_stepless(self, whole_window_jobs, steps: pd.DataFrame | None) -> None:
+    def _warn_stepless(self, whole_window_jobs: Iterable[str], steps: pd.DataFrame | None) -> None:
         """Warn once per job seen for a whole window without a step: its steps may be too long for the window.
 
         The timeline reports no steps rather than cut the bursts inside a
@@ -477,7 +480,7 @@ class Monitor:
     #: (the hold of :class:`prism.analysis.stitch.StepStitcher`)
     SETTLE_STEPS = 0.5
 
-    def _merge_steps(self, steps: pd.DataFrame, final: bool, end: int | None = None) -> None:
+    def _merge_steps(self, steps: pd.DataFrame | None, final: bool, end: int | None = None) -> None:
         if steps is None or steps.empty:
             return
         cs = self.analysis.cross_step
@@ -510,6 +513,7 @@ class Monitor:
             v.slow = bool(last["slow"])
             # a slow step among the last few may yet turn into a regime change
             settled = int(h["step"].iloc[-1]) - (0 if final else cs.regime_steps - 1)
+            r: Any  # a row: the stubs type its fields as any scalar
             for r in fit.predict().itertuples(index=False):
                 if r.kind == "slow_step" and r.step > settled:
                     continue
@@ -520,14 +524,14 @@ class Monitor:
             return
         st.reported[key] = row["start_ns"]
         if len(st.reported) > 4 * self.s.step_history:  # keep the keys of recent anomalies only
-            for k in sorted(st.reported, key=st.reported.get)[: len(st.reported) // 2]:
+            for k in sorted(st.reported, key=st.reported.__getitem__)[: len(st.reported) // 2]:
                 del st.reported[k]
         st.view.anomalies[row["kind"]] += 1
         self.events.append(("anomaly", row))
 
-    def _merge_groups(self, lag: pd.DataFrame, anomalies: pd.DataFrame, steps: pd.DataFrame) -> None:
-        for st in self._jobs.values():
-            st.view.group_lag = {}
+    def _merge_groups(self, lag: pd.DataFrame | None, anomalies: pd.DataFrame | None, steps: pd.DataFrame | None) -> None:
+        for js in self._jobs.values():
+            js.view.group_lag = {}
         if lag is not None and len(lag):
             latest = lag.sort_values("step").groupby(["job_id", "server"]).tail(1)
             for r in latest.itertuples(index=False):

@@ -44,12 +44,17 @@ import time
 from collections import deque
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from prism.ingest.messages import DEFAULT_MAX_MESSAGE_BYTES, decode_messages
 from prism.ingest.readers import FlowReader, detect_format
 from prism.ingest.records import FlowFormatError, RejectCounter
 from prism.serve.monitor import Monitor
+
+if TYPE_CHECKING:
+    from kafka import TopicPartition
+
+    from prism.serve.kafkaconf import KafkaSecurity
 
 __all__ = ["Source", "KafkaSource", "DirectorySource", "ensure_topic"]
 
@@ -113,7 +118,8 @@ class Source(Protocol):
         ...
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, compact: bool = False, timeout_s: float = 30.0, security=None) -> bool:
+def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, compact: bool = False, timeout_s: float = 30.0,
+                 security: KafkaSecurity | None = None) -> bool:
     """Create ``topic`` if it does not exist; return True if created (``security``: a KafkaSecurity, default plaintext)."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
@@ -167,8 +173,8 @@ class KafkaSource(Source):
         max_poll_interval_ms: int = 30_000,
         session_timeout_ms: int = 6_000,
         max_poll_records: int = 2_000,
-        security=None,
-    ):
+        security: KafkaSecurity | None = None,
+    ) -> None:
         from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
         self._tp = TopicPartition
@@ -198,7 +204,7 @@ class KafkaSource(Source):
         self._revoked: set = set()  # revoked, not yet known to be elsewhere
         self._rebalanced = False
         self._stash: dict = {}  # revoked partitions' last offset and counts, in case they come back
-        self._topic_id = None  # the topic's UUID when first seen; a new one means the topic was re-created
+        self._topic_id: str | None = None  # the topic's UUID when first seen; a new one means the topic was re-created
         self._prefetched: list = []  # decoded during an analysis, not yet ingested (see keep_alive)
         self._prefetched_records = 0
         self.read_ahead_dropped = 0  # records decoded ahead then dropped, to be read again (a rebalance, a re-created topic)
@@ -255,7 +261,7 @@ class KafkaSource(Source):
         return f"partition/{self.group_id}/{tp.topic}/{tp.partition}"
 
     @staticmethod
-    def partition_name(tp) -> str:
+    def partition_name(tp: TopicPartition) -> str:
         return f"{tp.topic}/{tp.partition}"
 
     def _on_assigned(self, assigned) -> None:
@@ -503,7 +509,7 @@ class KafkaSource(Source):
 
     def _rewind_prefetched(self) -> None:
         """Drop what was decoded ahead; its partitions (those still ours) read again from its first offset."""
-        first = {}
+        first: dict[TopicPartition, int] = {}
         for tp, _, _, offset, _, _ in self._prefetched:
             first.setdefault(tp, offset)
         owned = set(self.consumer.assignment())
@@ -612,7 +618,7 @@ class DirectorySource(Source):
 
     PARTITION = "dir"
 
-    def __init__(self, directory: str | os.PathLike, chunk_rows: int = 1 << 18):
+    def __init__(self, directory: str | os.PathLike, chunk_rows: int = 1 << 18) -> None:
         self.dir = Path(directory)
         if not self.dir.is_dir():
             raise FileNotFoundError(f"--source {self.dir}: not a directory")
