@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
 from prism.ingest.gpu_traffic import NON_GPU_ADDRESS
@@ -114,13 +113,13 @@ class Daemon:
         keep_alive = getattr(self.source, "keep_alive", None)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prism-analysis") as pool:
             done = pool.submit(self.monitor.tick, final=final, force=force)
-            while True:
-                try:
-                    return done.result(timeout=0 if keep_alive else None)
-                except FutureTimeout:
-                    self.health.beat()
-                    assert keep_alive is not None  # without it the wait above has no timeout
-                    keep_alive(timeout_ms=100)
+            # asked whether it is done, not waited on with a timeout: from Python 3.11 the timeout's
+            # exception is the built-in TimeoutError, so one raised by the analysis itself would be
+            # taken for "not done yet" and the loop would never end
+            while keep_alive is not None and not done.done():
+                self.health.beat()
+                keep_alive(timeout_ms=100)
+            return done.result()
 
     #: records ingested before a topology that matched none of them is called suspicious
     TOPOLOGY_CHECK_RECORDS = 10_000
