@@ -30,6 +30,7 @@ by when each first saw it, named through a :class:`SwitchMap`.
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections import Counter
 
 import numpy as np
@@ -65,11 +66,11 @@ class SwitchMap:
         try:
             self.sessions = {int(k): str(v) for k, v in (sessions or {}).items()}
         except (TypeError, ValueError):
-            raise ValueError(f"'sessions' keys must be ERSPAN session ids (integers), got {sorted(map(str, sessions))}") from None
+            raise ValueError(f"'sessions' keys must be ERSPAN session ids (integers), got {sorted(map(str, sessions or {}))}") from None
         self.sources = {str(ipaddress.ip_address(str(k))): str(v) for k, v in (sources or {}).items()}
 
     @classmethod
-    def load(cls, path) -> "SwitchMap":
+    def load(cls, path: str | os.PathLike) -> "SwitchMap":
         """From YAML: ``{sessions: {17: leaf-03}, sources: {10.0.0.3: leaf-03}}``."""
         from prism.common.yamlfile import read_yaml
 
@@ -97,10 +98,10 @@ class SwitchMap:
 class CollectStats:
     """What the collector saw: packets by status, message outcomes, CNPs per switch."""
 
-    def __init__(self):
-        self.packets = Counter()
-        self.cnp_by_switch = Counter()
-        self.counts = Counter()
+    def __init__(self) -> None:
+        self.packets: Counter[str] = Counter()
+        self.cnp_by_switch: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter()
         self.unmapped_mirrors: set[str] = set()
 
     def as_dict(self) -> dict:
@@ -312,7 +313,7 @@ class FlowAssembler:
             df = df[~bad_time]
         return df.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
-    def _paths(self, msg, sw, ts, n_msgs) -> pd.Categorical:
+    def _paths(self, msg: np.ndarray, sw: np.ndarray, ts: np.ndarray, n_msgs: int) -> pd.Categorical:
         """Per message, its mirror points joined with '|' in order of first sighting."""
         code = np.zeros(n_msgs, np.int64)
         # first sighting of each (message, mirror point); host captures (switch 0) name none

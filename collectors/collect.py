@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import pandas as pd
 
@@ -19,24 +21,37 @@ from prism.ingest.formats import written_suffixes
 from prism.ingest.readers import write_flows
 from prism.ingest.records import empty_flows
 
-from .assemble import FlowAssembler, SwitchMap
+from .assemble import CollectStats, FlowAssembler, SwitchMap
 from .decode import decode_packets, scratch_for
 from .pcapfile import CaptureFormatError, read_capture
+
+if TYPE_CHECKING:
+    from prism.serve.kafkaconf import KafkaSecurity
 
 __all__ = ["Collector", "FileSink", "KafkaSink", "open_sink", "CAPTURE_SUFFIXES"]
 
 CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap")
 
 
+class _Sink(Protocol):
+    """Where a :class:`Collector`'s flows go (:class:`FileSink`, :class:`KafkaSink`, or anything alike)."""
+
+    def send(self, flows: pd.DataFrame) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class FileSink:
     """Collect flows and write them to one file at :meth:`close` (format from the extension)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str | os.PathLike) -> None:
         name = str(path)
         written = written_suffixes()
         if not name.endswith(written):
             raise ValueError(f"--out {name}: unknown flow format; use {', '.join(written[:-1])} or {written[-1]}, or kafka://HOST:PORT/TOPIC")
-        self.path, self.parts, self.records = Path(name), [], 0
+        self.path = Path(name)
+        self.parts: list[pd.DataFrame] = []
+        self.records = 0
 
     def send(self, flows: pd.DataFrame) -> None:
         if len(flows):
@@ -53,7 +68,7 @@ class FileSink:
 class KafkaSink:
     """Send flows to a topic as the daemon reads them (Arrow IPC, one message per GPU pair)."""
 
-    def __init__(self, bootstrap: str, topic: str, fmt: str = "arrow", security=None):
+    def __init__(self, bootstrap: str, topic: str, fmt: str = "arrow", security: KafkaSecurity | None = None) -> None:
         from prism.serve.produce import FlowProducer
 
         self.producer = FlowProducer(bootstrap, topic, fmt, security=security)
@@ -68,7 +83,8 @@ class KafkaSink:
         self.producer.close()
 
 
-def open_sink(out: str, security=None, check=None):
+def open_sink(out: str, security: KafkaSecurity | None = None,
+              check: Callable[[str, KafkaSecurity | None], object] | None = None) -> FileSink | KafkaSink:
     """``kafka://HOST:PORT/TOPIC`` (with ``security``, a KafkaSecurity) or a flow file path.
 
     ``check(bootstrap, security)`` runs before a Kafka producer is made (it
@@ -96,7 +112,8 @@ class Collector:
         Packets decoded per slice (memory: about 250 bytes each).
     """
 
-    def __init__(self, sink, switch_map: SwitchMap | None = None, batch_packets: int = 1 << 18, progress=None):
+    def __init__(self, sink: _Sink, switch_map: SwitchMap | None = None, batch_packets: int = 1 << 18,
+                 progress: Callable[[int], object] | None = None) -> None:
         self.sink = sink
         self.assembler = FlowAssembler(switch_map)
         self.batch_packets = int(batch_packets)
@@ -109,10 +126,10 @@ class Collector:
         self.seconds = 0.0
 
     @property
-    def stats(self):
+    def stats(self) -> CollectStats:
         return self.assembler.stats
 
-    def add_file(self, path) -> int:
+    def add_file(self, path: str | os.PathLike) -> int:
         """Decode one capture; returns its packets. A file that is not a capture is counted and skipped."""
         t0 = time.perf_counter()
         try:
@@ -147,9 +164,9 @@ class Collector:
                 **self.stats.as_dict(), "bad_files": self.bad_files, "truncated_files": self.truncated_files}
 
 
-def capture_files(paths) -> list[str]:
+def capture_files(paths: Iterable[str | os.PathLike]) -> list[str]:
     """Files to read: every path given, directories expanded to their capture files in name order."""
-    out = []
+    out: list[str] = []
     for p in paths:
         if os.path.isdir(p):
             out += sorted(str(q) for q in Path(p).iterdir() if q.suffix in CAPTURE_SUFFIXES and q.is_file())
@@ -158,7 +175,7 @@ def capture_files(paths) -> list[str]:
     return out
 
 
-def packets_hint(paths) -> int:
+def packets_hint(paths: Iterable[str | os.PathLike]) -> int:
     """Rough packet count for a progress bar (file bytes / 150)."""
     return int(sum(os.path.getsize(p) for p in paths if os.path.exists(p)) / 150) or 1
 

@@ -95,7 +95,7 @@ class PacketTable:
     def __len__(self) -> int:
         return len(self.arrays["ts_ns"])
 
-    def __getitem__(self, name) -> np.ndarray:
+    def __getitem__(self, name: str) -> np.ndarray:
         return self.arrays[name]
 
 
@@ -377,9 +377,10 @@ def decode_packets(cap: Capture | None, start: int = 0, stop: int | None = None,
     saves the page faults of fresh memory (2 s per GB here); the table is
     then only valid until the next call with the same scratch.
     """
-    if cap is None:
+    if cap is None:  # an empty table
         start, stop = 0, 0
-    stop = len(cap) if stop is None else min(stop, len(cap))
+    else:
+        stop = len(cap) if stop is None else min(stop, len(cap))
     n = max(stop - start, 0)
     # column-major: each field's column is contiguous, and is handed out without a copy
     if scratch is not None and len(scratch) >= n:
@@ -387,7 +388,7 @@ def decode_packets(cap: Capture | None, start: int = 0, stop: int | None = None,
         out.fill(-1)
     else:
         out = np.full((n, len(PacketTable.FIELDS)), -1, np.int64, order="F")
-    if n:
+    if n and cap is not None:  # (n > 0 only with a capture)
         sl = slice(start, stop)
         _decode_kernel(cap.buf, cap.offset[sl], cap.caplen[sl], cap.linktype[sl].astype(np.int64), out, _EXT, _HAS_RETH,
                        _OP_KIND.astype(np.int64))
@@ -427,7 +428,7 @@ def packet_frame(table: PacketTable) -> pd.DataFrame:
     """The table as a DataFrame with readable addresses and status names."""
     a = table.arrays
     df = pd.DataFrame({k: a[k] for k in PacketTable.FIELDS if k not in ("src_hi", "src_lo", "dst_hi", "dst_lo", "mirror_src_hi", "mirror_src_lo")})
-    df["status"] = pd.Categorical.from_codes(a["status"], STATUS_NAMES)
+    df["status"] = pd.Categorical.from_codes(a["status"], STATUS_NAMES)  # type: ignore[call-overload]  # any list-like categories do; the stubs ask for an Index
     df["src"] = address_strings(a["src_hi"], a["src_lo"])
     df["dst"] = address_strings(a["dst_hi"], a["dst_lo"])
     df["mirror_src"] = address_strings(a["mirror_src_hi"], a["mirror_src_lo"])

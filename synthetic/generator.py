@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from prism.ingest.readers import write_flows
@@ -25,6 +26,12 @@ __all__ = ["ClusterGenerator", "GeneratedCluster", "EPOCH_NS", "FlowColumns"]
 
 #: Capture windows start at 2026-01-01T00:00:00Z.
 EPOCH_NS = 1_767_225_600 * 1_000_000_000
+
+#: an active switch fault: (switch name, switch index, t0_ns, t1_ns, bandwidth factor)
+_Degraded = tuple[str, int, float, float, float]
+#: truth rows: steps (job_id, step, start_ns, end_ns) and faults (kind, job_id, step, start_ns, end_ns, subject, factor)
+_StepRow = tuple[str, int, float, float]
+_FaultRow = tuple[str, str, int, float, float, str, float]
 
 
 @dataclass
@@ -132,7 +139,7 @@ class ClusterGenerator:
                 raise ValueError(f"fault {f} names an unknown job")
 
     # ------------------------------------------------------------------
-    def _place(self, rng) -> dict[str, np.ndarray]:
+    def _place(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Server indices per job: random order, random gaps, consecutive servers."""
         gps = self.fabric.gpus_per_server
         order = rng.permutation(len(self.jobs))
@@ -155,7 +162,9 @@ class ClusterGenerator:
         degraded = self._resolve_switch_faults(placement, switch_names)
 
         cols = FlowColumns()
-        truth_pairs, truth_steps, truth_faults = [], [], []
+        truth_pairs: list[pd.DataFrame] = []
+        truth_steps: list[_StepRow] = []
+        truth_faults: list[_FaultRow] = []
         for spec, seq in zip(self.jobs, job_seqs):
             _JobSimulation(self, spec, placement[spec.name], np.random.default_rng(seq), degraded).run(
                 cols, truth_pairs, truth_steps, truth_faults
@@ -200,9 +209,9 @@ class ClusterGenerator:
         return GeneratedCluster(flows, topo, jobs_df, pairs_df, steps_df, faults_df, meta)
 
     # ------------------------------------------------------------------
-    def _resolve_switch_faults(self, placement, switch_names):
+    def _resolve_switch_faults(self, placement: dict[str, np.ndarray], switch_names: list[str]) -> list[_Degraded]:
         """(name, switch index, t0_ns, t1_ns, factor) for each active switch fault."""
-        out = []
+        out: list[_Degraded] = []
         if not self.with_faults:
             return out
         for f in self.faults:
@@ -237,11 +246,11 @@ class ClusterGenerator:
             return int(vals[np.argmax(counts)])
         raise ValueError("degraded switch 'auto' needs a job with dp >= 2 whose ring crosses a switch")
 
-    def _storage_noise(self, cols: "FlowColumns", rng) -> None:
+    def _storage_noise(self, cols: "FlowColumns", rng: np.random.Generator) -> None:
         storage_noise(cols, self.fabric, rng, self.duration_ns, self.storage_flows_per_s)
 
 
-def storage_noise(cols: "FlowColumns", fab: Fabric, rng, duration_ns: float, flows_per_s: float) -> None:
+def storage_noise(cols: "FlowColumns", fab: Fabric, rng: np.random.Generator, duration_ns: float, flows_per_s: float) -> None:
     """Storage traffic between GPUs and storage hosts (not training): Poisson arrivals, log-normal sizes."""
     n = rng.poisson(flows_per_s * duration_ns / 1e9)
     if n == 0 or fab.storage_hosts == 0:
@@ -281,10 +290,17 @@ def truth_frames(pairs: pd.DataFrame, ips: np.ndarray) -> tuple[pd.DataFrame, pd
 class FlowColumns:
     """Flow columns accumulated as arrays; turned into a frame once at the end."""
 
-    def __init__(self):
-        self.start, self.dur, self.src, self.dst, self.size, self.path = [], [], [], [], [], []
+    def __init__(self) -> None:
+        self.start: list[np.ndarray] = []
+        self.dur: list[np.ndarray] = []
+        self.src: list[np.ndarray] = []
+        self.dst: list[np.ndarray] = []
+        self.size: list[np.ndarray] = []
+        self.path: list[np.ndarray] = []
 
-    def add(self, start, dur, src, dst, size, paths):
+    def add(self, start: np.ndarray, dur: npt.ArrayLike, src: npt.ArrayLike, dst: npt.ArrayLike, size: npt.ArrayLike,
+            paths: npt.ArrayLike) -> None:
+        """Flows starting at ``start`` (ns from the window start); the other columns broadcast to it (``paths``: 3 switch indices a flow)."""
         n = len(start)
         if n == 0:
             return
@@ -327,7 +343,7 @@ class FlowColumns:
 class _JobSimulation:
     """One job, step by step, from before the window start to past its end."""
 
-    def __init__(self, gen: ClusterGenerator, spec: JobSpec, servers: np.ndarray, rng, degraded):
+    def __init__(self, gen: ClusterGenerator, spec: JobSpec, servers: np.ndarray, rng: np.random.Generator, degraded: list[_Degraded]):
         self.gen, self.spec, self.rng = gen, spec, rng
         fab = gen.fabric
         self.fab = fab
@@ -366,7 +382,8 @@ class _JobSimulation:
         return np.where(net, fab.latency_ns + size / (fab.bytes_per_ns * factor), size / fab.nvlink_bytes_per_ns)
 
     # ----------------------------------------------------------------------
-    def run(self, cols: FlowColumns, truth_pairs, truth_steps, truth_faults):
+    def run(self, cols: FlowColumns, truth_pairs: list[pd.DataFrame], truth_steps: list[_StepRow], truth_faults: list[_FaultRow]) -> None:
+        """Emit the job's flows into ``cols`` and append its truth rows."""
         gen, spec, fab, rng = self.gen, self.spec, self.fab, self.rng
         T, D, P, M = spec.tp, spec.dp, spec.pp, spec.microbatches
         window = gen.duration_ns
@@ -526,7 +543,7 @@ class _JobSimulation:
         if P == 1:
             return -np.inf
         last = -np.inf
-        size = spec.activation_bytes
+        size: int | np.ndarray = spec.activation_bytes
         if size_f is not None:  # per micro-batch and replica, 4 KiB granules
             size = np.broadcast_to(((size * size_f).astype(np.int64) // 4096 * 4096)[:, None, :, None], (M, T, D, P - 1))
         for direction in (0, 1):
@@ -546,10 +563,10 @@ class _JobSimulation:
             aa = np.broadcast_to(a[None], start.shape)
             bb = np.broadcast_to(b[None], start.shape)
             pth = np.broadcast_to(paths[None], start.shape + (3,))
-            size_w = size[whole] if np.ndim(size) else size
+            size_w = size[whole] if isinstance(size, np.ndarray) else size  # (an array has 4 dimensions here)
             cols.add(start[whole], d[whole], aa[whole], bb[whole], size_w, pth[whole])
             if split.any():
-                size_s = size[split] if np.ndim(size) else size
+                size_s = size[split] if isinstance(size, np.ndarray) else size
                 s1 = (size_s * split_frac[direction][..., : P - 1][split]).astype(np.int64) // 4096 * 4096
                 s2 = size_s - s1
                 frac1 = s1 / size_s

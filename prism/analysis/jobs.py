@@ -14,6 +14,7 @@ them for streaming use (``partial_fit`` per chunk, then ``predict``).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 import numba
 import numpy as np
@@ -160,7 +161,7 @@ def merge_shared_servers(clusters: np.ndarray, server_of: np.ndarray) -> np.ndar
     return out
 
 
-def job_id_for(servers) -> str:
+def job_id_for(servers: Iterable[str]) -> str:
     """A stable job id from the job's server names.
 
     The same servers give the same id in every run and every window, so
@@ -238,7 +239,7 @@ class JobRecogniser:
         self._seen: np.ndarray | None = None
         self._pairs = np.empty(0, dtype=np.int64)
         self._n = n
-        self._labels = None  # cached until new pairs arrive
+        self._labels: np.ndarray | None = None  # cached until new pairs arrive
 
     def partial_fit_pairs(self, a: np.ndarray, b: np.ndarray) -> "JobRecogniser":
         """Add GPU pairs given as NIC indices (both >= 0)."""
@@ -286,7 +287,7 @@ class JobRecogniser:
         return df[["job_id", "ip", "server"]].sort_values(["job_id", "ip"], key=_ip_sort_key).reset_index(drop=True)
 
 
-def _ip_sort_key(col: pd.Series):
+def _ip_sort_key(col: pd.Series) -> pd.Series:
     # sort addresses numerically within a job, not as strings
     if col.name != "ip":
         return col

@@ -37,7 +37,7 @@ are counted and warned about.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -47,6 +47,7 @@ from prism.analysis.diagnosis import in_time_order
 from prism.analysis.stitch import StepStitcher, median_step_ns
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS
 from prism.common.allocator import release_free_memory
+from prism.ingest.topology import Topology
 
 __all__ = ["analyse_sliced"]
 
@@ -64,7 +65,7 @@ MIN_SLICE_STEPS = 10
 class _Stitch:
     """The stitched results of the slices so far."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.steps: list[pd.DataFrame] = []
         self.phases: list[pd.DataFrame] = []
         self.lag: list[pd.DataFrame] = []
@@ -155,8 +156,9 @@ def _common_shape(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
             .drop(columns="n").sort_values("job_id").reset_index(drop=True))
 
 
-def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, settings: Settings | None = None,
-                   stop_after: str = "diagnosis", on_stage=None) -> Analysis:
+def analyse_sliced(chunks: Iterable[list[np.ndarray]], labels: np.ndarray, jobs: pd.DataFrame, topology: Topology, capture_end: int,
+                   settings: Settings | None = None, stop_after: str = "diagnosis",
+                   on_stage: Callable[[str], object] | None = None) -> Analysis:
     """:func:`prism.analysis.analyse.analyse` of one job, ``settings.slice_flows`` flows at a time (see the module docstring).
 
     Parameters
@@ -207,7 +209,8 @@ def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, s
         del order
         cols = every if final else [c[:limit] for c in every]  # the slice: the earliest flows held
         last = int(cols[2][-1])
-        an = analyse(*cols, labels, jobs, topology, capture_end if final else last, None, s, stop_after, on_stage)
+        an = analyse(cols[0], cols[1], cols[2], cols[3], cols[4], labels, jobs, topology, capture_end if final else last, None, s,
+                     stop_after, on_stage)
         slices += 1
         before = stitch.last_end
         taken_to = stitch.take(an, None if final else last)
@@ -224,7 +227,7 @@ def analyse_sliced(chunks: Iterable, labels, jobs, topology, capture_end: int, s
         i = max(i, n - limit // 2)  # the slice moves on by half at least, however long the steps
         if begin is None or taken_to == before:
             warn_stepless(n)
-        elif len(an.steps) < MIN_SLICE_STEPS:
+        elif an.steps is not None and len(an.steps) < MIN_SLICE_STEPS:  # steps were taken: an.steps is set
             warn_few_steps(n, len(an.steps))
         buf = [[c[i:].copy() for c in every]]  # the overlap and the flows past the slice (copied: the slice's columns go)
         held = len(every[2]) - i

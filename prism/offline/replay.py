@@ -26,8 +26,10 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -88,7 +90,7 @@ class ReplayResult:
             spans = self.job_spans.set_index("job_id") if self.job_spans is not None else None
             for job_id, g in self.jobs.groupby("job_id", sort=True):
                 servers = sorted(g["server"].unique())
-                row = {"job_id": job_id, "gpus": int(len(g)), "servers": servers}
+                row: dict[str, Any] = {"job_id": job_id, "gpus": int(len(g)), "servers": servers}
                 if self.pairs is not None:
                     types = self.pairs.loc[self.pairs["job_id"] == job_id, "type"].value_counts()
                     row.update(dp_pairs=int(types.get("DP", 0)), pp_pairs=int(types.get("PP", 0)))
@@ -191,13 +193,13 @@ class _GpuFlows:
 
     N_COLUMNS = 5  # a, b, start, duration, size
 
-    def __init__(self, n_nics: int, spill_above: int | None = None, spill_dir=None):
+    def __init__(self, n_nics: int, spill_above: int | None = None, spill_dir: str | Path | None = None):
         self.parts: list[list] = []
         self.n_nics, self.spill_above, self.spill_dir = n_nics, spill_above, spill_dir
         self.spilled: SpilledFlows | None = None
         self._n = 0
 
-    def add(self, a, b, start, duration, size):
+    def add(self, a: np.ndarray, b: np.ndarray, start: np.ndarray, duration: np.ndarray, size: np.ndarray) -> None:
         if self.spilled is not None:
             self.spilled.add(a, b, start, duration, size)
             return
@@ -220,7 +222,7 @@ class _GpuFlows:
         if self.spilled is not None:
             self.spilled.close()
 
-    def analyse(self, labels, jobs, topology, **kw) -> Analysis:
+    def analyse(self, labels: np.ndarray, jobs: pd.DataFrame, topology: Topology, **kw: Any) -> Analysis:
         """:func:`prism.analysis.batches.analyse_by_jobs` over the flows, from memory or from disk."""
         if self.spilled is None:
             return analyse_chunks_by_jobs(self.take_chunks() or [[np.empty(0, dtype=np.int64)] * self.N_COLUMNS], labels, jobs, topology, **kw)
@@ -229,12 +231,13 @@ class _GpuFlows:
         slice_flows = (kw.get("settings") or Settings()).slice_flows
         plan, sliced = plan_analysis(counts, slice_flows)
         if len(plan) <= 1 and not any(sliced):  # one batch: the flows as given, as in memory
-            return analyse_by_jobs(*spilled.read_all(), labels, jobs, topology, **kw)
+            a, b, start, duration, size = spilled.read_all()
+            return analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, **kw)
         return analyse_job_batches(spilled.job_batches(labels, plan, kw.get("on_stage"), sliced, slice_flows), labels, jobs, topology, **kw)
 
 
 def replay(
-    paths,
+    paths: Sequence[str],
     topology: Topology,
     out_dir: str | Path | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
@@ -333,7 +336,8 @@ class _StageClock:
     def __init__(self, seconds: dict, progress: bool | None):
         self.seconds = seconds
         self.show = sys.stderr.isatty() if progress is None else bool(progress)
-        self.name, self.t = None, None
+        self.name: str | None = None  # the running stage
+        self.t = 0.0  # when it began (read only while one runs)
 
     def begin(self, name: str, t: float | None = None) -> None:
         now = time.perf_counter()
@@ -391,7 +395,7 @@ def _consume(
 def _job_spans(jobs: pd.DataFrame, topology: Topology, activity: _NicActivity) -> pd.DataFrame:
     if jobs is None or jobs.empty:
         return pd.DataFrame(columns=["job_id", "first_ns", "last_ns", "flows"])
-    idx = topology.ips.get_indexer(jobs["ip"])
+    idx = topology.ips.get_indexer(jobs["ip"])  # type: ignore[arg-type]  # pandas takes any array-like; the stubs ask for an Index
     df = pd.DataFrame({"job_id": jobs["job_id"], "first": activity.first[idx], "last": activity.last[idx], "flows": activity.flows[idx]})
     g = df.groupby("job_id")
     return pd.DataFrame({"first_ns": g["first"].min(), "last_ns": g["last"].max(), "flows": g["flows"].sum()}).reset_index()

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
+from pandas.api.extensions import ExtensionArray
 
 from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies
 from prism.common.kernels import register_warm_up
@@ -88,7 +90,8 @@ class SwitchBandwidth:
             self.paths.append(tuple(ids))
         return pid
 
-    def partial_fit(self, start, duration, size, switches, src=None) -> "SwitchBandwidth":
+    def partial_fit(self, start: np.ndarray, duration: npt.ArrayLike, size: npt.ArrayLike, switches: pd.Series | ExtensionArray | np.ndarray,
+                    src: npt.ArrayLike | None = None) -> "SwitchBandwidth":
         """Add a chunk of flows; ``switches`` is a categorical of path strings, ``src`` the sending NIC (index)."""
         if len(start) == 0:
             return self
@@ -97,7 +100,7 @@ class SwitchBandwidth:
         # lookup, and Python work only for paths not seen before
         lut = self._known.get_indexer(cat.categories).astype(np.int64)
         if (lut < 0).any():
-            for i in np.flatnonzero(lut < 0):
+            for i in np.flatnonzero(lut < 0).tolist():
                 lut[i] = self._path_id(cat.categories[i])
             self._known = pd.Index(list(self.path_ids), dtype=object)
         size = np.asarray(size, dtype=np.int64)
@@ -116,7 +119,8 @@ class SwitchBandwidth:
         if not keep.all():
             self._table = t[keep].reset_index(drop=True)
             self._sums = _KeySums()
-            self._sums.add(*(self._table[c].to_numpy() for c in KEY + ["bytes", "busy_ns"]), flows=self._table["flows"].to_numpy())
+            win, pid, sender, nbytes, busy = (self._table[c].to_numpy() for c in KEY + ["bytes", "busy_ns"])
+            self._sums.add(win, pid, sender, nbytes, busy, flows=self._table["flows"].to_numpy())
 
     def table(self) -> pd.DataFrame:
         """``window, path, src, bytes, busy_ns, flows`` (``src`` -1 where senders were not given)."""
@@ -151,7 +155,8 @@ class _KeySums:
         self.slot_of = np.full(capacity, -1, dtype=np.int64)  # hash slot -> row
         self.n = 0
 
-    def add(self, win, pid, sender, nbytes, busy, flows=None) -> None:
+    def add(self, win: npt.ArrayLike, pid: npt.ArrayLike, sender: npt.ArrayLike, nbytes: npt.ArrayLike, busy: npt.ArrayLike,
+            flows: npt.ArrayLike | None = None) -> None:
         """Add rows (``flows``: how many flows each stands for; one by default)."""
         win, pid, sender = (np.asarray(x, dtype=np.int64) for x in (win, pid, sender))
         nbytes, busy = np.asarray(nbytes, dtype=np.int64), np.asarray(busy, dtype=np.int64)
@@ -161,7 +166,8 @@ class _KeySums:
             self._grow()
             done, self.n = _accumulate(self.keys, self.sums, self.slot_of, self.n, win, pid, sender, nbytes, busy, flows, done)
 
-    def add_flows(self, start, window_ns: int, codes, lut, sender, size, duration, min_bytes: int) -> int:
+    def add_flows(self, start: np.ndarray, window_ns: int, codes: np.ndarray, lut: np.ndarray, sender: np.ndarray, size: np.ndarray,
+                  duration: np.ndarray, min_bytes: int) -> int:
         """Add flows: window ``start // window_ns``, path ``lut[codes]`` (a code < 0: no path), ``sender``.
 
         Flows under ``min_bytes`` or with no path are left out; returns how
@@ -300,11 +306,11 @@ class _Units:
         self._unit_paths = p[by_unit]
 
     @classmethod
-    def switches(cls, paths, names, tiers) -> "_Units":
+    def switches(cls, paths: list[tuple[int, ...]], names: np.ndarray, tiers: np.ndarray) -> "_Units":
         return cls([(p, names[s], tiers[s]) for p, sw in enumerate(paths) for s in sw], len(paths))
 
     @classmethod
-    def links(cls, paths, names, tiers) -> "_Units":
+    def links(cls, paths: list[tuple[int, ...]], names: np.ndarray, tiers: np.ndarray) -> "_Units":
         return cls([(p, f"{names[x]}>{names[y]}", f"{tiers[x]}>{tiers[y]}") for p, sw in enumerate(paths) for x, y in zip(sw[:-1], sw[1:])],
                    len(paths))
 
