@@ -492,17 +492,26 @@ def test_records_read_during_an_analysis_are_ingested_after_it_once(broker, topi
 
 def test_a_rebalance_during_an_analysis_drops_what_was_read_ahead(broker, topic, cluster):
     """A replica joins while the first one analyses with records decoded ahead: they are read again, by whoever owns them now."""
-    n = produce(broker, topic, cluster.flows, fmt="arrow")
+    flows = cluster.flows.sort_values("start_ns", kind="stable")
+    half = int(flows["start_ns"].iloc[0]) + int(4e9)
+    first, second = flows[flows["start_ns"] < half], flows[flows["start_ns"] >= half]
+    n = produce(broker, topic, first, fmt="arrow")
     group, summary = f"g2-{topic}", f"s2-{topic}"
     r1 = RunningDaemon(broker, topic, cluster, group=group, summary=summary, replica="r1")
-    # a window at every step, as before catching up strode a whole window: the first analysis
-    # then comes while every partition still holds most of its records, to be read ahead
+    # a window at every step, as before catching up strode a whole window
     r1.monitor.catching_up = lambda: False
     gated = GatedTick(r1.monitor)
     r2 = None
     try:
         wait_for(gated.entered.is_set, 120, "r1's first analysis", progress=r1.progress)
-        wait_for(lambda: r1.source._prefetched_records > 0, 60, "records decoded during the analysis")
+        # the second half arrives during the analysis: every partition then holds
+        # records r1 decodes ahead, whichever it had read to the end before, and
+        # whichever the rebalance gives r2
+        n += produce(broker, topic, second, fmt="arrow")
+        partitions = {r1.source._tp(topic, p) for p in range(4)}
+        wait_for(lambda: {d[0] for d in r1.source._prefetched} == partitions, 60, "records of every partition decoded ahead",
+                 progress=lambda: r1.source._prefetched_records)
+        ahead = r1.source._prefetched_records
         r2 = RunningDaemon(broker, topic, cluster, group=group, summary=summary, replica="r2")
         wait_for(lambda: len(r2.source.consumer.assignment()) == 2, 120, "r2 to take half the partitions")
         gated.gate.set()
@@ -512,7 +521,10 @@ def test_a_rebalance_during_an_analysis_drops_what_was_read_ahead(broker, topic,
 
         wait_for(lambda: both() >= n and len(r1.source.consumer.assignment()) == 2, 120, "every record", progress=both)
         wait_for(lambda: r1.settled(0) and r2.settled(0), 60, "both replicas' analyses", progress=lambda: (r1.progress(), r2.progress()))
-        assert r1.source.read_ahead_dropped > 0  # the rebalance came while r1 held records read ahead
+        # the rebalance came while r1 held them (r2 has half the partitions only once r1
+        # was told its own were revoked): all dropped, none ingested by r1 as they were
+        assert r1.source.read_ahead_dropped >= ahead > 0
+        assert r2.total("prism_flows_ingested_total") > 0  # r2 read its partitions' share again
         assert both() == n  # none lost, none counted twice
         assert r1.total("prism_flows_duplicate_total") + r2.total("prism_flows_duplicate_total") == 0
     finally:

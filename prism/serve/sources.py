@@ -397,7 +397,10 @@ class KafkaSource(Source):
         """
         self.monitor = monitor
         if self._prefetched:
-            if not self._rebalanced:
+            # revoked, the join still under way: the assignment is the old one
+            # until it ends, but the revoked partitions' state is already
+            # published for their next owner
+            if not self._rebalanced and not self._revoked:
                 decoded = self._take_prefetched()
                 monitor.backlogged = self._backlog({d[0]: True for d in decoded})  # as for a fetched batch, below
                 return self._ingest(monitor, decoded)
