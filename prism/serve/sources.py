@@ -560,6 +560,10 @@ class KafkaSource(Source):
         for tp, off in list(self.positions.items()):
             if only is not None and tp not in only:
                 continue
+            if only is None and tp in self._revoked:
+                # published when it was revoked; its next owner publishes it from now on, and a rewrite
+                # here (while this replica's join is pending) could overwrite the owner's newer state
+                continue
             value = {"offset": off, "counters": counts.get(self.partition_name(tp), {}), "replica": self.replica_id, "time": now,
                      "topic_id": self._topic_id}
             self.producer.send(self.summary_topic, key=self._state_key(tp).encode(), value=json.dumps(value).encode())
