@@ -436,6 +436,7 @@ def _lock(name: str) -> dict[str, tuple[str, int]]:
 
 def test_lock_files_pin_every_declared_dependency_with_hashes():
     import tomllib
+
     from packaging.requirements import Requirement
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
