@@ -152,6 +152,7 @@ def test_live_demo_through_the_local_broker(capsys):
     assert "ingested (all)" in out and "jobs MATCH the ground truth" in out
     assert out.count("FOUND") == 3 and "MISSED" not in out
     assert "0 unexplained" in out and "0 spurious" in out
+    assert ".venv/bin/prism replay FLOWS" in out  # a passing demo says where to go next
 
 
 @pytest.mark.parametrize("stage", ["pairs", "steps"])

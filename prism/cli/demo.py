@@ -110,4 +110,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     assert res.steps is not None  # set by a demo that ran to its end
     report = compare_with_truth(cluster, res.jobs, res.steps, res.anomalies, live=True, delays=args.speed > 0)
     print("\n".join("      " + line for line in report.lines))
-    return EXIT_OK if counted_ok and report.ok else EXIT_FAILED
+    ok = counted_ok and report.ok
+    if ok:
+        print(NEXT_STEPS)
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+#: printed after a live demo that passed: where a new user goes from here (the README's tour has more)
+NEXT_STEPS = (
+    "next: the same cluster offline, with DP/PP pair types, a Perfetto timeline and plots:\n"
+    "        .venv/bin/prism demo --offline --out demo/\n"
+    "      your own flow records (CSV, Parquet or JSON Lines) and topology:\n"
+    "        .venv/bin/prism replay FLOWS --topology TOPOLOGY.csv --out result/\n"
+    "      (or '. .venv/bin/activate' once, then plain 'prism'; README: A short tour)"
+)
