@@ -337,3 +337,16 @@ def test_checkpoints_a_longer_capture_keeps_what_its_first_part_says():
 def test_checkpoints_with_a_distributed_optimizer():
     _check_checkpointed(34, 6, True, 3, 0.8)
 
+
+def test_checkpoint_steps_are_slow_steps_that_recur():
+    """End to end on a SYNTHETIC job with a checkpoint every 20 steps: every checkpoint's step, and only those, is
+    a slow step, explained as recurring every 20 steps."""
+    from prism.analysis.diagnosis import CrossStepDiagnoser
+
+    c = _checkpointed_job(20, 8, False, 0)
+    s = pd.DataFrame(_steps_of(c.flows), columns=["start_ns", "end_ns"])
+    steps = s.assign(job_id="ckpt", step=np.arange(len(s)), duration_ns=s["end_ns"] - s["start_ns"])
+    a = CrossStepDiagnoser().fit(steps).predict()
+    assert (a["kind"] == "slow_step").all() and len(a) >= 6
+    assert (np.diff(a["step"]) == 20).all()
+    assert a["explanation"].str.contains("recur every 20 steps").all()
