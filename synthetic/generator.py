@@ -473,8 +473,9 @@ class _JobSimulation:
                 break  # ends past the window
             prev_end = step_end
             # the optimizer waits for every stage's last backward (in a
-            # pipeline-only job the last flow, into stage 0, comes earlier)
-            t = max(step_end, float(eB.max())) + spec.optimizer_ms * 1e6
+            # pipeline-only job the last flow, into stage 0, comes earlier), then
+            # the checkpoint if one is due
+            t = max(step_end, float(eB.max())) + spec.optimizer_ms * 1e6 + spec.checkpoint_ns(sim_step)
             sim_step += 1
 
     def _record_pairs(self, truth_pairs, pp_net, dp_net):

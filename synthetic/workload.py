@@ -1,4 +1,12 @@
-"""Training jobs (SYNTHETIC): parallel layout and the 1F1B pipeline schedule."""
+"""Training jobs (SYNTHETIC): parallel layout, the 1F1B pipeline schedule and periodic checkpoints.
+
+A checkpoint (``JobSpec.checkpoint_every``) is modelled as a pause with no
+network traffic after the DP collective of every Nth step (the ranks write
+their state to local or remote storage, which the generator does not
+model): the step it falls into is slower, and recurs every N steps. Real
+jobs also pause for evaluation and at epoch ends; the inference must read
+all of these as slow steps of the same period, not as a longer period.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,6 +68,19 @@ class JobSpec:
         The DP collective is a reduce-scatter at the end of the step and an
         all-gather of the parameters at the start of the next (forward waits
         for it), instead of one all-reduce.
+    checkpoint_every : int
+        A checkpoint after every this many steps (0: none): a pause of
+        ``checkpoint_pause`` times the nominal step compute
+        (:meth:`lower_bound_step_ns`) after the step's DP collective, with
+        no network traffic. It makes the next step in the ground truth
+        (which ends at its own collective) that much longer.
+    checkpoint_pause : float
+        The pause, as a share of the nominal step compute.
+    checkpoint_phase : int
+        The first checkpoint follows simulated step
+        ``checkpoint_every - 1 - checkpoint_phase`` (mod ``checkpoint_every``;
+        the job runs before the capture window, so its first step in the
+        window is simulated step 1).
     """
 
     name: str
@@ -81,6 +102,9 @@ class JobSpec:
     pp_size_spread: float = 0.0
     dp_overlap: bool = False
     distributed_optimizer: bool = False
+    checkpoint_every: int = 0
+    checkpoint_pause: float = 0.7
+    checkpoint_phase: int = 0
 
     @property
     def world(self) -> int:
@@ -98,6 +122,8 @@ class JobSpec:
             raise ValueError(f"{self.name}: tp*pp*dp={self.world} must fill whole servers of {gpus_per_server} GPUs")
         if self.rank_order not in ("tp-dp-pp", "tp-pp-dp"):
             raise ValueError(f"{self.name}: rank_order must be tp-dp-pp or tp-pp-dp, not {self.rank_order!r}")
+        if self.checkpoint_every < 0 or self.checkpoint_pause < 0:
+            raise ValueError(f"{self.name}: checkpoint_every and checkpoint_pause must be >= 0")
         if self.world == gpus_per_server:
             raise ValueError(f"{self.name}: a one-server job has no network traffic")
 
@@ -114,6 +140,20 @@ class JobSpec:
     def lower_bound_step_ns(self) -> float:
         per = self.fwd_ms * (1 + self.bwd_ratio) * 1e6
         return (self.microbatches + self.pp - 1) * per
+
+    def checkpoint_ns(self, sim_step: int) -> float:
+        """The checkpoint pause after simulated step ``sim_step`` (0 when it writes none).
+
+        A function of the step count alone (no random draw), so a job with
+        checkpoints sees the same random numbers as one without.
+
+        >>> s = JobSpec("j", checkpoint_every=3, fwd_ms=1, microbatches=1, bwd_ratio=1, checkpoint_pause=0.5)
+        >>> [s.checkpoint_ns(k) for k in range(6)]
+        [0.0, 0.0, 1000000.0, 0.0, 0.0, 1000000.0]
+        """
+        if self.checkpoint_every <= 0 or (sim_step + 1 + self.checkpoint_phase) % self.checkpoint_every:
+            return 0.0
+        return self.checkpoint_pause * self.lower_bound_step_ns()
 
 
 def one_f_one_b(F: np.ndarray, B: np.ndarray, xf: np.ndarray, xb: np.ndarray, t0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

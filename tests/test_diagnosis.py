@@ -235,3 +235,18 @@ def test_cross_step_equals_the_python_reference(seed):
 def test_cross_step_window_must_hold_a_step():
     with pytest.raises(ValueError, match="window"):
         CrossStepDiagnoser(window=0)
+
+
+def test_slow_steps_that_recur_say_so():
+    """A checkpoint every 50 steps: each is reported, and its explanation says the slow steps recur every 50 steps;
+    three unrelated slow steps do not."""
+    d = np.full(400, 100.0)
+    d[49::50] = 170.0
+    steps = pd.DataFrame({"job_id": "j", "step": range(len(d)), "start_ns": range(len(d)), "duration_ns": d})
+    a = CrossStepDiagnoser().fit(steps).predict()
+    assert a["step"].tolist() == list(range(49, 400, 50))
+    assert a["explanation"].str.contains("recur every 50 steps").all()
+    d = np.full(400, 100.0)
+    d[[30, 170, 250]] = 170.0
+    a = CrossStepDiagnoser().fit(steps.assign(duration_ns=d)).predict()
+    assert len(a) == 3 and not a["explanation"].str.contains("recur").any()

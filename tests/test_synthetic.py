@@ -108,6 +108,28 @@ def test_job_spec_checks():
         JobSpec("x", tp=3, dp=8).check()
     with pytest.raises(ValueError, match="one-server"):
         JobSpec("x", tp=8, dp=1, pp=1).check()
+    with pytest.raises(ValueError, match="checkpoint"):
+        JobSpec("x", tp=8, dp=2, checkpoint_every=-1).check()
+
+
+def test_checkpoint_every_n_steps_slows_those_steps_only():
+    """A checkpoint every 7 steps: the truth step after each is longer by the pause (no traffic in it), the others
+    are the same steps as without checkpoints (no random draw added: the same jitter, step by step)."""
+    from synthetic.generator import ClusterGenerator
+
+    fab = Fabric(servers=2, gpus_per_server=1, servers_per_group=2, spines=1, storage_hosts=0)
+    kw = dict(tp=1, dp=2, microbatches=2, fwd_ms=2, grad_bytes=8 << 20, bucket_bytes=8 << 20)
+    plain, ckpt = (ClusterGenerator(fab, [JobSpec("j", **kw, checkpoint_every=every)], duration_s=1.0, seed=3, storage_flows_per_s=0).generate()
+                   for every in (0, 7))
+    pause = 0.7 * JobSpec("j", **kw).lower_bound_step_ns()
+    a = (plain.steps["end_ns"] - plain.steps["start_ns"]).to_numpy()
+    b = (ckpt.steps["end_ns"] - ckpt.steps["start_ns"]).to_numpy()
+    n = len(b)
+    # the pause after simulated step 6, 13, ... is in the next one: whole step 6, 13, ... (the window opens in step 0)
+    slow = (np.arange(n) + 1) % 7 == 0
+    assert slow.sum() >= 5 and np.allclose(b[slow] - a[:n][slow], pause, rtol=1e-6, atol=2)
+    assert np.allclose(b[~slow], a[:n][~slow], atol=2)
+    assert ckpt.meta["jobs"]["j"]["checkpoint_every"] == 7
 
 
 def test_fabric_paths_follow_the_rails():

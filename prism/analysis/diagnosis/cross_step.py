@@ -7,6 +7,11 @@ spreads above it (it is not noise). A run of ``regime_steps`` or more slow
 steps in a row is not that many slow steps but one lasting change (a
 straggler appeared, a link degraded): it is reported once, as a
 ``regime_change`` at its first step, and the baseline restarts from it.
+
+Slow steps that recur at a fixed number of steps (a checkpoint, an
+evaluation, an epoch's end every N steps) are still reported one by one
+(each is a step the job lost), but their explanation says they recur every
+N steps: the likely cause is the job's own schedule, not a fault.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import pandas as pd
 
 from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies
 
-__all__ = ["CrossStepDiagnoser"]
+__all__ = ["CrossStepDiagnoser", "recurrence"]
 
 
 class CrossStepDiagnoser:
@@ -62,7 +67,8 @@ class CrossStepDiagnoser:
             step, start = g["step"].to_numpy(), g["start_ns"].to_numpy()
             dur = g["duration_ns"].to_numpy().astype(np.float64)
             base, slow, event, event_base, level = _scan(dur, self.window, self.min_excess, self.z, self.min_rel_spread, self.regime_steps)
-            rows.extend(self._rows(job_id, step, start, dur, event, event_base, level))
+            every = recurrence(step[event == _SLOW_STEP])
+            rows.extend(self._rows(job_id, step, start, dur, event, event_base, level, every))
             base_parts.append(pd.DataFrame({"job_id": job_id, "step": step.astype(np.int64), "baseline_ns": base, "slow": slow}))
         self.anomalies_ = pd.DataFrame(rows, columns=ANOMALY_COLUMNS) if rows else empty_anomalies()
         #: per step: the baseline it was judged against and whether it was slow
@@ -71,15 +77,18 @@ class CrossStepDiagnoser:
         return self
 
     @staticmethod
-    def _rows(job_id, step, start, dur, event, event_base, level) -> list[tuple]:
-        """Anomaly rows of one job's scan: Python work per anomaly, not per step."""
+    def _rows(job_id, step, start, dur, event, event_base, level, every: int = 0) -> list[tuple]:
+        """Anomaly rows of one job's scan: Python work per anomaly, not per step; ``every``: the slow steps recur every
+        this many steps (0: they do not)."""
         out = []
+        periodic = f"; slow steps recur every {every} steps: likely a checkpoint or an evaluation" if every else ""
         for i in np.flatnonzero(event):
             base = float(event_base[i])
             if event[i] == _SLOW_STEP:
                 exc = dur[i] / base - 1
                 out.append(("slow_step", job_id, int(step[i]), int(start[i]), f"step {int(step[i])}", round(1 + exc, 4),
-                            f"step {int(step[i])} took {dur[i] / 1e6:,.1f} ms, {1 + exc:.2f}x the job's recent median {base / 1e6:,.1f} ms"))
+                            f"step {int(step[i])} took {dur[i] / 1e6:,.1f} ms, {1 + exc:.2f}x the job's recent median {base / 1e6:,.1f} ms"
+                            + periodic))
             else:
                 lv = float(level[i])
                 out.append(("regime_change", job_id, int(step[i]), int(start[i]), f"from step {int(step[i])}", round(lv / base, 4),
@@ -92,6 +101,28 @@ class CrossStepDiagnoser:
 
 
 _SLOW_STEP, _REGIME_CHANGE = 1, 2
+
+
+def recurrence(slow: np.ndarray, min_count: int = 3, tol: float = 0.05) -> int:
+    """The number of steps between slow steps that recur at a fixed interval, else 0.
+
+    ``slow``: the slow steps' numbers, in order. At least ``min_count`` of
+    them (two intervals: one could be chance), and every interval within
+    one step or ``tol`` of their median (a step boundary lost or gained
+    shifts the count by one); an interval of one step is a run, not a
+    recurrence.
+
+    >>> recurrence(np.array([499, 999, 1499, 1999])), recurrence(np.array([3, 40, 41])), recurrence(np.array([5, 10]))
+    (500, 0, 0)
+    """
+    slow = np.asarray(slow)
+    if len(slow) < min_count:
+        return 0
+    gaps = np.diff(slow)
+    n = float(np.median(gaps))
+    if n < 2 or np.abs(gaps - n).max() > max(1.0, tol * n):
+        return 0
+    return int(round(n))
 
 
 @numba.njit(cache=True)
