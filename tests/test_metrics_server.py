@@ -206,6 +206,54 @@ def test_requests_malformed_or_too_large_are_refused_and_the_server_keeps_servin
         server.stop()
 
 
+def test_readyz_says_degraded_and_names_unreadable_dumps_in_safe_text(tmp_path):
+    """Dumps the directory source skipped leave /readyz 200 but "degraded", naming them; their names and errors
+    (bytes from the file, a name that is not UTF-8, terminal escapes) are escaped and bounded, in the body and the labels."""
+    import pandas as pd
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from prism.ingest.topology import Topology
+    from prism.serve.daemon import Daemon
+    from prism.serve.metrics import PrismCollector
+    from prism.serve.monitor import Monitor
+    from prism.serve.sources import DirectorySource
+
+    odd = b"dump\xff\x1b[31m.jsonl"  # not UTF-8, and an escape sequence that would recolour a terminal
+    (tmp_path / "src").mkdir()
+    with open(bytes(tmp_path / "src") + b"/" + odd, "wb") as f:
+        f.write(b'{"src": "\x00\x01\xfe\x1b[2J junk"}\n' * 3)
+    (tmp_path / "src" / ("x" * 240 + ".csv")).write_bytes(b"\x00\x01\x1b[2J,\x7f\n" + bytes(range(256)))
+    topo = Topology.from_frame(pd.DataFrame({"ip": ["10.0.0.1", "10.0.1.1"], "server": ["s0", "s1"]}))
+    monitor = Monitor(topo)
+    health = Health()
+    registry = CollectorRegistry()
+    registry.register(PrismCollector(monitor, health))
+    source = DirectorySource(tmp_path / "src")
+    Daemon(source, monitor, health).run(max_seconds=3)  # two polls a file: the first notes its size
+    assert len(source.bad_files) == 2
+    server = MetricsServer(registry, health, "127.0.0.1:0").start()
+    try:
+        with urllib.request.urlopen(f"http://{server.address}/readyz", timeout=30) as r:
+            assert r.status == 200
+            body = r.read()
+        text = body.decode("utf-8")
+        assert text.startswith("ready, degraded: 2 dump files skipped as unreadable")
+        assert "dump\\xff\\x1b[31m.jsonl" in text and "x" * 150 in text
+        assert all(c.isprintable() for line in text.splitlines() for c in line)
+        assert all(len(line) <= 2 + 200 + 2 + 200 for line in text.splitlines()[1:])
+        with urllib.request.urlopen(f"http://{server.address}/metrics", timeout=30) as r:
+            assert r.status == 200
+            exposition = r.read().decode("utf-8")
+        bad = [sample.labels for fam in text_string_to_metric_families(exposition) for sample in fam.samples if sample.name == "prism_source_bad_file_info"]
+        assert {labels["file"][:4] for labels in bad} == {"dump", "xxxx"}
+        assert "dump\\xff\\x1b[31m.jsonl" in {labels["file"] for labels in bad}
+        for labels in bad:
+            for value in labels.values():
+                assert len(value) <= 200 and all(c.isprintable() for c in value), value
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("address", ["127.0.0.1:65536", "127.0.0.1:port", "nohost"])
 def test_bad_listen_addresses_are_value_errors(address):
     with pytest.raises(ValueError, match="--web.listen-address"):

@@ -37,11 +37,42 @@ from prism.ingest.gpu_traffic import IGNORE_REASONS
 from prism.ingest.records import REJECT_REASONS
 from prism.serve.monitor import STEP_BUCKETS_S, Monitor, bucket_index
 
-__all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address"]
+__all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address", "printable"]
 
 log = logging.getLogger("prism.web")
 
 _WINDOW_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+def printable(text: object, limit: int = 200) -> str:
+    """``text`` safe for a label value or a line of text: unprintable characters escaped, at most ``limit`` characters.
+
+    A byte that was not UTF-8 (a file name's, kept by ``surrogateescape``) shows as ``\\xNN``; a control
+    character as its escape; a longer text is cut, ending in ``…``.
+
+    >>> print(printable("bad\\udcff\\x00\\nname.parquet"))
+    bad\\xff\\x00\\x0aname.parquet
+    >>> printable("x" * 10, limit=5)
+    'xxxx…'
+    """
+    out: list[str] = []
+    size = 0
+    for c in str(text):
+        o = ord(c)
+        if 0xDC80 <= o <= 0xDCFF:
+            piece = f"\\x{o - 0xDC00:02x}"
+        elif c.isprintable():
+            piece = c
+        else:
+            piece = f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+        if size + len(piece) > limit:
+            while out and size > limit - 1:
+                size -= len(out.pop())
+            out.append("…")
+            break
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
 
 
 class Health:
@@ -62,6 +93,31 @@ class Health:
     @property
     def alive(self) -> bool:
         return time.monotonic() - self.last_beat < self.stall_s
+
+    def readiness(self) -> tuple[int, str]:
+        """``/readyz``'s status and body.
+
+        503 until the source is connected and assigned. Then 200, also when
+        dump files were skipped as unreadable: the daemon serves what it
+        could read, and routing scrapes away from it (another replica reads
+        the same directory) or restarting it would not bring the skipped rows
+        back; the body then says ``degraded`` and names the files, as
+        ``prism_source_bad_file_info`` does.
+
+        >>> h = Health(); h.ready = True; h.bad_files = [("a.parquet", "not a parquet file")]
+        >>> print(h.readiness()[1], end="")
+        ready, degraded: 1 dump file skipped as unreadable (its flows are missing from the metrics):
+          a.parquet: not a parquet file
+        """
+        if not self.ready:
+            return 503, f"not ready: {printable(self.reason, 500)}\n"
+        bad = list(self.bad_files)
+        if not bad:
+            return 200, "ready\n"
+        n = len(bad)
+        lines = [f"ready, degraded: {n} dump file{'s' if n > 1 else ''} skipped as unreadable ({'their' if n > 1 else 'its'} flows are missing from the metrics):"]
+        lines += [f"  {printable(name)}: {printable(err)}" for name, err in bad]
+        return 200, "\n".join(lines) + "\n"
 
 
 class PrismCollector:
@@ -184,7 +240,7 @@ class PrismCollector:
             if self.health.bad_files:
                 bad = GaugeMetricFamily("prism_source_bad_file_info", "A dump file the directory source skipped as unreadable (the last 10; value 1).", labels=["file", "error"])
                 for name, err in self.health.bad_files:
-                    bad.add_metric([name, err[:200]], 1.0)
+                    bad.add_metric([printable(name), printable(err)], 1.0)
                 yield bad
             resets = CounterMetricFamily("prism_source_resets", "Times the Kafka topic was found re-created (new topic ID: the broker lost its log); every partition was read again from its start.")
             resets.add_metric([], self.health.source_resets)
@@ -542,9 +598,9 @@ class MetricsServer:
                 start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
                 return [b"ok\n" if ok else b"main loop stalled\n"]
             if path == "/readyz":
-                ok = health.ready
-                start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-                return [b"ready\n" if ok else f"not ready: {health.reason}\n".encode()]
+                code, text = health.readiness()
+                start_response("200 OK" if code == 200 else "503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
+                return [text.encode("utf-8", "backslashreplace")]
             if path in ("/metrics", "/"):
                 return metrics_app(environ, start_response)
             start_response("404 Not Found", [("Content-Type", "text/plain")])
