@@ -186,6 +186,29 @@ def test_idle_connections_at_the_cap_make_room_for_a_scrape():
         server.stop()
 
 
+@needs_openssl
+def test_clients_that_never_read_their_answer_cannot_hold_the_cap(pki, tmp_path):
+    """Over TLS, a client that sends a request and never reads the answer (nor our close_notify) keeps its
+    connection open until the deadline; at the cap such connections make room for a new one too."""
+    server = _tls_server(pki, tmp_path, max_connections=4, request_timeout_s=30.0)
+    ca = pki / "ca.pem"
+    host, port = parse_listen_address(server.address)
+    ctx = ssl.create_default_context(cafile=str(ca))
+    mute = []
+    try:
+        for _ in range(4):
+            s = ctx.wrap_socket(socket.create_connection((host, port), timeout=30), server_hostname=host)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            mute.append(s)
+        wait_for(lambda: all(c.answered for c in list(server.httpd.conns)) and len(server.httpd.conns) == 4, 20, "the four answers")
+        took, status, _ = _timed_get(server.address, "/metrics", ca, "prometheus:secret")
+        assert status == 200 and server.httpd.evicted >= 1 and server.httpd.refused == 0
+    finally:
+        for s in mute:
+            s.close()
+        server.stop()
+
+
 def test_requests_malformed_or_too_large_are_refused_and_the_server_keeps_serving():
     health = Health()
     health.ready = True

@@ -302,8 +302,9 @@ class _HttpServer:
       (a client trickling one header line at a time is cut off at that deadline);
       it then has ``request_timeout_s`` again to take its answer;
     * at most ``max_connections`` connections are open; a new one beyond that
-      closes the oldest connection that has not sent a request yet (``evicted``),
-      so idle sockets can neither hold the cap nor lock a scraper out;
+      closes the oldest connection that has not sent a request yet or has been
+      answered (``evicted``), so idle sockets and clients that never read their
+      answer can neither hold the cap nor lock a scraper out;
     * the app runs on ``workers`` threads (a scrape's collect, a password's
       bcrypt check), at most ``max_pending`` requests queued (then 503);
       paths in ``inline_paths`` (the probes) are answered on the loop itself, so
@@ -362,7 +363,8 @@ class _HttpServer:
     def admit(self, conn: "_Connection") -> bool:
         """Register a new connection; at the cap, close the oldest waiting one (or refuse this one if none waits)."""
         if len(self.conns) >= self.max_connections:
-            oldest = next((c for c in self.conns if c.waiting), None)
+            # answered ones too: over TLS a client that never reads keeps its answer (and our close_notify) pending
+            oldest = next((c for c in self.conns if c.waiting or c.answered), None)
             if oldest is None:
                 self.refused += 1
                 conn.close(abort=True)
@@ -381,6 +383,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.BaseTransport | None = None
         self.waiting = True  # in the handshake or reading the request head: may be evicted
         self.closed = False
+        self.answered = False  # the answer is handed to the transport: may be evicted too
         self.handshaking = False  # data that arrives before start_tls returns the TLS transport waits in buf
         self.buf = bytearray()
         self.deadline: asyncio.TimerHandle | None = None
@@ -547,6 +550,7 @@ class _Connection(asyncio.Protocol):
         headers = [*headers, *([("Content-Length", str(len(body)))] if "content-length" not in names else []), ("Connection", "close")]
         out = f"HTTP/1.1 {status}\r\n".encode("latin-1") + b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers) + b"\r\n"
         transport.write(out if head_only else out + body)
+        self.answered = True
         # the answer has request_timeout_s to be taken; a client that does not read is dropped then
         if self.deadline is not None:
             self.deadline.cancel()
