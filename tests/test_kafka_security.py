@@ -217,6 +217,32 @@ def test_password_from_file_or_environment_never_shown(tmp_path):
         assert "s3cret" not in shown
 
 
+def test_world_readable_password_file_is_warned(tmp_path, caplog):
+    """As ssh does for a private key: a password file others may read is named, with its mode, in a warning."""
+    secret = tmp_path / "password"
+    secret.write_text("hunter2\n")
+    for mode, warned in ((0o644, True), (0o604, True), (0o600, False), (0o640, False)):
+        secret.chmod(mode)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="prism.kafka"):
+            KafkaSecurity.from_options("SASL_SSL", sasl_mechanism="SCRAM-SHA-512", username="prism", password_file=str(secret), env={})
+        lines = [r.getMessage() for r in caplog.records if "password-file" in r.getMessage()]
+        assert bool(lines) == warned, (oct(mode), lines)
+        if warned:
+            assert str(secret) in lines[0] and f"{mode:04o}" in lines[0] and "hunter2" not in lines[0]
+
+
+@pytest.mark.parametrize("protocol", ["PLAINTEXT", "SASL_PLAINTEXT"])
+def test_refused_connection_is_reported_within_seconds(protocol):
+    """Nothing listening: said at once, not after kafka-python's retries until its bootstrap timeout (10-24 s before)."""
+    security = KafkaSecurity(protocol, sasl_mechanism="SCRAM-SHA-256", username="u", password="p") if protocol != "PLAINTEXT" else None
+    for bootstrap in (f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()},localhost:{free_port()}"):
+        t0 = time.monotonic()
+        with pytest.raises(KafkaConnectError, match="nothing listens there"):
+            check_connection(bootstrap, security, 10.0)
+        assert time.monotonic() - t0 < 3.0
+
+
 def test_scram_refusal_recognised_when_the_last_attempt_timed_out():
     """kafka-python retries a refused SCRAM exchange until the deadline; on a loaded machine its last attempt ends
     in a timeout. The refusal seen earlier is the reason (log lines recorded from kafka-python 3.0 against Tansu)."""

@@ -125,6 +125,7 @@ class KafkaSecurity:
         password = None
         if password_file:
             _check_readable("--kafka.sasl.password-file", password_file)
+            _warn_if_others_can_read(password_file)
             with open(password_file, encoding="utf-8") as f:
                 password = f.read().rstrip("\r\n")
             if not password:
@@ -184,6 +185,18 @@ def _check_readable(flag: str, path: str) -> None:
         raise ValueError(f"{flag} {path}: not readable (permissions)")
 
 
+def _warn_if_others_can_read(path: str) -> None:
+    """Log a warning, as ssh does for a private key, when users other than the owner (and its group) may read a secret file."""
+    try:
+        mode = os.stat(path).st_mode  # a symlink's target: Kubernetes mounts secrets as links into ..data/
+    except OSError:
+        return
+    if mode & 0o007:
+        log.warning("--kafka.sasl.password-file %s is accessible by other users (mode %04o): it holds a password; "
+                    "make it readable by its owner only (chmod 600 %s; in Kubernetes, the secret volume's defaultMode: 0400)",
+                    path, mode & 0o7777, path)
+
+
 class KafkaConnectError(RuntimeError):
     """A Kafka client could not connect; the message says why and which flag to check."""
 
@@ -225,11 +238,26 @@ def check_connection(bootstrap_servers: str, security: KafkaSecurity | None = No
 
     Handles a refused or unresolvable address, TLS trouble (untrusted broker
     certificate, a client certificate required or refused, TLS against a
-    plaintext port) and SASL failures, each in at most about ``timeout_s``.
+    plaintext port) and SASL failures, each in at most about ``timeout_s``; nothing
+    listening (a refused TCP connect) at once.
     """
     from kafka import KafkaAdminClient
 
     security = security or KafkaSecurity()
+    servers = [x.strip() for x in bootstrap_servers.split(",") if x.strip()]
+    if security.protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
+        # kafka-python retries a refused connection until its bootstrap timeout: a TCP connect says it at once.
+        # One reachable bootstrap server is enough (as for the clients); all failing is an error, with the first reason.
+        tcp_failures = []
+        for server in servers:
+            try:
+                _tcp_probe(server, security, min(timeout_s, _TCP_PROBE_TIMEOUT_S), bootstrap_servers)
+                break
+            except KafkaConnectError as e:
+                tcp_failures.append(e)
+        else:
+            if tcp_failures:
+                raise tcp_failures[0]
     if security.protocol in ("SSL", "SASL_SSL"):
         # kafka-python's TLS handshake has no timeout of its own: TLS against a plaintext port would hang.
         # One reachable bootstrap server is enough (as for the clients); all failing is an error, with the first reason.
@@ -264,6 +292,27 @@ def check_connection(bootstrap_servers: str, security: KafkaSecurity | None = No
         kafka_log.removeHandler(capture)
         kafka_log.setLevel(old_level)
         kafka_log.propagate = propagate
+
+
+#: the TCP connect of the check: a refusal comes at once; a host that does not answer is given this long
+_TCP_PROBE_TIMEOUT_S = 5.0
+
+
+def _tcp_probe(server: str, security: KafkaSecurity, timeout_s: float, bootstrap: str) -> None:
+    """A TCP connect to ``server`` with a timeout; KafkaConnectError naming the reason if it fails."""
+    import socket
+
+    host, _, port = server.rpartition(":")
+    host = host.strip("[]")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as e:
+        reason = f"no answer within {timeout_s:g} s" if isinstance(e, (TimeoutError, socket.timeout)) else f"{type(e).__name__}: {e}"
+        hint = next((h for key, h in _HINTS if key in reason), None)
+        if hint is None and isinstance(e, (TimeoutError, socket.timeout)):
+            hint = "the host does not answer (down, or a firewall drops the packets): check --kafka.bootstrap-servers"
+        msg = f"cannot connect to Kafka at {bootstrap} ({security.describe()}): {server}: {reason}"
+        raise KafkaConnectError(f"{msg}; {hint}" if hint else msg) from None
 
 
 def _tls_probe(server: str, security: KafkaSecurity, timeout_s: float, bootstrap: str) -> None:

@@ -13,16 +13,20 @@ alive) and ``/readyz`` (the source is connected and assigned).
 """
 from __future__ import annotations
 
+import asyncio
+import io
 import logging
 import math
+import re
 import socket
 import ssl
+import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from socketserver import ThreadingMixIn
+import urllib.parse
+from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import cast
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import numpy as np
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -33,11 +37,42 @@ from prism.ingest.gpu_traffic import IGNORE_REASONS
 from prism.ingest.records import REJECT_REASONS
 from prism.serve.monitor import STEP_BUCKETS_S, Monitor, bucket_index
 
-__all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address"]
+__all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address", "printable"]
 
 log = logging.getLogger("prism.web")
 
 _WINDOW_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+def printable(text: object, limit: int = 200) -> str:
+    """``text`` safe for a label value or a line of text: unprintable characters escaped, at most ``limit`` characters.
+
+    A byte that was not UTF-8 (a file name's, kept by ``surrogateescape``) shows as ``\\xNN``; a control
+    character as its escape; a longer text is cut, ending in ``…``.
+
+    >>> print(printable("bad\\udcff\\x00\\nname.parquet"))
+    bad\\xff\\x00\\x0aname.parquet
+    >>> printable("x" * 10, limit=5)
+    'xxxx…'
+    """
+    out: list[str] = []
+    size = 0
+    for c in str(text):
+        o = ord(c)
+        if 0xDC80 <= o <= 0xDCFF:
+            piece = f"\\x{o - 0xDC00:02x}"
+        elif c.isprintable():
+            piece = c
+        else:
+            piece = f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+        if size + len(piece) > limit:
+            while out and size > limit - 1:
+                size -= len(out.pop())
+            out.append("…")
+            break
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
 
 
 class Health:
@@ -58,6 +93,31 @@ class Health:
     @property
     def alive(self) -> bool:
         return time.monotonic() - self.last_beat < self.stall_s
+
+    def readiness(self) -> tuple[int, str]:
+        """``/readyz``'s status and body.
+
+        503 until the source is connected and assigned. Then 200, also when
+        dump files were skipped as unreadable: the daemon serves what it
+        could read, and routing scrapes away from it (another replica reads
+        the same directory) or restarting it would not bring the skipped rows
+        back; the body then says ``degraded`` and names the files, as
+        ``prism_source_bad_file_info`` does.
+
+        >>> h = Health(); h.ready = True; h.bad_files = [("a.parquet", "not a parquet file")]
+        >>> print(h.readiness()[1], end="")
+        ready, degraded: 1 dump file skipped as unreadable (its flows are missing from the metrics):
+          a.parquet: not a parquet file
+        """
+        if not self.ready:
+            return 503, f"not ready: {printable(self.reason, 500)}\n"
+        bad = list(self.bad_files)
+        if not bad:
+            return 200, "ready\n"
+        n = len(bad)
+        lines = [f"ready, degraded: {n} dump file{'s' if n > 1 else ''} skipped as unreadable ({'their' if n > 1 else 'its'} flows are missing from the metrics):"]
+        lines += [f"  {printable(name)}: {printable(err)}" for name, err in bad]
+        return 200, "\n".join(lines) + "\n"
 
 
 class PrismCollector:
@@ -180,7 +240,7 @@ class PrismCollector:
             if self.health.bad_files:
                 bad = GaugeMetricFamily("prism_source_bad_file_info", "A dump file the directory source skipped as unreadable (the last 10; value 1).", labels=["file", "error"])
                 for name, err in self.health.bad_files:
-                    bad.add_metric([name, err[:200]], 1.0)
+                    bad.add_metric([printable(name), printable(err)], 1.0)
                 yield bad
             resets = CounterMetricFamily("prism_source_resets", "Times the Kafka topic was found re-created (new topic ID: the broker lost its log); every partition was read again from its start.")
             resets.add_metric([], self.health.source_resets)
@@ -217,75 +277,318 @@ def parse_listen_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    """One thread per connection, at most ``max_connections`` at a time.
+#: the longest request head (request line and headers) a client may send; a scrape's is a few hundred bytes
+MAX_REQUEST_HEAD = 16 * 1024
+_MAX_HEADER_LINES = 100
+_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
-    Idle or slow clients cannot pile up threads: a connection over the cap is
-    answered 503 at once and closed, and one that sends no complete request
-    within the handler's timeout is dropped (``_QuietHandler.timeout``).
+
+def _open_files_limit() -> int | None:
+    """The process's soft limit on open files (None if unlimited or unknown)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY or soft <= 0 else int(soft)
+
+
+class _HttpServer:
+    """HTTP/1.1 for a WSGI app on an asyncio loop: idle and slow clients hold no thread and cannot starve requests.
+
+    * a connection must finish its TLS handshake within ``handshake_timeout_s``
+      and send its whole request head within ``request_timeout_s`` of connecting
+      (a client trickling one header line at a time is cut off at that deadline);
+      it then has ``request_timeout_s`` again to take its answer;
+    * at most ``max_connections`` connections are open; a new one beyond that
+      closes the oldest connection that has not sent a request yet or has been
+      answered (``evicted``), so idle sockets and clients that never read their
+      answer can neither hold the cap nor lock a scraper out;
+    * the app runs on ``workers`` threads (a scrape's collect, a password's
+      bcrypt check), at most ``max_pending`` requests queued (then 503);
+      paths in ``inline_paths`` (the probes) are answered on the loop itself, so
+      they never wait behind scrapes;
+    * one request a connection (``Connection: close``), as wsgiref did.
     """
 
-    daemon_threads = True
-    request_queue_size = 128  # listen backlog; socketserver's 5 stalls connects in a burst
-    max_connections = 64
+    def __init__(self, sock: socket.socket, app: Callable, *, context: Callable[[], ssl.SSLContext | None], inline_paths: Collection[str],
+                 scheme: str, max_connections: int, workers: int, max_pending: int, handshake_timeout_s: float, request_timeout_s: float) -> None:
+        self.app, self.context, self.inline_paths, self.scheme = app, context, frozenset(inline_paths), scheme
+        self.max_connections, self.max_pending = max(int(max_connections), 1), max(int(max_pending), 1)
+        self.handshake_timeout_s, self.request_timeout_s = float(handshake_timeout_s), float(request_timeout_s)
+        self.server_name, self.server_port = sock.getsockname()[:2]
+        self.conns: dict[_Connection, None] = {}  # open connections, oldest first
+        self.pending = 0  # requests handed to the workers and not answered yet
+        self.refused = 0  # connections closed at once: the cap was full of connections being answered
+        self.evicted = 0  # connections without a request closed to make room for a new one
+        self.timed_out = 0  # connections closed at their deadline (request head or answer not done in time)
+        self.connection_errors = 0  # failed TLS handshakes (no client certificate, plain HTTP, too slow), malformed requests
+        self.busy = 0  # requests answered 503 because max_pending were queued
+        self.executor = ThreadPoolExecutor(max_workers=max(int(workers), 1), thread_name_prefix="prism-web")
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(self._loop_error)
+        self._server = self.loop.run_until_complete(self.loop.create_server(lambda: _Connection(self), sock=sock, backlog=128))
+        self._thread = threading.Thread(target=self.loop.run_forever, name="prism-metrics", daemon=True)
 
-    def __init__(self, *args, **kwargs):
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-        self.refused = 0  # connections answered 503 over the cap
-        self.connection_errors = 0  # connections that ended in an error (failed TLS handshakes, clients gone)
-        super().__init__(*args, **kwargs)
+    def start(self) -> None:
+        self._thread.start()
 
-    def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            try:
-                if isinstance(request, ssl.SSLSocket):  # no handshake in the accept loop: just close
-                    raise OSError
-                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 25\r\n\r\ntoo many open connections")
-            except OSError:
-                pass
-            self.shutdown_request(request)
+    def stop(self) -> None:
+        if self.loop.is_closed():
             return
+        if self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(timeout=10)
+            except Exception:  # noqa: BLE001 - stopping goes on: the loop is stopped below either way
+                log.debug("metrics server shutdown", exc_info=True)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+        else:
+            self.loop.run_until_complete(self._shutdown())
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    async def _shutdown(self) -> None:
+        self._server.close()
+        for conn in list(self.conns):
+            conn.close(abort=True)
+        await asyncio.sleep(0.05)  # the transports' connection_lost callbacks close their sockets
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        # a client's misbehaviour (reset mid-write, a TLS alert) is the client's problem, not a traceback in our log
+        log.debug("metrics server: %s", context.get("message"), exc_info=context.get("exception"))
+
+    def admit(self, conn: "_Connection") -> bool:
+        """Register a new connection; at the cap, close the oldest waiting one (or refuse this one if none waits)."""
+        if len(self.conns) >= self.max_connections:
+            # answered ones too: over TLS a client that never reads keeps its answer (and our close_notify) pending
+            oldest = next((c for c in self.conns if c.waiting or c.answered), None)
+            if oldest is None:
+                self.refused += 1
+                conn.close(abort=True)
+                return False
+            self.evicted += 1
+            oldest.close(abort=True)
+        self.conns[conn] = None
+        return True
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection of :class:`_HttpServer`: TLS handshake, request head, one answer."""
+
+    def __init__(self, server: _HttpServer) -> None:
+        self.server = server
+        self.transport: asyncio.BaseTransport | None = None
+        self.waiting = True  # in the handshake or reading the request head: may be evicted
+        self.closed = False
+        self.answered = False  # the answer is handed to the transport: may be evicted too
+        self.handshaking = False  # data that arrives before start_tls returns the TLS transport waits in buf
+        self.buf = bytearray()
+        self.deadline: asyncio.TimerHandle | None = None
+        self.peer: object = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        srv = self.server
+        self.transport = transport
+        self.peer = transport.get_extra_info("peername")
+        if not srv.admit(self):
+            return
+        self.deadline = srv.loop.call_later(srv.request_timeout_s, self._deadline_passed)
+        ctx = srv.context()
+        if ctx is not None:
+            # our protocol must see no byte of the handshake: start_tls takes the transport over from here
+            cast(asyncio.ReadTransport, transport).pause_reading()
+            self.handshaking = True
+            srv.loop.create_task(self._handshake(transport, ctx))
+
+    async def _handshake(self, raw: asyncio.BaseTransport, ctx: ssl.SSLContext) -> None:
+        srv = self.server
         try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
+            tls = await srv.loop.start_tls(cast(asyncio.WriteTransport, raw), self, ctx, server_side=True, ssl_handshake_timeout=srv.handshake_timeout_s)
+        except Exception:  # noqa: BLE001 - a failed handshake: no client certificate, plain HTTP, too slow, or the client gone
+            if not self.closed:
+                srv.connection_errors += 1
+                log.debug("TLS handshake with %s failed", self.peer, exc_info=True)
+            self.close(abort=True)
+            return
+        if tls is None or self.closed:
+            if tls is not None:
+                tls.abort()
+            return
+        self.transport = tls
+        self.handshaking = False
+        if self.buf:
+            self.data_received(b"")  # the request came with the end of the handshake
 
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+    def data_received(self, data: bytes) -> None:
+        if not self.waiting:
+            return  # bytes after the request head (a body we do not read): ignored
+        self.buf += data
+        if self.handshaking:
+            if len(self.buf) > MAX_REQUEST_HEAD:
+                self.close(abort=True)
+            return
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buf) > MAX_REQUEST_HEAD:
+                self._error("431 Request Header Fields Too Large")
+            return
+        if end > MAX_REQUEST_HEAD:
+            self._error("431 Request Header Fields Too Large")
+            return
+        head = bytes(self.buf[:end])
+        self.buf.clear()
+        self._dispatch(head)
 
-    def handle_error(self, request, client_address):
-        # a failed TLS handshake (no client certificate, a plain-HTTP client) or a client gone mid-request:
-        # the client's problem, not ours; socketserver would print a traceback for each
-        self.connection_errors += 1
-        log.debug("connection from %s ended in an error", client_address, exc_info=True)
+    def eof_received(self) -> bool | None:
+        if self.waiting or self.transport is None or self.transport.get_extra_info("sslcontext") is not None:
+            return None  # closed (TLS has no half-close)
+        return True  # a plain-HTTP client that half-closes after its request still gets the answer
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._forget()
+
+    def _deadline_passed(self) -> None:
+        self.server.timed_out += 1
+        log.debug("connection from %s closed at its deadline", self.peer)
+        self.close(abort=True)
+
+    def _forget(self) -> None:
+        self.closed = True
+        self.waiting = False
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+        self.server.conns.pop(self, None)
+
+    def close(self, abort: bool = False) -> None:
+        transport = self.transport
+        self._forget()
+        if transport is not None and not transport.is_closing():
+            transport.abort() if abort and isinstance(transport, asyncio.WriteTransport) else transport.close()
+        elif transport is not None and abort and isinstance(transport, asyncio.WriteTransport):
+            transport.abort()
+
+    def _error(self, status: str) -> None:
+        self.server.connection_errors += 1
+        self.waiting = False
+        self._respond(status, [("Content-Type", "text/plain")], status.encode() + b"\n")
+
+    def _dispatch(self, head: bytes) -> None:
+        srv = self.server
+        self.waiting = False
+        environ = self._environ(head)
+        if environ is None:
+            self._error("400 Bad Request")
+            return
+        head_only = environ["REQUEST_METHOD"] == "HEAD"
+        if environ["PATH_INFO"] in srv.inline_paths:
+            try:
+                status, headers, body = _run_wsgi(srv.app, environ)
+            except Exception:  # noqa: BLE001 - a probe's failure is a 500, not a dropped connection
+                log.exception("metrics endpoint: %s failed", environ["PATH_INFO"])
+                status, headers, body = "500 Internal Server Error", [("Content-Type", "text/plain")], b"internal error\n"
+            self._respond(status, headers, body, head_only=head_only)
+            return
+        if srv.pending >= srv.max_pending:
+            srv.busy += 1
+            self._respond("503 Service Unavailable", [("Content-Type", "text/plain"), ("Retry-After", "1")], b"busy: too many requests queued\n")
+            return
+        srv.pending += 1
+        future = srv.loop.run_in_executor(srv.executor, _run_wsgi, srv.app, environ)
+
+        def answered(f: asyncio.Future) -> None:
+            srv.pending -= 1
+            if f.cancelled() or self.closed:
+                return
+            if f.exception() is not None:
+                log.error("metrics endpoint: %s failed", environ["PATH_INFO"], exc_info=f.exception())
+                self._respond("500 Internal Server Error", [("Content-Type", "text/plain")], b"internal error\n")
+                return
+            status, headers, body = f.result()
+            self._respond(status, headers, body, head_only=head_only)
+
+        future.add_done_callback(answered)
+
+    def _environ(self, head: bytes) -> dict | None:
+        """The WSGI environ of a request head; None if it is malformed."""
+        srv = self.server
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or not _TOKEN.match(parts[0]) or not parts[2].startswith(b"HTTP/1.") or not parts[1] or len(lines) > _MAX_HEADER_LINES:
+            return None
+        method, target, version = (p.decode("latin-1") for p in parts)
+        if "://" in target and not target.startswith("/"):
+            target = "/" + target.split("://", 1)[1].partition("/")[2]  # absolute form: http://host/metrics
+        path, _, query = target.partition("?")
+        environ: dict = {
+            "REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": urllib.parse.unquote(path, "latin-1"), "QUERY_STRING": query,
+            "SERVER_NAME": str(srv.server_name), "SERVER_PORT": str(srv.server_port), "SERVER_PROTOCOL": version,
+            "REMOTE_ADDR": str(self.peer[0]) if isinstance(self.peer, tuple) else "",
+            "wsgi.version": (1, 0), "wsgi.url_scheme": srv.scheme, "wsgi.input": io.BytesIO(b""), "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
+        }
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep or not _TOKEN.match(name):
+                return None  # also obsolete line folding (a line starting with a space)
+            key = name.decode("latin-1").upper().replace("-", "_")
+            key = key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + key
+            text = value.strip(b" \t").decode("latin-1")
+            environ[key] = f"{environ[key]},{text}" if key in environ else text
+        if environ.get("HTTP_TRANSFER_ENCODING") or environ.get("CONTENT_LENGTH", "0").strip() not in ("", "0"):
+            return None  # the endpoint takes no request bodies
+        return environ
+
+    def _respond(self, status: str, headers: list[tuple[str, str]], body: bytes, head_only: bool = False) -> None:
+        transport = self.transport
+        if self.closed or not isinstance(transport, asyncio.WriteTransport) or transport.is_closing():
+            return
+        names = {k.lower() for k, _ in headers}
+        headers = [*headers, *([("Content-Length", str(len(body)))] if "content-length" not in names else []), ("Connection", "close")]
+        out = f"HTTP/1.1 {status}\r\n".encode("latin-1") + b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers) + b"\r\n"
+        transport.write(out if head_only else out + body)
+        self.answered = True
+        # the answer has request_timeout_s to be taken; a client that does not read is dropped then
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.deadline = self.server.loop.call_later(self.server.request_timeout_s, self._deadline_passed)
+        transport.close()  # after the buffer is written; connection_lost forgets the connection
 
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+def _run_wsgi(app: Callable, environ: dict) -> tuple[str, list[tuple[str, str]], bytes]:
+    """Call a WSGI app; its status, headers and whole body."""
+    started: list = []
 
+    def start_response(status, headers, exc_info=None):
+        started[:] = [status, list(headers)]
+        return lambda data: None
 
-class _QuietHandler(WSGIRequestHandler):
-    timeout = 10.0  # seconds a client may take to send its request (idle sockets are dropped)
-
-    def log_message(self, *args):  # scrapes every 15 s would flood the log
-        pass
-
+    result = app(environ, start_response)
+    try:
+        body = b"".join(result)
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+    return started[0], started[1], body
 
 class MetricsServer:
     """``/metrics``, ``/healthz`` and ``/readyz`` on a background thread.
 
     ``web_config`` is a ``--web.config.file`` path (:mod:`prism.serve.webconfig`):
     TLS, client certificates and basic auth; ``/healthz`` and ``/readyz``
-    need no password.
+    need no password. Idle, half-open and slow connections cannot starve a
+    scrape or a probe (see :class:`_HttpServer`): a TLS handshake must end
+    within ``handshake_timeout_s``, a request head arrive within
+    ``request_timeout_s``, and at most ``max_connections`` are open (bounded
+    by half the open-files limit), the oldest idle one closed for a new one.
     """
 
-    def __init__(self, registry: CollectorRegistry, health: Health, address: str = "127.0.0.1:9464",
-                 max_connections: int = 64, idle_timeout_s: float = 10.0, web_config: str | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry, health: Health, address: str = "127.0.0.1:9464", max_connections: int = 512,
+                 request_timeout_s: float = 10.0, web_config: str | None = None, handshake_timeout_s: float = 5.0, workers: int = 4) -> None:
         from prism.serve.webconfig import OPEN_PATHS, WebAuth
 
         host, port = parse_listen_address(address)
@@ -299,9 +602,9 @@ class MetricsServer:
                 start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
                 return [b"ok\n" if ok else b"main loop stalled\n"]
             if path == "/readyz":
-                ok = health.ready
-                start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-                return [b"ready\n" if ok else f"not ready: {health.reason}\n".encode()]
+                code, text = health.readiness()
+                start_response("200 OK" if code == 200 else "503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
+                return [text.encode("utf-8", "backslashreplace")]
             if path in ("/metrics", "/"):
                 return metrics_app(environ, start_response)
             start_response("404 Not Found", [("Content-Type", "text/plain")])
@@ -319,35 +622,36 @@ class MetricsServer:
                 return [b"Unauthorized\n"]
             return routes(environ, respond)
 
-        base = _Server6 if ":" in host else _Server
-        server_class = cast("type[_Server]", type(base.__name__, (base,), {"max_connections": int(max_connections)}))
-        handler_class = type("_Handler", (_QuietHandler,), {"timeout": float(idle_timeout_s)})
-        self.httpd = make_server(host, port, app, server_class=server_class, handler_class=handler_class)
-        if web.context is not None:
-            # the handshake runs in the connection's thread (on its first read, within the idle timeout), not in accept();
+        def tls_context() -> ssl.SSLContext | None:
             # each handshake takes the current context, so a rotated certificate applies without a restart
-            assert web.config.tls is not None  # a context is made from the TLS settings only
-            listen_ctx = web.config.tls.context()
+            web.refresh()
+            return web.context
 
-            def current_context(sslsock, server_name, _ctx):
-                web.refresh()
-                sslsock.context = web.context
-
-            listen_ctx.sni_callback = current_context
-            self.httpd.socket = listen_ctx.wrap_socket(self.httpd.socket, server_side=True, do_handshake_on_connect=False)
-        self.scheme = "https" if web.context is not None else "http"
+        files = _open_files_limit()
+        if files is not None:
+            max_connections = min(max_connections, max(files // 2, 8))  # the rest for Kafka, dumps, logs
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(128)  # socketserver's 5 stalled connects in a burst
+            self.scheme = "https" if web.context is not None else "http"
+            self.httpd = _HttpServer(sock, app, context=tls_context if web.context is not None else (lambda: None), inline_paths=OPEN_PATHS,
+                                     scheme=self.scheme, max_connections=max_connections, workers=workers, max_pending=4 * workers,
+                                     handshake_timeout_s=handshake_timeout_s, request_timeout_s=request_timeout_s)
+        except BaseException:
+            sock.close()
+            raise
         self.port = self.httpd.server_port
         self.address = f"{'[' + host + ']' if ':' in host else host}:{self.port}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="prism-metrics", daemon=True)
 
     @property
     def url(self) -> str:
         return f"{self.scheme}://{self.address}/metrics"
 
     def start(self) -> "MetricsServer":
-        self._thread.start()
+        self.httpd.start()
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.stop()

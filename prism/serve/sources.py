@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from prism.ingest.messages import DEFAULT_MAX_MESSAGE_BYTES, decode_messages
 from prism.ingest.readers import FlowReader, detect_format
 from prism.ingest.records import FlowFormatError, RejectCounter
+from prism.serve.metrics import printable
 from prism.serve.monitor import Monitor
 
 if TYPE_CHECKING:
@@ -669,7 +670,7 @@ class DirectorySource(Source):
             except (FlowFormatError, OSError) as e:
                 # skipped for good (the rows before the damage were ingested): one
                 # bad file must not hold back the files after it
-                log.error("skipping %s: %s", p.name, e)
+                log.error("skipping %s: %s", printable(p.name), printable(e, 500))  # a file's bytes, not terminal escapes, in the log
                 rejects.add("malformed_file", 1, str(e))
                 self.bad_files.append((p.name, str(e)))
             monitor.reject(rejects.counts, self.PARTITION)
