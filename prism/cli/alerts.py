@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from prism.common.argtypes import output_directory
 from prism.common.output import EXIT_BAD_INPUT
 
 
@@ -20,7 +21,7 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             "chart's generated files instead (its thresholds are chart values)."
         ),
     )
-    p.add_argument("--out", default=None, help="output directory")
+    p.add_argument("--out", default=None, type=output_directory, help="output directory (made if missing)")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE", help="change a threshold, duration or the selector (repeatable)")
     p.add_argument("--datasource-uid", default="prometheus", help="UID of the Prometheus data source the Grafana rules query (default: %(default)s)")
     p.add_argument("--chart", default=None, metavar="DIR", help="write the chart's templates/prometheusrule.yaml and files/prism-dashboard.json")

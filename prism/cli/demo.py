@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from prism.common.argtypes import non_negative_float, positive_float
+from prism.common.argtypes import non_negative_float, non_negative_int, output_directory, seconds
 from prism.common.output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from prism.serve.kafkaconf import KafkaConnectError, add_security_flags, check_connection, security_from_args
 
@@ -30,13 +30,13 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             "truth and exits 1 on any miss. --offline instead replays the same cluster with 'prism replay'."
         ),
     )
-    p.add_argument("--out", default=None, help="keep the cluster and the results here (default: a temporary directory)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--out", default=None, type=output_directory, help="keep the cluster and the results here (default: a temporary directory)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--preset", default="demo", choices=["tiny", "demo", "large", "accuracy"], help="cluster (default: %(default)s)")
     p.add_argument("--offline", action="store_true", help="replay the capture with 'prism replay' instead of streaming it through the daemon")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (--offline)")
     p.add_argument("--speed", type=non_negative_float, default=1.0, help="stream at this multiple of real time; 0 = as fast as possible (default: %(default)s)")
-    p.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS", help="length of the generated capture (default: the preset's)")
+    p.add_argument("--duration", type=seconds, default=None, metavar="SECONDS", help="length of the generated capture, at most 7 days (default: the preset's)")
     p.add_argument("--kafka.bootstrap-servers", dest="bootstrap", default=None, metavar="HOST:PORT",
                    help="use this Kafka cluster instead of starting a local broker (topics get fresh names)")
     p.add_argument("--web.listen-address", dest="listen", default="127.0.0.1:9464", metavar="HOST:PORT",
@@ -69,17 +69,32 @@ def cmd_demo_offline(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
+def _exit_cleanly_on_sigterm() -> None:
+    """SIGTERM raises SystemExit, so the demo's ``finally`` blocks stop the local broker it started
+    (the default action ends the process there and then, and leaves the broker running, an orphan)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():  # signals can only be set there (tests call in threads)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.offline:
         return cmd_demo_offline(args)
     from prism.analysis.evaluation import compare_with_truth
     from prism.serve.build import StartupError
     from prism.serve.live import LiveDemo
+    from prism.serve.metrics import parse_listen_address
+    from prism.serve.settings import parse_bootstrap_servers
     from synthetic import preset
 
     try:
+        # every flag checked before the cluster is generated (a minute for 'demo') and the broker started
+        parse_listen_address(args.listen)
         security = security_from_args(args)
         if args.bootstrap:
+            parse_bootstrap_servers(args.bootstrap)
             check_connection(args.bootstrap, security)
         elif security.protocol != "PLAINTEXT":
             raise ValueError("Kafka security flags need --kafka.bootstrap-servers (the local broker is plaintext on loopback)")
@@ -89,6 +104,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except KafkaConnectError as e:
         print(f"prism demo: error: {e}", file=sys.stderr)
         return EXIT_FAILED
+    _exit_cleanly_on_sigterm()
     print(f"[1/3] generating the SYNTHETIC '{args.preset}' cluster (seed {args.seed}) with injected faults")
     cluster = preset(args.preset, seed=args.seed, duration_s=args.duration).generate()
     if args.out:

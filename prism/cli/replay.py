@@ -5,11 +5,15 @@ import argparse
 import sys
 
 from prism.analysis.analyse import DEFAULT_SLICE_FLOWS
-from prism.common.argtypes import existing_directory, non_negative_int, positive_float, positive_int, slice_size
+from prism.common.argtypes import bounded_int, existing_directory, non_negative_int, output_directory, seconds, slice_size
 from prism.common.output import EXIT_BAD_INPUT, EXIT_FAILED, add_output_flags, finish
 from prism.ingest.formats import by_name, formats, suffixes
 from prism.ingest.readers import DEFAULT_CHUNK_ROWS, STDIN_FORMAT
 from prism.offline.spill import DEFAULT_SPILL_ABOVE, SpillError
+
+#: --chunk-rows at most: 16 Mi rows, about 20 GiB at peak (beyond that a chunk bounds no memory, and Arrow's
+#: slicing takes a C long: a larger number overflowed it)
+MAX_CHUNK_ROWS = 1 << 24
 
 
 def _read_formats() -> str:
@@ -33,8 +37,9 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("flows", nargs="+", metavar="FLOWS", help=f"flow files ({', '.join(suffixes())}, each optionally .gz), in time order")
     p.add_argument("--topology", required=True, help="CSV with ip,server (optional rail,leaf): one row per GPU NIC")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--chunk-rows", type=positive_int, default=DEFAULT_CHUNK_ROWS, help="rows per chunk; bounds memory, about 1.2 KiB per row at peak (default: %(default)s)")
+    p.add_argument("--out", required=True, type=output_directory, help="output directory (made if missing)")
+    p.add_argument("--chunk-rows", type=bounded_int(1, MAX_CHUNK_ROWS), default=DEFAULT_CHUNK_ROWS,
+                   help=f"rows per chunk; bounds memory, about 1.2 KiB per row at peak, {MAX_CHUNK_ROWS:,} at most (default: %(default)s)")
     p.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
@@ -46,8 +51,8 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("--plots", action="store_true", help="also write steps.png (step time per job, anomalies marked) and switches.png (bandwidth heat map)")
     p.add_argument(
-        "--switch-window", type=positive_float, default=None, metavar="SECONDS",
-        help="window of the switch bandwidth comparison, aligned to the epoch (default: 300; LLMPrism used 3600)",
+        "--switch-window", type=seconds, default=None, metavar="SECONDS",
+        help="window of the switch bandwidth comparison, aligned to the epoch, at most 7 days (default: 300; LLMPrism used 3600)",
     )
     p.add_argument(
         "--spill-above", type=non_negative_int, default=DEFAULT_SPILL_ABOVE, metavar="FLOWS",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prism.common.argtypes import positive_float
+from prism.common.argtypes import non_negative_int, output_directory, seconds
 from prism.ingest.formats import written_suffixes
 
 
@@ -22,9 +22,9 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--scenario", default=None, metavar="NAME",
                    help="instead of a preset, a cluster of the robustness matrix with one real-world confounder (or 'all'): "
                         "baseline, clip, embedding, pp-sizes, tp-pp-dp, overlap, dist-opt, collector, all")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    p.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS", help="capture window (default: the preset's)")
+    p.add_argument("--out", required=True, type=output_directory, help="output directory (made if missing)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--duration", type=seconds, default=None, metavar="SECONDS", help="capture window, at most 7 days (default: the preset's)")
     p.add_argument("--no-faults", action="store_true", help="the fault-free twin: same seed and random draws, no injected faults")
     p.add_argument("--format", default="parquet", choices=[s.lstrip(".") for s in written_suffixes()], help="flow file format (default: %(default)s)")
     p.set_defaults(func=cmd_synth)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from prism.common.argtypes import output_directory
 from prism.common.output import EXIT_BAD_INPUT, add_output_flags, finish
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="attribute each job's slowdown (observed vs ideal: no straggler, no imbalance) to workers, DP "
                         "ranks, stages and op types (op traces) or DP rings, stages and servers (network): "
                         "OUT/attribution.csv and the summary's S, M_W, M_S")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, type=output_directory, help="output directory (made if missing)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     add_output_flags(p)
     p.set_defaults(func=cmd_whatif)

@@ -31,5 +31,7 @@ def read_yaml(path: str | os.PathLike, flag: str) -> Any:
             return yaml.safe_load(f) or {}
     except OSError as e:
         raise ValueError(f"{flag} {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:  # a binary file given by mistake: the codec's message alone names no file
+        raise ValueError(f"{flag} {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); expected a YAML file") from e
     except yaml.YAMLError as e:
         raise ValueError(f"{flag} {path}: not valid YAML: {e}") from e

@@ -78,6 +78,9 @@ class FlowReader:
         Raise :class:`FlowFormatError` when a required column is absent
         from the input; when False, rows missing a field are rejected one by
         one instead (JSON Lines only).
+    temp_dir : str, optional
+        Where a gzipped Parquet file is unpacked (``replay --spill-dir``);
+        default the system's temporary directory.
 
     Attributes
     ----------
@@ -95,6 +98,7 @@ class FlowReader:
         stdin: BinaryIO | None = None,
         name: str | None = None,
         check_columns: bool = True,
+        temp_dir: str | None = None,
     ) -> None:
         self.path = str(path)
         self.name = name
@@ -114,7 +118,7 @@ class FlowReader:
         # the format's reader holds the counters (rows, bytes) it moves as it reads
         self._reader = formats.by_name(self.format).reader(
             self.path, self.gzipped, self.chunk_rows, self.rejects, stdin=stdin, name=name,
-            check_columns=check_columns, bytes_total=bytes_total,
+            check_columns=check_columns, bytes_total=bytes_total, temp_dir=temp_dir,
         )
 
     @property

@@ -49,7 +49,8 @@ class Topology:
         """
         opener = gzip.open if str(path).endswith(".gz") else open
         try:
-            with opener(path, "rt", newline="", encoding="utf-8") as f:
+            # utf-8-sig: a byte-order mark (as spreadsheet programs write) is no part of the first column's name
+            with opener(path, "rt", newline="", encoding="utf-8-sig") as f:
                 rows = list(csv.DictReader(f))
                 header = list(rows[0].keys()) if rows else []
         except FileNotFoundError:

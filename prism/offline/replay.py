@@ -295,7 +295,7 @@ def replay(
     res.switch_window_ns = switch_bw.window_ns if switch_bw is not None else None
     try:
         for path in paths:
-            reader = FlowReader(path, chunk_rows=chunk_rows, rejects=res.rejects)
+            reader = FlowReader(path, chunk_rows=chunk_rows, rejects=res.rejects, temp_dir=None if spill_dir is None else str(spill_dir))  # a .parquet.gz is unpacked there
             total = reader.bytes_total or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=Path(str(path)).name, disable=(None if progress is None else not progress), leave=False) as bar:
                 for chunk in reader:

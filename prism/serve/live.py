@@ -118,13 +118,15 @@ class LiveDemo:
 
         res = DemoResult()
         broker = None
-        if self.bootstrap is None:
-            broker = LocalBroker().start()
-            self.bootstrap = broker.bootstrap
-            self.printer(f"broker   Tansu (Kafka protocol) on {self.bootstrap}")
         service = producer = None
         t_start = time.monotonic()
         try:
+            if self.bootstrap is None:
+                # started inside the try: whatever fails from here on (Ctrl-C while it starts too), it is stopped
+                broker = LocalBroker()
+                broker.start()
+                self.bootstrap = broker.bootstrap
+                self.printer(f"broker   Tansu (Kafka protocol) on {self.bootstrap}")
             ensure_topic(self.bootstrap, self.topic, self.partitions, security=self.security)
             stream: dict[str, float] = {}  # wall clock and event time at the stream's start: maps "now" to stream time
 

@@ -27,8 +27,8 @@ from prism.serve.kafkaconf import SECURITY_FLAGS, KafkaSecurity, security_from_a
 if TYPE_CHECKING:
     from prism.serve.monitor import MonitorSettings
 
-__all__ = ["CONFIG_KEYS", "DAEMON_DEFAULTS", "DAEMON_FLAGS", "DaemonSettings", "KafkaSettings", "check_settings", "load_config",
-           "parse_duration", "resolve_settings"]
+__all__ = ["CONFIG_KEYS", "DAEMON_DEFAULTS", "DAEMON_FLAGS", "DaemonSettings", "KafkaSettings", "MAX_COUNTS", "MAX_DURATION_S",
+           "check_settings", "load_config", "parse_bootstrap_servers", "parse_duration", "resolve_settings"]
 
 
 # a setting's value when neither a flag nor the config file gives it (checked like the others, so durations are text)
@@ -109,15 +109,81 @@ def parse_duration(text: str | float) -> float:
     return float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
 
 
-def _count(value: Any, flag: str) -> int:
-    """A whole number >= 1 (config files may give ``1e6`` or ``"20_000_000"``)."""
+#: the longest duration a setting takes (7 days, as the other commands' durations): a longer window or
+#: timeout is a typo, and in nanoseconds past int64 (``9999999999h``) it would overflow
+MAX_DURATION_S = 7 * 86_400.0
+
+#: upper bounds of the counts: --window.max-flows at 32 bytes a flow (2**32: 128 GiB), and
+#: --kafka.max-message-bytes, which Kafka's protocol carries as an int32 (its own message.max.bytes cannot be more)
+MAX_COUNTS = {"--window.max-flows": 1 << 32, "--kafka.max-message-bytes": (1 << 31) - 1}
+
+# a Kafka topic name, as the broker checks it (1-249 of these characters; "." and ".." are not names)
+_TOPIC_RE = r"[A-Za-z0-9._-]{1,249}"
+
+
+def _count(value: Any, flag: str, most: int | None = None) -> int:
+    """A whole number from 1 to ``most`` (config files may give ``1e6`` or ``"20_000_000"``)."""
+    text = str(value).replace("_", "").strip()
     try:
-        f = float(str(value).replace("_", ""))
+        n = int(text)  # exact: a float would round a large count
     except ValueError:
-        raise ValueError(f"{flag}: expected a whole number >= 1, got {value!r}") from None
-    if not f.is_integer() or f < 1:
+        try:
+            f = float(text)
+        except ValueError:
+            raise ValueError(f"{flag}: expected a whole number >= 1, got {value!r}") from None
+        if not f.is_integer() or f < 1:  # NaN and infinity are not integers
+            raise ValueError(f"{flag}: expected a whole number >= 1, got {value!r}") from None
+        n = int(f)
+    if isinstance(value, bool) or n < 1:
         raise ValueError(f"{flag}: expected a whole number >= 1, got {value!r}")
-    return int(f)
+    if most is not None and n > most:
+        raise ValueError(f"{flag}: at most {most:,}, got {value!r}")
+    return n
+
+
+def parse_bootstrap_servers(text: object, flag: str = "--kafka.bootstrap-servers") -> list[tuple[str, int]]:
+    """``HOST:PORT[,HOST:PORT...]`` as (host, port) pairs; a ValueError names the flag and the entry.
+
+    IPv6 hosts are bracketed (``[::1]:9092``); a host alone takes Kafka's port, 9092, as the clients do.
+    Checked before connecting: a client given ``::::`` failed deep inside with "invalid literal for int()".
+
+    >>> parse_bootstrap_servers("k1:9092, [::1]:9093,k2")
+    [('k1', 9092), ('::1', 9093), ('k2', 9092)]
+    >>> parse_bootstrap_servers("::::")
+    Traceback (most recent call last):
+    ...
+    ValueError: --kafka.bootstrap-servers: '::::' is not HOST:PORT (IPv6 addresses go in brackets: [::1]:9092)
+    """
+    import ipaddress
+
+    out = []
+    entries = [e.strip() for e in str(text).split(",")]
+    if not any(entries):
+        raise ValueError(f"{flag}: expected HOST:PORT[,HOST:PORT...], got {text!r}")
+    for entry in entries:
+        if not entry:
+            raise ValueError(f"{flag}: an empty entry in {text!r}")
+        host, port = entry, "9092"
+        if entry.startswith("["):
+            close = entry.find("]")
+            host, rest = entry[1:close], entry[close + 1:]
+            if close < 0 or (rest and not rest.startswith(":")):
+                raise ValueError(f"{flag}: {entry!r} is not [IPV6]:PORT")
+            port = rest[1:] if rest else port
+            try:
+                ipaddress.IPv6Address(host)
+            except ValueError:
+                raise ValueError(f"{flag}: {entry!r}: {host!r} is not an IPv6 address") from None
+        elif entry.count(":") == 1:
+            host, port = entry.split(":")
+        elif ":" in entry:
+            raise ValueError(f"{flag}: {entry!r} is not HOST:PORT (IPv6 addresses go in brackets: [::1]:9092)")
+        if not host or any(c.isspace() for c in host):
+            raise ValueError(f"{flag}: {entry!r} has no host")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"{flag}: {entry!r}: the port must be a number from 1 to 65535")
+        out.append((host, int(port)))
+    return out
 
 
 def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -149,9 +215,24 @@ def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"{flag}: {e}") from None
             if out[key] < 0 or (out[key] == 0 and not zero_ok):
                 raise ValueError(f"{flag}: must be {'>= 0' if zero_ok else '> 0'}, got {settings[key]!r}")
+            if out[key] > MAX_DURATION_S:
+                raise ValueError(f"{flag}: at most 7 days (168h), got {settings[key]!r}")
     for key, flag in (("window_max_flows", "--window.max-flows"), ("kafka_max_message_bytes", "--kafka.max-message-bytes")):
         if key in out:
-            out[key] = _count(out[key], flag)
+            out[key] = _count(out[key], flag, MAX_COUNTS[flag])
+    for key, flag in (("kafka_topic", "--kafka.topic"), ("kafka_summary_topic", "--kafka.summary-topic")):
+        if key in out:
+            import re
+
+            topic = "" if out[key] is None else str(out[key])
+            if not re.fullmatch(_TOPIC_RE, topic) or topic in (".", ".."):
+                raise ValueError(f"{flag}: {topic!r} is not a Kafka topic name (1-249 letters, digits, '.', '_', '-')")
+            out[key] = topic
+    # an empty group id is Kafka's deprecated "no group": nothing would be committed, and replicas would not share partitions
+    if "kafka_group_id" in out and (out["kafka_group_id"] is None or not str(out["kafka_group_id"]).strip()):
+        raise ValueError("--kafka.group-id: must not be empty")
+    if out.get("kafka_bootstrap_servers"):
+        parse_bootstrap_servers(out["kafka_bootstrap_servers"])
     if "log_level" in out:
         level = str(out["log_level"]).lower()
         if level not in LOG_LEVELS:

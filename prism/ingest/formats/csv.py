@@ -251,13 +251,20 @@ class CsvReader(FormatReader):
     def _csv_header(self) -> list[str]:
         opener = gzip.open if self.gzipped else open
         with opener(self.path, "rt", encoding="utf-8", errors="replace", newline="") as f:
-            first = f.readline()
+            first = f.readline(MAX_LINE_BYTES + 1)  # bounded: a file of one endless line is not read whole into memory
         if not first.strip():
             what = "empty file" if not first else "the first line is blank"
             raise FlowFormatError(f"{self.path}: {what} (expected a CSV header naming {', '.join(REQUIRED_COLUMNS)} on line 1)")
+        if len(first) > MAX_LINE_BYTES:
+            raise FlowFormatError(f"{self.path}: the first line is longer than {MAX_LINE_BYTES:,} characters: not a CSV header")
         import csv
 
-        names = [h.strip() for h in next(csv.reader([first.lstrip("\ufeff")]))]
+        if csv.field_size_limit() < MAX_LINE_BYTES:  # its default (128 KiB) is below the line limit
+            csv.field_size_limit(MAX_LINE_BYTES)
+        try:
+            names = [h.strip() for h in next(csv.reader([first.lstrip("\ufeff")]), [])]
+        except csv.Error as e:  # e.g. a NUL or a bare carriage return in the header
+            raise FlowFormatError(f"{self.path}: line 1 is not a readable CSV header: {e}") from None
         twice = sorted({h for h in names if names.count(h) > 1})
         if twice:
             raise FlowFormatError(f"{self.path}: the CSV header names {', '.join(repr(h) for h in twice)} more than once")

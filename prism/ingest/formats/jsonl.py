@@ -34,7 +34,7 @@ def _first_record_keys(block: bytes) -> list:
         if line.strip():
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
                 return []
             return list(obj) if isinstance(obj, dict) else []
     return []
@@ -114,6 +114,11 @@ class JsonLinesReader(FormatReader):
             yield from self._json_slices(plain.table, plain.row_lines, plain.lines)
             return
         nlines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+        if _has_a_line_not_an_object(block):
+            # pyarrow 26's JSON reader crashes the process (SIGSEGV) on a block whose first row is
+            # `null`, and fails on any other non-object line: such a block goes line by line instead
+            yield (*self._json_lines_slow(block), nlines)
+            return
         has_blank = b"\n\n" in block or block.startswith(b"\n") or b"\n\r\n" in block
         kept = None  # line index of each row, where blank lines sit between rows
         clean = block
@@ -169,14 +174,50 @@ class JsonLinesReader(FormatReader):
             try:
                 obj = json.loads(raw_line)
                 ok = isinstance(obj, dict)
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested deeper than the parser's stack
                 obj, ok = None, False
             for c in FLOW_COLUMNS:
-                rows[c].append(obj.get(c) if ok else None)
+                rows[c].append(_encodable(obj.get(c)) if ok else None)
             malformed.append(not ok)
         df = _without_absent_options(pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in rows.items()}))
         return df, np.array(malformed, dtype=bool), np.array(lines, dtype=np.int64)
 
+
+
+_OPEN_BRACE, _NEWLINE = ord("{"), ord("\n")
+
+
+def _has_a_line_not_an_object(block: bytes) -> bool:
+    """Whether some line that is not blank starts (after blanks) with anything but ``{``: a JSON value no flow can be.
+
+    One vectorised pass over the block's newlines; the few lines that start with a blank are looked at one by one.
+    """
+    arr = np.frombuffer(block, dtype=np.uint8)
+    starts = np.flatnonzero(arr == _NEWLINE) + 1
+    starts = np.concatenate(([0], starts[starts < len(arr)]))
+    first = arr[starts]
+    odd = (first != _OPEN_BRACE) & (first != _NEWLINE)
+    for s in starts[odd]:
+        end = block.find(b"\n", s)
+        line = block[s:] if end < 0 else block[s:end]
+        text = line.lstrip()
+        if text and not text.startswith(b"{"):
+            return True
+    return False
+
+
+def _encodable(v):
+    """A JSON value as validation can take it: a string with a lone surrogate (``"\\ud800"``, valid JSON
+    but no Unicode text) becomes its bytes, which are no address, number or path, so its row is rejected
+    under that field's reason instead of failing every string kernel of the block."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return v.encode("utf-8", "surrogatepass")
+    elif isinstance(v, list):
+        return [_encodable(x) for x in v]
+    return v
 
 
 def _present_columns(table) -> list[str]:

@@ -52,6 +52,9 @@ class FormatReader(ABC):
         Raise when a required column is absent rather than reject rows one by one.
     bytes_total : int
         The file's size on disk (0 when unknown), for progress.
+    temp_dir : str, optional
+        Where a format that needs a temporary copy (a gzipped Parquet file, unpacked for random
+        access) makes it; default the system's temporary directory.
 
     Attributes
     ----------
@@ -71,6 +74,7 @@ class FormatReader(ABC):
         name: str | None = None,
         check_columns: bool = True,
         bytes_total: int = 0,
+        temp_dir: str | None = None,
     ) -> None:
         self.path = path
         self.gzipped = gzipped
@@ -82,6 +86,7 @@ class FormatReader(ABC):
         self.rows_read = 0
         self.bytes_total = bytes_total
         self.bytes_done = 0
+        self.temp_dir = temp_dir
 
     @abstractmethod
     def read(self) -> Iterator[pd.DataFrame]:
