@@ -19,7 +19,8 @@ class ReferenceSwitchDiagnoser(SwitchDiagnoser):
         ps = [(p, s) for p, sw in enumerate(bw.paths) for s in sw]
         pl = [(p, f"{names[x]}>{names[y]}", f"{tiers[x]}>{tiers[y]}", x, y) for p, sw in enumerate(bw.paths) for x, y in zip(sw[:-1], sw[1:])]
         inc_s = pd.DataFrame(ps, columns=["path", "unit"]).assign(name=lambda d: names[d["unit"]] if len(d) else [], tier=lambda d: tiers[d["unit"]] if len(d) else [])
-        inc_l = pd.DataFrame(pl, columns=["path", "name", "tier", "x", "y"])
+        # text columns typed as the switches' are, also when no path has a link (an empty frame is object)
+        inc_l = pd.DataFrame(pl, columns=["path", "name", "tier", "x", "y"]).astype({"name": str, "tier": str})
         rows, tables = [], []
         for w, tw in t.groupby("window", sort=True):
             excluded: set[int] = set()

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from prism.ingest.messages import decode_messages, encode_arrow, encode_jsonl
@@ -323,6 +323,7 @@ def test_arrow_address_columns_validate_as_python_values(values, as_binary):
 @SETTINGS
 @given(st.integers(0, 2**32 - 1), st.integers(0, 4000), st.sampled_from([None, "spine-1", "leaf-2"]), st.booleans(),
        st.floats(0.2, 1.0), st.floats(0.3, 0.9))
+@example(seed=29360, n=1, slow=None, senders=False, share=1.0, factor=0.5)  # one flow, on a one-switch path: no link at all
 def test_switch_diagnosis_equals_the_pandas_reference(seed, n, slow, senders, share, factor):
     """The vectorised switch diagnosis gives the first (pandas) version's tables and anomalies exactly.
 
