@@ -243,6 +243,13 @@ def _bursts(period_ns, n, every, pause_ns, seed=0):
     return s, s + 5_000
 
 
+#: the rule that makes the step the shortest period (a coarser cut that groups whole steps of a finer one loses)
+#: was taken out again: on the SYNTHETIC large preset it cut a pipeline-only job at its micro-batches (93 steps
+#: of 425 ms became 6,026 of 6 ms, with 100 false slow_step). These tests state what it must do.
+SHORTEST_PERIOD_PENDING = pytest.mark.xfail(strict=True, reason="the shortest-period rule is not in natural_break yet (it mistook a pipeline-only job's micro-batches for steps on the large preset)")
+
+
+@SHORTEST_PERIOD_PENDING
 @pytest.mark.parametrize("checkpoints", [4, 6, 12])
 def test_natural_break_periodic_slow_steps_are_steps_not_the_period(checkpoints):
     """A checkpoint every 20 steps (70% of a step more): once four pauses are in view, the threshold above the step
@@ -256,6 +263,7 @@ def test_natural_break_periodic_slow_steps_are_steps_not_the_period(checkpoints)
     assert (gap >= tau).sum() == every * checkpoints + 4
 
 
+@SHORTEST_PERIOD_PENDING
 def test_natural_break_periodic_slow_steps_prefix_agrees():
     """What a capture's first part says does not change when the capture goes on (3 checkpoints, then 8)."""
     period, every = 100_000_000, 20
@@ -318,6 +326,7 @@ def _check_checkpointed(every: int, checkpoints: int, dist_opt: bool, phase: int
     assert len([x for x in whole if x[1] < cut]) - len(prefix) <= 1  # the last burst may be cut short
 
 
+@SHORTEST_PERIOD_PENDING
 def test_checkpoints_a_longer_capture_keeps_what_its_first_part_says():
     """Property (SYNTHETIC pure-DP jobs, hypothesis): a checkpoint every N steps (N 10 to 200, 1 to 20 checkpoints
     in the capture, at any phase). Before the fix, four checkpoints in view made the capture one of N-step "steps"."""
@@ -341,6 +350,7 @@ def test_checkpoints_with_a_distributed_optimizer(every, checkpoints):
     _check_checkpointed(every, checkpoints, True, 3, 0.8)
 
 
+@SHORTEST_PERIOD_PENDING
 def test_checkpoint_steps_are_slow_steps_that_recur():
     """End to end on a SYNTHETIC job with a checkpoint every 20 steps: every checkpoint's step, and only those, is
     a slow step, explained as recurring every 20 steps."""

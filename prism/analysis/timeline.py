@@ -16,15 +16,6 @@ DP pairs (pipeline only) is cut the same way over its PP traffic, whose
 widest gap is the pipeline flush: the last backward, the optimizer and the
 first forward.
 
-The step is the shortest period at which the traffic repeats. Longer
-periodic structure (a checkpoint, an evaluation, an epoch's end every N
-steps) is slow steps that recur every N steps, not a longer step: once a
-capture holds a few such pauses, the threshold above the normal step gap
-cuts perfectly regular N-step "steps", and a near-tie going to the coarser
-cut would make a longer capture contradict its own first part (which holds
-too few pauses to cut at). :func:`natural_break` drops a coarser cut that
-merely groups whole steps of a finer regular one.
-
 Steps cut by the capture's edges are not whole and are not reported: a
 step needs a boundary on both sides, and the last boundary is trusted only
 if the capture went on for a full break after it (otherwise the burst may
@@ -36,7 +27,7 @@ of its DP collective, and the same per DP group (ring) and per pipeline.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numba
 import numpy as np
@@ -101,10 +92,7 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     floor_ns : int
         Gaps below this (overlaps, rounding) count as this.
     tie : float
-        Scores within this of the best are a tie, won by the coarsest cut,
-        unless that cut merely groups whole steps of a finer regular cut
-        whose only slow steps recur at its boundaries (a checkpoint every N
-        steps; see :func:`_groups_whole_steps`): then the finer cut.
+        Scores within this of the best are a tie, won by the coarsest cut.
     min_cover : float
         A candidate's steps must span at least this share of the traffic
         (``span_ns``): steps tile a job's time, and ``min_steps`` whole
@@ -135,10 +123,7 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     the smallest robust spread (MAD / median of durations) wins. Too low a
     threshold mixes stage gaps in (short and long steps alternate), too high
     merges steps (durations jump by multiples). A single slow step or a
-    level shift moves the median and MAD of durations little. A threshold
-    above periodic slow steps (a checkpoint every N steps) yields N-step
-    "steps" more regular than the real ones; that cut is dropped for the
-    finer one it groups, whatever the scores.
+    level shift moves the median and MAD of durations little.
 
     O(n log n + c n) for ``n`` gaps and ``c`` candidate jumps (few).
 
@@ -153,48 +138,9 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     >>> round(natural_break(gap, busy_end))
     41
     """
-    scored = cuts = _scored_cuts(gap, busy_end, min_jump, min_steps, floor_ns, min_cover, span_ns)
-    if not scored:
-        return np.inf
-    # a cut that leaves the job's traffic outside any step (beyond the
-    # partial steps at the edges) is admissible only if every cut does
-    if any(c.whole for c in scored):
-        scored = [c for c in scored if c.whole]
-    best = min(c.score for c in scored)
-    # near-ties go to the coarsest cut: a pipeline's microbatches are as
-    # regular as its steps
-    tied = sorted((c for c in scored if c.score <= best + tie), key=lambda c: c.tau)
-    choice = tied[-1]
-    # ... unless the chosen cut merely groups whole steps of a finer cut
-    # (a checkpoint every N steps): the step is the shortest period, and a
-    # capture too short to hold four checkpoints is cut at the steps, so a
-    # longer one must be too. From the coarsest finer cut down, each taken
-    # if it explains the current one that way (a finer cut that leaves
-    # more than a step out at an edge qualifies if that edge is a slow step
-    # cut by the capture).
-    for finer in sorted((c for c in cuts if c.tau < choice.tau), key=lambda c: -c.tau):
-        if _groups_whole_steps(finer, choice):
-            choice = finer
-    return choice.tau
-
-
-class _Cut(NamedTuple):
-    """A candidate cut of :func:`natural_break`: its score (lower: more regular), threshold and steps."""
-
-    score: float
-    tau: float
-    whole: bool  # no traffic left outside a step beyond a partial step at each edge
-    edge: float  # the longer of the traffic before the first boundary and after the last
-    ends: np.ndarray  # the step boundaries (busy ends of the cut gaps)
-    dur: np.ndarray  # the steps' durations
-
-
-def _scored_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_steps: int, floor_ns: int, min_cover: float,
-                 span_ns: float | None) -> list[_Cut]:
-    """Every admissible candidate cut of :func:`natural_break`, scored, finest first."""
     g = np.maximum(np.asarray(gap, dtype=np.float64), floor_ns)
     if len(g) < min_steps:
-        return []
+        return np.inf
     u = np.unique(g)
     counts_above = len(g) - np.searchsorted(np.sort(g), u, side="right")  # gaps above each value
     jumps = np.flatnonzero((u[1:] / u[:-1] >= min_jump) & (counts_above[:-1] >= min_steps + 1))
@@ -218,55 +164,18 @@ def _scored_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_ste
         # threshold that cuts only the slower half of a job (a straggler
         # appeared) is regular too, but leaves the faster half uncut
         outside = max(0.0, b[0] - busy_end[0] - 1.5 * med) + max(0.0, busy_end[-1] - b[-1] - 1.5 * med)
-        edge = float(max(b[0] - busy_end[0], busy_end[-1] - b[-1]))
-        scored.append(_Cut(float(spread + merged + split + outside / span), tau, outside == 0, edge, b, dur))
-    return scored
-
-
-def _groups_whole_steps(fine: _Cut, coarse: _Cut, tol: float = 0.1, odd_share: float = 0.1) -> bool:
-    """Does ``coarse`` merely group whole steps of ``fine``, whose only slow steps recur at its boundaries?
-
-    A checkpoint (an evaluation, an epoch's end) every N steps pauses the
-    job after one step's collective: once the capture holds a few of them,
-    the threshold between the normal step gap and the pause's gap cuts
-    "steps" of N steps each, more regular than the real ones (each sums N
-    steps' jitter). The coarse cut is such a grouping when, with margins:
-
-    1. every coarse step holds at least two fine steps, and about the same
-       number (the long pause recurs every N steps: within one fine step,
-       or 10%, a boundary record lost);
-    2. the fine steps that do not open a coarse step (the pause is in the
-       step that follows it) are regular: a MAD under ``tol / 2`` of their
-       median, and at most ``odd_share`` of them off it by more than
-       ``tol`` (a real slow step, a lost boundary);
-    3. the fine steps that open a coarse step are no shorter than the
-       others (less ``tol``) and no longer than the rest of their coarse
-       step (k - 1 regular steps): a slow step, not the period. This keeps
-       what the coarse cut is for: between a pipeline's microbatches (or a
-       Megatron job's staggered stage collectives) and its flush, the short
-       pieces are most of a step's pieces but little of its time, and the
-       warm-up and cool-down pieces are unlike the steady ones;
-    4. the traffic before the first fine boundary and after the last is at
-       most a step, a slow one included (the capture may end in a
-       checkpoint's step).
-    """
-    pos = np.searchsorted(fine.ends, coarse.ends)
-    if pos[-1] >= len(fine.ends) or not np.array_equal(fine.ends[pos], coarse.ends):
-        return False  # not nested (cuts of one gap array always are)
-    k = np.diff(pos)  # fine steps per coarse step
-    if k.min() < 2 or k.max() - k.min() > max(1.0, tol * float(np.median(k))):
-        return False
-    opens = np.zeros(len(fine.dur), dtype=bool)
-    opens[pos[pos < len(fine.dur)]] = True  # the fine step after each coarse boundary holds the long gap
-    inner, first = fine.dur[~opens], fine.dur[opens]
-    if len(inner) < 2:
-        return False
-    med = float(np.median(inner))
-    if med <= 0 or np.median(np.abs(inner - med)) > 0.5 * tol * med or np.mean(np.abs(inner - med) > tol * med) > odd_share:
-        return False
-    rest = (k - 1) * med  # the regular part of each whole coarse step
-    longest = max(1.5 * med, (1 + tol) * float(first.max()))
-    return bool(first.min() >= (1 - tol) * med and (first[: len(rest)] <= rest).all() and fine.edge <= longest)
+        scored.append((spread + merged + split + outside / span, tau, outside == 0))
+    if not scored:
+        return np.inf
+    # a cut that leaves the job's traffic outside any step (beyond the
+    # partial steps at the edges) is admissible only if every cut does
+    if any(whole for _, _, whole in scored):
+        scored = [x for x in scored if x[2]]
+    best = min(s for s, _, _ in scored)
+    # near-ties go to the coarsest cut: a pipeline's microbatches are as
+    # regular as its steps
+    best_tau = max(t for s, t, _ in scored if s <= best + tie)
+    return best_tau
 
 
 def _fragments(dur: np.ndarray, med: float) -> float:
