@@ -182,3 +182,17 @@ def test_a_backlog_is_analysed_in_strides_of_a_window_with_the_same_steps(cluste
     # a window near its memory bound is analysed without waiting
     _, _, ends = run(len(batches), max_window_flows=120_000)  # half of it is about 2 s of this cluster's flows
     assert len(ends) > len(behind_ends)
+
+
+def test_the_monitor_defaults_are_the_daemon_defaults():
+    """MonitorSettings (the library's defaults) and the daemon's flags (serve.settings, kept light for start-up) state
+    the same defaults twice; this keeps them one rule."""
+    from prism.serve.monitor import MonitorSettings
+    from prism.serve.settings import DAEMON_DEFAULTS, parse_duration
+
+    m = MonitorSettings()
+    pairs = {"window": m.window_s, "window_step": m.step_s, "window_lateness": m.lateness_s, "jobs_ttl": m.pair_ttl_s,
+             "switch_window": m.switch_window_s}
+    for key, seconds in pairs.items():
+        assert parse_duration(DAEMON_DEFAULTS[key]) == seconds, key
+    assert DAEMON_DEFAULTS["window_max_flows"] == m.max_window_flows
