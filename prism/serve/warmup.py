@@ -13,7 +13,7 @@ ingest time). :func:`warm_up` pays it at start instead, in two parts:
   ingested and analysed twice by a throwaway monitor, through the same
   code a real window takes;
 * the kernels such a small cluster does not reach (a large fabric's, a
-  large window's) are loaded by the warm-ups their modules register in
+  large window's, a window's hash-table rebuild) are loaded by the warm-ups their modules register in
   :mod:`prism.common.kernels`.
 
 The fixture is built in code, not drawn from the synthetic generator: the
@@ -133,7 +133,6 @@ def _run(seconds: float) -> None:
     from prism.ingest.records import RejectCounter, validate_flows
     from prism.ingest.topology import Topology
     from prism.serve.monitor import Monitor, MonitorSettings
-    from prism.serve.window import RecordDeduper
 
     topology, flows = warm_up_flows(seconds)
     monitor = Monitor(Topology.from_frame(topology), MonitorSettings(window_s=seconds / 2, step_s=seconds / 4, lateness_s=0))
@@ -152,11 +151,5 @@ def _run(seconds: float) -> None:
     one_of_two = {c: pa.DictionaryArray.from_arrays(pa.array([0], pa.int32()), pa.array([row.column(c)[0].as_py(), row.column(c)[0].as_py() + "~"]))
                   for c in ("src", "dst", "switches")}
     validate_flows(pa.table({c: one_of_two.get(c, row.column(c)) for c in row.column_names}), RejectCounter(), "warm-up")
-    # a window's table of record hashes grows (a rebuild) past MAX_LOAD of its slots: more records than the
-    # fixture brings; the start times read-only, as decoded columns are (the type the rebuild is not called with)
-    n = int(RecordDeduper.MAX_LOAD * RecordDeduper.MIN_SLOTS) + 1
-    start = np.zeros(n, dtype=np.int64)
-    start.flags.writeable = False
-    RecordDeduper().filter(np.arange(1, n + 1, dtype=np.uint64), start)
     # what else the fixture does not reach: the kernels of a large fabric or a large window, by their modules' warm-ups
     warm_up_kernels()

@@ -17,7 +17,9 @@ import numba
 import numpy as np
 import pandas as pd
 
-__all__ = ["RecordDeduper", "FlowWindow", "record_hashes", "latest_into"]
+from prism.common.kernels import register_warm_up
+
+__all__ = ["RecordDeduper", "FlowWindow", "record_hashes", "latest_into", "warm_up"]
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -312,3 +314,16 @@ class FlowWindow:
         self._parts = [tuple(c[n:] for c in cols)]
         self._n -= n
         self.shed += n
+
+
+@register_warm_up
+def warm_up() -> None:
+    """Load the hash table's rebuild, which the daemon's start-up fixture does not reach (see :mod:`prism.common.kernels`).
+
+    A window's table of record hashes grows (a rebuild) past ``MAX_LOAD`` of its slots: more records than the
+    fixture brings. The start times are read-only, as decoded columns are (the type the rebuild is called with).
+    """
+    n = int(RecordDeduper.MAX_LOAD * RecordDeduper.MIN_SLOTS) + 1
+    start = np.zeros(n, dtype=np.int64)
+    start.flags.writeable = False
+    RecordDeduper().filter(np.arange(1, n + 1, dtype=np.uint64), start)
