@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from prism.common.argtypes import MAX_DURATION_S  # one bound for every command's durations (7 days)
 from prism.common.logs import LOG_FORMATS, LOG_LEVELS
 from prism.common.yamlfile import read_yaml
 from prism.serve.kafkaconf import SECURITY_FLAGS, KafkaSecurity, security_from_args
@@ -27,7 +28,7 @@ from prism.serve.kafkaconf import SECURITY_FLAGS, KafkaSecurity, security_from_a
 if TYPE_CHECKING:
     from prism.serve.monitor import MonitorSettings
 
-__all__ = ["CONFIG_KEYS", "DAEMON_DEFAULTS", "DAEMON_FLAGS", "DaemonSettings", "KafkaSettings", "MAX_COUNTS", "MAX_DURATION_S",
+__all__ = ["CONFIG_KEYS", "DAEMON_DEFAULTS", "DAEMON_FLAGS", "DaemonSettings", "KafkaSettings", "MAX_COUNTS",
            "check_settings", "load_config", "parse_bootstrap_servers", "parse_duration", "resolve_settings"]
 
 
@@ -108,10 +109,6 @@ def parse_duration(text: str | float) -> float:
         raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 5m, 1h)")
     return float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
 
-
-#: the longest duration a setting takes (7 days, as the other commands' durations): a longer window or
-#: timeout is a typo, and in nanoseconds past int64 (``9999999999h``) it would overflow
-MAX_DURATION_S = 7 * 86_400.0
 
 #: upper bounds of the counts: --window.max-flows at 32 bytes a flow (2**32: 128 GiB), and
 #: --kafka.max-message-bytes, which Kafka's protocol carries as an int32 (its own message.max.bytes cannot be more)
