@@ -235,7 +235,8 @@ def test_a_straggler_from_halfway_does_not_split_the_slower_steps(tmp_path):
 
 
 def _bursts(period_ns, n, every, pause_ns, seed=0):
-    """DP bursts (8 flows, 10 us apart) every ``period_ns`` with 0.5% jitter, a ``pause_ns`` more after every ``every``-th."""
+    """DP bursts (8 flows, 10 us apart: one per ring edge, ``pair`` 0..7) every ``period_ns`` with 0.5% jitter, a ``pause_ns``
+    more after every ``every``-th."""
     rng = np.random.default_rng(seed)
     step = period_ns * rng.lognormal(0.0, 0.005, n) + np.where(np.arange(n) % every == every - 1, pause_ns, 0)
     t0 = np.concatenate([[0.0], np.cumsum(step)[:-1]]).astype(np.int64)
@@ -243,13 +244,6 @@ def _bursts(period_ns, n, every, pause_ns, seed=0):
     return s, s + 5_000
 
 
-#: the rule that makes the step the shortest period (a coarser cut that groups whole steps of a finer one loses)
-#: was taken out again: on the SYNTHETIC large preset it cut a pipeline-only job at its micro-batches (93 steps
-#: of 425 ms became 6,026 of 6 ms, with 100 false slow_step). These tests state what it must do.
-SHORTEST_PERIOD_PENDING = pytest.mark.xfail(strict=True, reason="the shortest-period rule is not in natural_break yet (it mistook a pipeline-only job's micro-batches for steps on the large preset)")
-
-
-@SHORTEST_PERIOD_PENDING
 @pytest.mark.parametrize("checkpoints", [4, 6, 12])
 def test_natural_break_periodic_slow_steps_are_steps_not_the_period(checkpoints):
     """A checkpoint every 20 steps (70% of a step more): once four pauses are in view, the threshold above the step
@@ -258,19 +252,18 @@ def test_natural_break_periodic_slow_steps_are_steps_not_the_period(checkpoints)
     period, every = 100_000_000, 20
     s, e = _bursts(period, every * checkpoints + 5, every, int(0.7 * period))
     gap, busy_end = busy_gaps(s, e)
-    tau = natural_break(gap, busy_end)
+    tau = natural_break(gap, busy_end, pair=np.arange(len(s)) % 8)
     assert 100_000 < tau < 0.9 * period
     assert (gap >= tau).sum() == every * checkpoints + 4
 
 
-@SHORTEST_PERIOD_PENDING
 def test_natural_break_periodic_slow_steps_prefix_agrees():
     """What a capture's first part says does not change when the capture goes on (3 checkpoints, then 8)."""
     period, every = 100_000_000, 20
     s, e = _bursts(period, every * 8 + 5, every, int(0.7 * period))
     short = s < 3.5 * every * period
     cuts = [busy_gaps(s[m], e[m]) for m in (short, np.ones(len(s), bool))]
-    taus = [natural_break(g, b) for g, b in cuts]
+    taus = [natural_break(g, b, pair=np.arange(len(b)) % 8) for g, b in cuts]
     ends = [b[:-1][g >= t] for (g, b), t in zip(cuts, taus)]
     assert np.array_equal(ends[0], ends[1][: len(ends[0])])
 
@@ -285,6 +278,26 @@ def test_natural_break_keeps_the_flush_of_a_pipeline():
         gap, busy_end = busy_gaps(s, s + 1000)
         tau = natural_break(gap, busy_end)
         assert 30_000 < tau < 80_000 and (gap >= tau).sum() == n - 1
+        # told by what each piece carries: the micro-batches of one step run over different stage boundaries
+        stage_pair = np.tile(np.r_[0, 1, 2, np.arange(5) % 3, 2, 1, 0], n)
+        tau = natural_break(gap, busy_end, pair=stage_pair)
+        assert 30_000 < tau < 80_000 and (gap >= tau).sum() == n - 1
+
+
+def test_natural_break_content_tells_checkpoints_from_micro_batches():
+    """The same gaps, two readings (SYNTHETIC arrays): 12 pieces 100 apart, a 60 longer pause after every 4th. If every
+    piece moves the same bytes over the same pairs (a step's collective), the pause is a checkpoint and the pieces are
+    steps; if the pieces of a group run over different pairs (a pipeline's micro-batches), the group is the step."""
+    s, e = _bursts(100_000_000, 4 * 12 + 3, 4, 60_000_000)
+    gap, busy_end = busy_gaps(s, e)
+    n_bursts = len(s) // 8
+    alike = np.arange(len(s)) % 8
+    unlike = alike + 8 * (np.repeat(np.arange(n_bursts), 8) % 4)  # each of the 4 pieces of a group on its own pairs
+    fine = natural_break(gap, busy_end, pair=alike)
+    coarse = natural_break(gap, busy_end, pair=unlike)
+    assert (gap >= fine).sum() == n_bursts - 1
+    assert (gap >= coarse).sum() == 12
+    assert natural_break(gap, busy_end) == coarse  # without content, never the finer cut
 
 
 def _checkpointed_job(every: int, checkpoints: int, distributed_optimizer: bool, phase: int):
@@ -326,7 +339,6 @@ def _check_checkpointed(every: int, checkpoints: int, dist_opt: bool, phase: int
     assert len([x for x in whole if x[1] < cut]) - len(prefix) <= 1  # the last burst may be cut short
 
 
-@SHORTEST_PERIOD_PENDING
 def test_checkpoints_a_longer_capture_keeps_what_its_first_part_says():
     """Property (SYNTHETIC pure-DP jobs, hypothesis): a checkpoint every N steps (N 10 to 200, 1 to 20 checkpoints
     in the capture, at any phase). Before the fix, four checkpoints in view made the capture one of N-step "steps"."""
@@ -350,7 +362,6 @@ def test_checkpoints_with_a_distributed_optimizer(every, checkpoints):
     _check_checkpointed(every, checkpoints, True, 3, 0.8)
 
 
-@SHORTEST_PERIOD_PENDING
 def test_checkpoint_steps_are_slow_steps_that_recur():
     """End to end on a SYNTHETIC job with a checkpoint every 20 steps: every checkpoint's step, and only those, is
     a slow step, explained as recurring every 20 steps."""

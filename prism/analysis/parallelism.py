@@ -817,8 +817,9 @@ def _job_step_counts(jobs: np.ndarray, job_of: np.ndarray, src: np.ndarray, dst:
     m = np.isin(job_of[lo_nic], jobs)
     lo_nic = lo_nic[m].astype(np.int64)
     fj, s_all, e_all = job_of[lo_nic], start[m], end[m]
-    o = np.lexsort((lo_nic * (int(max(src.max(initial=0), dst.max(initial=0))) + 1) + np.maximum(src[m], dst[m]), s_all, fj))
-    fj, s_all, e_all = fj[o], s_all[o], e_all[o]
+    key = lo_nic * (int(max(src.max(initial=0), dst.max(initial=0))) + 1) + np.maximum(src[m], dst[m])
+    o = np.lexsort((key, s_all, fj))
+    fj, s_all, e_all, key = fj[o], s_all[o], e_all[o], key[o]
     bounds = np.flatnonzero(np.diff(fj)) + 1
     for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(fj)]):
         s, e = s_all[lo:hi], e_all[lo:hi]
@@ -826,7 +827,7 @@ def _job_step_counts(jobs: np.ndarray, job_of: np.ndarray, src: np.ndarray, dst:
             out[fj[lo]] = 0
             continue
         gap, busy_end = busy_gaps(s, e)
-        tau = natural_break(gap, busy_end)
+        tau = natural_break(gap, busy_end, pair=key[lo:hi])
         out[fj[lo]] = int((gap >= tau).sum()) + 1 if np.isfinite(tau) else 0
     return out
 

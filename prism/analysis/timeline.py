@@ -16,6 +16,15 @@ DP pairs (pipeline only) is cut the same way over its PP traffic, whose
 widest gap is the pipeline flush: the last backward, the optimizer and the
 first forward.
 
+The step is the shortest period at which the traffic repeats. Longer
+periodic structure (a checkpoint, an evaluation, an epoch's end every N
+steps) is slow steps that recur every N steps, not a longer step: once a
+capture holds a few such pauses, the threshold above the normal step gap
+cuts perfectly regular N-step "steps", and a near-tie going to the coarser
+cut would make a longer capture contradict its own first part (which holds
+too few pauses to cut at). :func:`natural_break` drops a coarser cut that
+merely groups whole steps of a finer regular one.
+
 Steps cut by the capture's edges are not whole and are not reported: a
 step needs a boundary on both sides, and the last boundary is trusted only
 if the capture went on for a full break after it (otherwise the burst may
@@ -27,7 +36,7 @@ of its DP collective, and the same per DP group (ring) and per pipeline.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -77,7 +86,8 @@ def busy_gaps(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, min_steps: int = 3, floor_ns: int = 1, tie: float = 0.02,
-                  min_cover: float = 0.4, span_ns: float | None = None) -> float:
+                  min_cover: float = 0.4, span_ns: float | None = None, pair: np.ndarray | None = None,
+                  weight: np.ndarray | None = None) -> float:
     """The gap threshold that cuts a job's traffic into the most regular steps.
 
     Parameters
@@ -92,7 +102,11 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     floor_ns : int
         Gaps below this (overlaps, rounding) count as this.
     tie : float
-        Scores within this of the best are a tie, won by the coarsest cut.
+        Scores within this of the best are a tie, won by the coarsest cut,
+        unless that cut merely groups whole steps of a finer regular cut
+        whose only slow steps recur at its boundaries (a checkpoint every N
+        steps; see :func:`_groups_whole_steps`) and whose steps all carry
+        the same traffic (see :func:`_pieces_alike`): then the finer cut.
     min_cover : float
         A candidate's steps must span at least this share of the traffic
         (``span_ns``): steps tile a job's time, and ``min_steps`` whole
@@ -105,6 +119,11 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     span_ns : float, optional
         The time the job's traffic spans (default: the gaps' flows', from
         the first ``busy_end`` to the last).
+    pair, weight : arrays, optional
+        Per flow (``len(gap) + 1``, in the same order), a key of its GPU
+        pair and its bytes (default: 1 per flow). Without ``pair`` a finer
+        cut is never preferred: what tells a step from a pipeline's
+        micro-batch is what it carries.
 
     Returns
     -------
@@ -123,7 +142,13 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     the smallest robust spread (MAD / median of durations) wins. Too low a
     threshold mixes stage gaps in (short and long steps alternate), too high
     merges steps (durations jump by multiples). A single slow step or a
-    level shift moves the median and MAD of durations little.
+    level shift moves the median and MAD of durations little. A threshold
+    above periodic slow steps (a checkpoint every N steps) yields N-step
+    "steps" more regular than the real ones; that cut is dropped for the
+    finer one it groups, whatever the scores, when every finer step moves
+    the same bytes over the same pairs (a whole step's collective). The
+    micro-batches of a pipeline between its flushes group the same way,
+    but each moves a different stage's activations.
 
     O(n log n + c n) for ``n`` gaps and ``c`` candidate jumps (few).
 
@@ -138,9 +163,50 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     >>> round(natural_break(gap, busy_end))
     41
     """
+    scored = cuts = _scored_cuts(gap, busy_end, min_jump, min_steps, floor_ns, min_cover, span_ns)
+    if not scored:
+        return np.inf
+    # a cut that leaves the job's traffic outside any step (beyond the
+    # partial steps at the edges) is admissible only if every cut does
+    if any(c.whole for c in scored):
+        scored = [c for c in scored if c.whole]
+    best = min(c.score for c in scored)
+    # near-ties go to the coarsest cut: a pipeline's microbatches are as
+    # regular as its steps
+    tied = sorted((c for c in scored if c.score <= best + tie), key=lambda c: c.tau)
+    choice = tied[-1]
+    # ... unless the chosen cut merely groups whole steps of a finer cut
+    # (a checkpoint every N steps): the step is the shortest period, and a
+    # capture too short to hold four checkpoints is cut at the steps, so a
+    # longer one must be too. From the coarsest finer cut down, each taken
+    # if it explains the current one that way (a finer cut that leaves
+    # more than a step out at an edge qualifies if that edge is a slow step
+    # cut by the capture).
+    if pair is None:
+        return choice.tau
+    for finer in sorted((c for c in cuts if c.tau < choice.tau), key=lambda c: -c.tau):
+        if _groups_whole_steps(finer, choice) and _pieces_alike(gap, finer.tau, pair, weight):
+            choice = finer
+    return choice.tau
+
+
+class _Cut(NamedTuple):
+    """A candidate cut of :func:`natural_break`: its score (lower: more regular), threshold and steps."""
+
+    score: float
+    tau: float
+    whole: bool  # no traffic left outside a step beyond a partial step at each edge
+    edge: float  # the longer of the traffic before the first boundary and after the last
+    ends: np.ndarray  # the step boundaries (busy ends of the cut gaps)
+    dur: np.ndarray  # the steps' durations
+
+
+def _scored_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_steps: int, floor_ns: int, min_cover: float,
+                 span_ns: float | None) -> list[_Cut]:
+    """Every admissible candidate cut of :func:`natural_break`, scored, finest first."""
     g = np.maximum(np.asarray(gap, dtype=np.float64), floor_ns)
     if len(g) < min_steps:
-        return np.inf
+        return []
     u = np.unique(g)
     counts_above = len(g) - np.searchsorted(np.sort(g), u, side="right")  # gaps above each value
     jumps = np.flatnonzero((u[1:] / u[:-1] >= min_jump) & (counts_above[:-1] >= min_steps + 1))
@@ -164,18 +230,96 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
         # threshold that cuts only the slower half of a job (a straggler
         # appeared) is regular too, but leaves the faster half uncut
         outside = max(0.0, b[0] - busy_end[0] - 1.5 * med) + max(0.0, busy_end[-1] - b[-1] - 1.5 * med)
-        scored.append((spread + merged + split + outside / span, tau, outside == 0))
-    if not scored:
-        return np.inf
-    # a cut that leaves the job's traffic outside any step (beyond the
-    # partial steps at the edges) is admissible only if every cut does
-    if any(whole for _, _, whole in scored):
-        scored = [x for x in scored if x[2]]
-    best = min(s for s, _, _ in scored)
-    # near-ties go to the coarsest cut: a pipeline's microbatches are as
-    # regular as its steps
-    best_tau = max(t for s, t, _ in scored if s <= best + tie)
-    return best_tau
+        edge = float(max(b[0] - busy_end[0], busy_end[-1] - b[-1]))
+        scored.append(_Cut(float(spread + merged + split + outside / span), tau, outside == 0, edge, b, dur))
+    return scored
+
+
+def _groups_whole_steps(fine: _Cut, coarse: _Cut, tol: float = 0.1, odd_share: float = 0.1) -> bool:
+    """Does ``coarse`` merely group whole steps of ``fine``, whose only slow steps recur at its boundaries?
+
+    A checkpoint (an evaluation, an epoch's end) every N steps pauses the
+    job after one step's collective: once the capture holds a few of them,
+    the threshold between the normal step gap and the pause's gap cuts
+    "steps" of N steps each, more regular than the real ones (each sums N
+    steps' jitter). The coarse cut is such a grouping when, with margins:
+
+    1. every coarse step holds at least two fine steps, and about the same
+       number (the long pause recurs every N steps: within one fine step,
+       or 10%, a boundary record lost);
+    2. the fine steps that do not open a coarse step (the pause is in the
+       step that follows it) are regular: a MAD under ``tol / 2`` of their
+       median, and at most ``odd_share`` of them off it by more than
+       ``tol`` (a real slow step, a lost boundary);
+    3. the fine steps that open a coarse step are no shorter than the
+       others (less ``tol``) and no longer than the rest of their coarse
+       step (k - 1 regular steps): a slow step, not the period. This keeps
+       what the coarse cut is for: between a pipeline's microbatches (or a
+       Megatron job's staggered stage collectives) and its flush, the short
+       pieces are most of a step's pieces but little of its time, and the
+       warm-up and cool-down pieces are unlike the steady ones;
+    4. the traffic before the first fine boundary and after the last is at
+       most a step, a slow one included (the capture may end in a
+       checkpoint's step).
+    """
+    pos = np.searchsorted(fine.ends, coarse.ends)
+    if pos[-1] >= len(fine.ends) or not np.array_equal(fine.ends[pos], coarse.ends):
+        return False  # not nested (cuts of one gap array always are)
+    k = np.diff(pos)  # fine steps per coarse step
+    if k.min() < 2 or k.max() - k.min() > max(1.0, tol * float(np.median(k))):
+        return False
+    opens = np.zeros(len(fine.dur), dtype=bool)
+    opens[pos[pos < len(fine.dur)]] = True  # the fine step after each coarse boundary holds the long gap
+    inner, first = fine.dur[~opens], fine.dur[opens]
+    if len(inner) < 2:
+        return False
+    med = float(np.median(inner))
+    if med <= 0 or np.median(np.abs(inner - med)) > 0.5 * tol * med or np.mean(np.abs(inner - med) > tol * med) > odd_share:
+        return False
+    rest = (k - 1) * med  # the regular part of each whole coarse step
+    longest = max(1.5 * med, (1 + tol) * float(first.max()))
+    return bool(first.min() >= (1 - tol) * med and (first[: len(rest)] <= rest).all() and fine.edge <= longest)
+
+
+def _pieces_alike(gap: np.ndarray, tau: float, pair: np.ndarray, weight: np.ndarray | None, min_sim: float = 0.8,
+                  min_share: float = 0.9, max_cells: int = 20_000_000) -> bool:
+    """Do the whole steps of the cut at ``tau`` carry the same traffic: the same bytes over the same pairs?
+
+    A step's collective moves the whole gradient buffer over every ring
+    edge, so the steps of a data-parallel job are alike whether or not a
+    checkpoint follows some of them. The pieces of one step are not: a
+    pipeline's micro-batches each move one stage boundary's activations
+    (and the warm-up pieces only the first stages'), the collectives of
+    Megatron's stages each run on their own rings, and FSDP's layers
+    gather in the forward and gather and scatter in the backward.
+
+    Per whole piece (between two cut gaps), its bytes per pair against the
+    median piece's: the similarity is ``sum(min) / sum(max)``; at least
+    ``min_share`` of the pieces must reach ``min_sim`` (a lost record, a
+    jittered bucket, a slow step's same bytes all pass). With more than
+    ``max_cells`` pieces x pairs, an even sample of the pieces is compared.
+
+    >>> g = np.array([1, 9, 1, 9, 1, 9, 1])  # pieces: flows (1,2), (3,4), (5,6)
+    >>> _pieces_alike(g, 5, np.array([0, 1, 0, 1, 0, 1, 0, 1]), None)
+    True
+    >>> _pieces_alike(g, 5, np.array([0, 1, 2, 3, 0, 1, 2, 3]), None)
+    False
+    """
+    piece = np.concatenate([[0], np.cumsum(np.asarray(gap) >= tau)])  # 0 and the last: cut by the capture's edges
+    n = int(piece[-1]) - 1  # whole pieces: 1..n
+    if n < 2:
+        return False
+    inside = (piece >= 1) & (piece <= n)
+    codes, pc = np.unique(np.asarray(pair)[inside], return_inverse=True)
+    k = piece[inside] - 1
+    w = np.ones(len(k)) if weight is None else np.asarray(weight, dtype=np.float64)[inside]
+    every = max(1, -(-n * len(codes) // max_cells))  # sample every `every`-th piece when the table would be too big
+    keep = k % every == 0
+    rows = -(-n // every)
+    table = np.bincount(k[keep] // every * len(codes) + pc[keep], weights=w[keep], minlength=rows * len(codes)).reshape(rows, len(codes))
+    typical = np.median(table, axis=0)
+    sim = np.minimum(table, typical).sum(axis=1) / np.maximum(np.maximum(table, typical).sum(axis=1), 1e-12)
+    return bool(np.mean(sim >= min_sim) >= min_share)
 
 
 def _fragments(dur: np.ndarray, med: float) -> float:
@@ -467,7 +611,9 @@ class StepTimeline:
             A key of each flow's GPU pair; lets a step end inside a burst
             where the same DP rings run a second collective of the same size
             (a distributed optimizer's reduce-scatter, then the next step's
-            all-gather: see :func:`optimizer_gaps`).
+            all-gather: see :func:`optimizer_gaps`), and a checkpoint every
+            N steps stay a slow step rather than the period (see
+            :func:`natural_break`).
         collective : bool array, optional
             The flow is on a pair with collective timing (bursts once or
             twice a step). A job whose DP rings the network does not see
@@ -480,7 +626,7 @@ class StepTimeline:
         end = np.asarray(end, dtype=np.int64)
         is_dp = np.asarray(is_dp, dtype=bool)
         size = np.zeros(len(start), dtype=np.int64) if size is None else np.asarray(size, dtype=np.int64)
-        pair = np.zeros(len(start), dtype=np.int64) if pair is None else np.asarray(pair, dtype=np.int64)
+        pair = None if pair is None else np.asarray(pair, dtype=np.int64)
         collective = is_dp if collective is None else np.asarray(collective, dtype=bool)
         if capture_end is None:
             capture_end = int(start.max()) if len(start) else 0
@@ -504,7 +650,7 @@ class StepTimeline:
             rows = slice(int(idx[0]), int(idx[-1]) + 1) if bool(np.all(np.diff(idx) == 1)) else idx
             is_dp_j = is_dp[rows]
             mark = is_dp_j if is_dp_j.any() else collective[rows]  # DP bursts, else other collectives, else the flush
-            ends = self._boundaries(label, start[rows], end[rows], mark, capture_end, size[rows], pair[rows])
+            ends = self._boundaries(label, start[rows], end[rows], mark, capture_end, size[rows], None if pair is None else pair[rows])
             if len(ends) < 2:
                 continue
             name = job_names[label] if job_names is not None else label
@@ -524,7 +670,8 @@ class StepTimeline:
             self.breaks_[label] = np.inf
             return np.zeros(0, dtype=np.int64)
         gap, busy_end = busy_gaps(s, e)
-        tau = natural_break(gap, busy_end, self.min_jump, self.min_steps, span_ns=float(end.max() - start.min()))
+        tau = natural_break(gap, busy_end, self.min_jump, self.min_steps, span_ns=float(end.max() - start.min()),
+                            pair=None if pair is None else pair[marker], weight=None if size is None else size[marker])
         self.breaks_[label] = tau
         if not np.isfinite(tau):
             return np.zeros(0, dtype=np.int64)
@@ -534,7 +681,8 @@ class StepTimeline:
         # control traffic: flows far smaller than a DP message (the grad-norm all-reduce)
         light = o_size < 0.01 * np.median(size[marker]) if size is not None and dp.any() else np.zeros(len(o_start), dtype=bool)
         if dp.any() and size is not None and len(cut) >= self.min_steps:
-            split, split_end = optimizer_gaps(s, busy_end, gap, cut, size[marker], pair[marker], o_start, o_end, o_size)
+            ring = np.zeros(len(s), dtype=np.int64) if pair is None else pair[marker]
+            split, split_end = optimizer_gaps(s, busy_end, gap, cut, size[marker], ring, o_start, o_end, o_size)
             if np.mean(split >= 0) >= 0.8:  # a recurring structure, not a coincidence
                 self.optimizer_split_[label] = True
                 # a burst without a clear pause (records lost in it) still
