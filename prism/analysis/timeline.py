@@ -45,7 +45,7 @@ import pandas as pd
 from prism.common.components import connected_components
 from prism.common.ordering import order_by
 
-__all__ = ["StepTimeline", "natural_break", "busy_gaps", "optimizer_gaps", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
+__all__ = ["StepTimeline", "natural_break", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
 
 STEP_COLUMNS = [
     "job_id", "step", "start_ns", "end_ns", "duration_ns",
@@ -466,6 +466,84 @@ def optimizer_gaps(start: np.ndarray, busy_end: np.ndarray, gap: np.ndarray, cut
     return out, ends
 
 
+def halves_of_one_burst(start: np.ndarray, busy_end: np.ndarray, cut: np.ndarray, size: np.ndarray, pair: np.ndarray,
+                        other_start: np.ndarray, other_size: np.ndarray, tol: float = 0.05) -> np.ndarray:
+    """Per cut gap: is it a long optimizer pause between the two halves of one step's collective burst?
+
+    With a distributed optimizer a step's collective is a reduce-scatter,
+    the optimizer, then the next step's all-gather, all in one burst (see
+    :func:`optimizer_gaps`). A checkpoint written after the reduce-scatter
+    stretches that pause to the length of a step's compute, and the cut
+    then falls between the two halves: the step holding the checkpoint
+    would be cut in two. Such a gap is recognised by the two bursts it
+    separates, with margins: they move the same bytes (within ``tol``),
+    together those of a typical burst (within ``2 * tol``: a reduce-scatter
+    and an all-gather of the same buffer), over the same pairs, each pair
+    about what it moved before (within ``tol`` over all), and little else
+    starts in the gap (under a quarter of their bytes: no pipeline forward
+    runs while the optimizer waits).
+
+    Parameters
+    ----------
+    start, busy_end : arrays
+        The job's collective flows in start order and their running end.
+    cut : int array
+        Flow indices that end a burst.
+    size, pair : arrays
+        Bytes and pair key of each of those flows.
+    other_start, other_size : arrays
+        The job's other flows.
+
+    Returns
+    -------
+    bool array, one per ``cut``: the gap after that flow joins two halves.
+
+    Examples
+    --------
+    Bursts of 4 flows over pairs 0 and 1 every 100, the fourth split in two by a long pause after its reduce-scatter:
+
+    >>> st = np.r_[0:4, 100:104, 200:204, 300:302, 350:352, 450:454, 550:554]
+    >>> cut = np.array([3, 7, 11, 13, 15, 19])
+    >>> halves_of_one_burst(st, st + 1, cut, np.ones(26), np.arange(26) % 2, np.zeros(0, np.int64), np.zeros(0)).tolist()
+    [False, False, False, True, False, False]
+
+    The same gaps, the second half on other pairs (another stage's ring):
+
+    >>> other_ring = np.where((st >= 350) & (st < 400), 2 + st % 2, st % 2)
+    >>> halves_of_one_burst(st, st + 1, cut, np.ones(26), other_ring, np.zeros(0, np.int64), np.zeros(0)).tolist()
+    [False, False, False, False, False, False]
+    """
+    cut = np.asarray(cut)
+    out = np.zeros(len(cut), dtype=bool)
+    if len(cut) < 3:
+        return out
+    cum = np.concatenate([[0.0], np.cumsum(np.asarray(size, dtype=np.float64))])
+    first = np.concatenate([[0], cut + 1])  # burst k: flows first[k]..last[k]
+    last = np.concatenate([cut, [len(start) - 1]])
+    nbytes = cum[last + 1] - cum[first]
+    typical = float(np.median(nbytes[1:-1])) if len(nbytes) > 2 else 0.0
+    left, right = nbytes[:-1], nbytes[1:]  # the bursts either side of each cut gap
+    cand = np.flatnonzero((np.abs(left - right) <= tol * left) & (np.abs(left + right - typical) <= 2 * tol * typical))
+    if len(cand) == 0:
+        return out
+    o = np.argsort(other_start, kind="stable")
+    os_ = np.asarray(other_start)[o]
+    ocum = np.concatenate([[0.0], np.cumsum(np.asarray(other_size, dtype=np.float64)[o])])
+    pair = np.asarray(pair)
+    sz = np.asarray(size, dtype=np.float64)
+    for c in cand:
+        j0, j1 = np.searchsorted(os_, busy_end[cut[c]], side="right"), np.searchsorted(os_, start[cut[c] + 1], side="left")
+        if ocum[j1] - ocum[j0] > 0.25 * (left[c] + right[c]):
+            continue
+        a, b = slice(first[c], last[c] + 1), slice(first[c + 1], last[c + 1] + 1)
+        codes, inv = np.unique(np.concatenate([pair[a], pair[b]]), return_inverse=True)
+        na = last[c] + 1 - first[c]
+        pa = np.bincount(inv[:na], weights=sz[a], minlength=len(codes))
+        pb = np.bincount(inv[na:], weights=sz[b], minlength=len(codes))
+        out[c] = bool((pa > 0).all() and (pb > 0).all() and np.abs(pb - pa).sum() <= tol * pa.sum())
+    return out
+
+
 def _pause_like_the_others(busy_end, gap, cut, split, split_end) -> np.ndarray:
     """Per burst, where its step most likely ends when its own pause was not clear.
 
@@ -676,8 +754,10 @@ class StepTimeline:
         if not np.isfinite(tau):
             return np.zeros(0, dtype=np.int64)
         cut = np.flatnonzero(gap >= tau)  # a burst ends at flow `cut`
-        ends = busy_end[cut]
         o_start, o_end, o_size = start[~marker], end[~marker], (size[~marker] if size is not None else np.ones((~marker).sum()))
+        if dp.any() and size is not None and pair is not None and len(cut) >= self.min_steps:
+            cut = cut[~halves_of_one_burst(s, busy_end, cut, size[marker], pair[marker], o_start, o_size)]
+        ends = busy_end[cut]
         # control traffic: flows far smaller than a DP message (the grad-norm all-reduce)
         light = o_size < 0.01 * np.median(size[marker]) if size is not None and dp.any() else np.zeros(len(o_start), dtype=bool)
         if dp.any() and size is not None and len(cut) >= self.min_steps:
