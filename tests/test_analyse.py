@@ -74,7 +74,7 @@ def _reference_shapes(p, labels, comps, names, jobs):
             out.loc[:, "dp"] = c.groupby("job_id")["size"].max().reindex(out.index).fillna(1).astype(int)
             out.loc[:, "dp_exact"] = ring.groupby(c["job_id"]).all().reindex(out.index).fillna(True).astype(bool)
     out["gpus"] = gpus
-    out["tp"] = (out["gpus"] // (out["dp"] * out["pp"])).clip(lower=1)
+    out["nics_per_stage"] = (out["gpus"] // (out["dp"] * out["pp"])).clip(lower=1)
     return out.rename_axis("job_id").reset_index()
 
 
@@ -92,7 +92,7 @@ def test_shapes_count_rings_and_pipelines():
     comps = {k: parallel_groups(p["a"].to_numpy()[m], p["b"].to_numpy()[m], 12) for k, m in (("dp", dp), ("pp", ~dp))}
     jobs = pd.DataFrame({"job_id": "job-a", "ip": [f"10.0.0.{i}" for i in range(24)]})  # 24 GPUs seen
     got = prism.analysis.analyse._shapes(p, np.zeros(12, dtype=np.int64), comps, {0: "job-a"}, jobs).iloc[0]
-    assert (got["dp"], got["pp"], got["gpus"], got["tp"], bool(got["dp_exact"])) == (3, 4, 24, 2, False)
+    assert (got["dp"], got["pp"], got["gpus"], got["nics_per_stage"], bool(got["dp_exact"])) == (3, 4, 24, 2, False)
 
 
 @pytest.mark.parametrize("seed", range(4))

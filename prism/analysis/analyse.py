@@ -183,13 +183,16 @@ def label_names(labels: np.ndarray, jobs: pd.DataFrame, topology: Topology) -> d
 
 
 def _shapes(p: pd.DataFrame, labels, comps: dict, names: dict, jobs) -> pd.DataFrame:
-    """``job_id, dp, pp, gpus, tp, dp_exact`` per job.
+    """``job_id, dp, pp, gpus, nics_per_stage, dp_exact`` per job.
 
     PP is the usual pipeline length (the most common; of equally common
     ones, the shortest). DP is the largest DP ring seen: a ring whose
     members partly share a server passes through NVLink there, and the
     network shows it in pieces (open paths of one-way ring edges instead of
     a cycle); ``dp_exact`` is False then, and DP is a lower bound.
+    ``nics_per_stage`` is the job's NICs over DP x PP: the tensor-parallel
+    size when every GPU has its own NIC, which the network cannot tell
+    (GPUs that share a NIC look the same), so it is not called TP.
 
     Per component and per job in numpy (a pandas groupby per statistic cost
     the daemon 30 ms a window).
@@ -227,7 +230,7 @@ def _shapes(p: pd.DataFrame, labels, comps: dict, names: dict, jobs) -> pd.DataF
             np.logical_and.at(dp_exact, job[keep], ring[keep])
     counts = gpus.to_numpy()
     return pd.DataFrame({"job_id": ids, "dp": dp, "pp": pp, "dp_exact": dp_exact, "gpus": counts,
-                         "tp": np.maximum(counts // (dp * pp), 1)})
+                         "nics_per_stage": np.maximum(counts // (dp * pp), 1)})
 
 
 def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -> pd.DataFrame:

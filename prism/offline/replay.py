@@ -99,7 +99,7 @@ class ReplayResult:
                 an = self.analysis
                 if an is not None and an.shapes is not None and job_id in set(an.shapes["job_id"]):
                     sh = an.shapes.set_index("job_id").loc[job_id]
-                    row.update(dp=int(sh["dp"]), pp=int(sh["pp"]), tp=int(sh["tp"]), dp_exact=bool(sh["dp_exact"]))
+                    row.update(dp=int(sh["dp"]), pp=int(sh["pp"]), nics_per_stage=int(sh["nics_per_stage"]), dp_exact=bool(sh["dp_exact"]))
                 if an is not None and an.steps is not None:
                     d = an.steps.loc[an.steps["job_id"] == job_id, "duration_ns"]
                     row.update(steps=int(len(d)), median_step_ms=round(float(d.median()) / 1e6, 3) if len(d) else None)
@@ -456,7 +456,7 @@ def format_summary(res: ReplayResult) -> str:
             extra += f", {j['dp_pairs']} DP / {j['pp_pairs']} PP pairs"
         lines.append(f"  {j['job_id']}  {j['gpus']:>5} GPUs on {len(srv):>4} servers ({srv_txt}){extra}")
         if "dp" in j:
-            shape = f"DP{j['dp']} x PP{j['pp']} (x TP{j['tp']} inferred)" if j["dp_exact"] else f"DP>={j['dp']} x PP{j['pp']} (a DP ring runs partly inside servers)"
+            shape = f"DP{j['dp']} x PP{j['pp']}, {j['nics_per_stage']} NICs per stage of a replica" if j["dp_exact"] else f"DP>={j['dp']} x PP{j['pp']} (a DP ring runs partly inside servers)"
             parts = [shape]
             if "steps" in j:  # not with --stop-after pairs
                 parts.append(f"{j['steps']} steps, median {j['median_step_ms']:,.1f} ms" if j["steps"] else "no whole step")
