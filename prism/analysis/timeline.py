@@ -185,7 +185,7 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     if pair is None:
         return choice.tau
     for finer in sorted((c for c in cuts if c.tau < choice.tau), key=lambda c: -c.tau):
-        if _groups_whole_steps(finer, choice) and _pieces_alike(gap, finer.tau, pair, weight):
+        if _groups_whole_steps(finer, choice) and _pieces_alike(np.flatnonzero(np.asarray(gap) >= finer.tau), pair, weight):
             choice = finer
     return choice.tau
 
@@ -235,7 +235,7 @@ def _scored_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_ste
     return scored
 
 
-def _groups_whole_steps(fine: _Cut, coarse: _Cut, tol: float = 0.1, odd_share: float = 0.1) -> bool:
+def _groups_whole_steps(fine: _Cut, coarse: _Cut, tol: float = 0.1, odd_share: float = 0.1, max_pause: float = 0.25) -> bool:
     """Does ``coarse`` merely group whole steps of ``fine``, whose only slow steps recur at its boundaries?
 
     A checkpoint (an evaluation, an epoch's end) every N steps pauses the
@@ -249,8 +249,11 @@ def _groups_whole_steps(fine: _Cut, coarse: _Cut, tol: float = 0.1, odd_share: f
        or 10%, a boundary record lost);
     2. the fine steps that do not open a coarse step (the pause is in the
        step that follows it) are regular: a MAD under ``tol / 2`` of their
-       median, and at most ``odd_share`` of them off it by more than
-       ``tol`` (a real slow step, a lost boundary);
+       median, and at most ``odd_share`` of them, and of their time, off it
+       by more than ``tol`` (a real slow step, a lost boundary). By time:
+       the messages of a ring collective are as regular as steps, but the
+       compute gaps between the collectives, few of the pieces, are most of
+       the time;
     3. the fine steps that open a coarse step are no shorter than the
        others (less ``tol``) and no longer than the rest of their coarse
        step (k - 1 regular steps): a slow step, not the period. This keeps
@@ -260,7 +263,13 @@ def _groups_whole_steps(fine: _Cut, coarse: _Cut, tol: float = 0.1, odd_share: f
        warm-up and cool-down pieces are unlike the steady ones;
     4. the traffic before the first fine boundary and after the last is at
        most a step, a slow one included (the capture may end in a
-       checkpoint's step).
+       checkpoint's step);
+    5. the long gaps add at most ``max_pause`` of the time: a checkpoint
+       or an evaluation is a small overhead, while the compute between a
+       step's collectives is most of a step (DDP's gradient buckets, each
+       all-reduced as the backward releases it, are as regular as steps,
+       and the forward pass before them is one long gap per micro-batch,
+       35% of its time in the matrix's DDP jobs).
     """
     pos = np.searchsorted(fine.ends, coarse.ends)
     if pos[-1] >= len(fine.ends) or not np.array_equal(fine.ends[pos], coarse.ends):
@@ -274,16 +283,18 @@ def _groups_whole_steps(fine: _Cut, coarse: _Cut, tol: float = 0.1, odd_share: f
     if len(inner) < 2:
         return False
     med = float(np.median(inner))
-    if med <= 0 or np.median(np.abs(inner - med)) > 0.5 * tol * med or np.mean(np.abs(inner - med) > tol * med) > odd_share:
+    odd = np.abs(inner - med) > tol * med
+    if med <= 0 or np.median(np.abs(inner - med)) > 0.5 * tol * med or np.mean(odd) > odd_share or inner[odd].sum() > odd_share * inner.sum():
         return False
     rest = (k - 1) * med  # the regular part of each whole coarse step
     longest = max(1.5 * med, (1 + tol) * float(first.max()))
-    return bool(first.min() >= (1 - tol) * med and (first[: len(rest)] <= rest).all() and fine.edge <= longest)
+    paused = float(np.sum(first - med)) / float(fine.dur.sum())  # the share of the time the long gaps add
+    return bool(first.min() >= (1 - tol) * med and (first[: len(rest)] <= rest).all() and fine.edge <= longest and paused <= max_pause)
 
 
-def _pieces_alike(gap: np.ndarray, tau: float, pair: np.ndarray, weight: np.ndarray | None, min_sim: float = 0.8,
-                  min_share: float = 0.9, max_cells: int = 20_000_000) -> bool:
-    """Do the whole steps of the cut at ``tau`` carry the same traffic: the same bytes over the same pairs?
+def _pieces_alike(cut: np.ndarray, pair: np.ndarray, weight: np.ndarray | None, min_sim: float = 0.8, odd_share: float = 0.1,
+                  max_cells: int = 20_000_000) -> bool:
+    """Do the whole steps between cut flows carry the same traffic: the same bytes over the same pairs?
 
     A step's collective moves the whole gradient buffer over every ring
     edge, so the steps of a data-parallel job are alike whether or not a
@@ -293,22 +304,27 @@ def _pieces_alike(gap: np.ndarray, tau: float, pair: np.ndarray, weight: np.ndar
     Megatron's stages each run on their own rings, and FSDP's layers
     gather in the forward and gather and scatter in the backward.
 
-    Per whole piece (between two cut gaps), its bytes per pair against the
-    median piece's: the similarity is ``sum(min) / sum(max)``; at least
-    ``min_share`` of the pieces must reach ``min_sim`` (a lost record, a
-    jittered bucket, a slow step's same bytes all pass). With more than
+    ``cut`` holds the indices of the flows (in start order, as ``pair`` and
+    ``weight``) after which a piece ends. Per whole piece (between two cut
+    gaps), its bytes per pair against the
+    median piece's: the similarity is ``sum(min) / sum(max)``; at most
+    ``odd_share`` of the pieces, or one, may stay under ``min_sim`` (a
+    lost record, a jittered bucket, a slow step's same bytes all pass; two
+    steps merged by a lost boundary record do not). With more than
     ``max_cells`` pieces x pairs, an even sample of the pieces is compared.
 
-    >>> g = np.array([1, 9, 1, 9, 1, 9, 1])  # pieces: flows (1,2), (3,4), (5,6)
-    >>> _pieces_alike(g, 5, np.array([0, 1, 0, 1, 0, 1, 0, 1]), None)
+    >>> cut = np.array([0, 2, 4, 6])  # whole pieces: flows (1,2), (3,4), (5,6)
+    >>> _pieces_alike(cut, np.array([0, 1, 0, 1, 0, 1, 0, 1]), None)
     True
-    >>> _pieces_alike(g, 5, np.array([0, 1, 2, 3, 0, 1, 2, 3]), None)
+    >>> _pieces_alike(cut, np.array([0, 1, 2, 3, 4, 5, 0, 1]), None)
     False
     """
-    piece = np.concatenate([[0], np.cumsum(np.asarray(gap) >= tau)])  # 0 and the last: cut by the capture's edges
+    piece = np.zeros(len(pair), dtype=np.int64)
+    piece[np.asarray(cut) + 1] = 1
+    piece = np.cumsum(piece)  # 0 and the last: cut by the capture's edges
     n = int(piece[-1]) - 1  # whole pieces: 1..n
     if n < 2:
-        return False
+        return True  # nothing to compare
     inside = (piece >= 1) & (piece <= n)
     codes, pc = np.unique(np.asarray(pair)[inside], return_inverse=True)
     k = piece[inside] - 1
@@ -319,7 +335,7 @@ def _pieces_alike(gap: np.ndarray, tau: float, pair: np.ndarray, weight: np.ndar
     table = np.bincount(k[keep] // every * len(codes) + pc[keep], weights=w[keep], minlength=rows * len(codes)).reshape(rows, len(codes))
     typical = np.median(table, axis=0)
     sim = np.minimum(table, typical).sum(axis=1) / np.maximum(np.maximum(table, typical).sum(axis=1), 1e-12)
-    return bool(np.mean(sim >= min_sim) >= min_share)
+    return bool((sim < min_sim).sum() <= max(1.0, odd_share * len(sim)))
 
 
 def _fragments(dur: np.ndarray, med: float) -> float:
@@ -658,6 +674,10 @@ class StepTimeline:
         ``steps_``, or -1 outside whole steps.
     breaks_ : dict
         Per job label, the gap threshold (ns) used, ``inf`` if none.
+    unlike_ : set
+        Job labels whose traffic has a regular cut but whose pieces carry
+        different traffic (not steps: see :func:`_pieces_alike`); they get
+        no steps.
     """
 
     def __init__(self, min_jump: float = 1.2, min_steps: int = 3):
@@ -716,6 +736,7 @@ class StepTimeline:
         flow_step = np.full(len(start), -1, dtype=np.int64)
         frames: list[pd.DataFrame] = []
         self.breaks_: dict[int, float] = {}
+        self.unlike_: set[int] = set()
         self.optimizer_split_: dict[int, bool] = {}
         n_steps = 0
         for f0, f1 in zip(firsts, lasts):
@@ -757,6 +778,12 @@ class StepTimeline:
         o_start, o_end, o_size = start[~marker], end[~marker], (size[~marker] if size is not None else np.ones((~marker).sum()))
         if dp.any() and size is not None and pair is not None and len(cut) >= self.min_steps:
             cut = cut[~halves_of_one_burst(s, busy_end, cut, size[marker], pair[marker], o_start, o_size)]
+        if pair is not None and not _pieces_alike(cut, pair[marker], None if size is None else size[marker]):
+            # the most regular cut's "steps" carry different traffic, so no gap threshold isolates the steps (FSDP's
+            # per-layer collectives: every layer's gap is longer than the optimizer's): no steps, rather than wrong ones
+            self.breaks_[label] = np.inf
+            self.unlike_.add(label)
+            return np.zeros(0, dtype=np.int64)
         ends = busy_end[cut]
         # control traffic: flows far smaller than a DP message (the grad-norm all-reduce)
         light = o_size < 0.01 * np.median(size[marker]) if size is not None and dp.any() else np.zeros(len(o_start), dtype=bool)

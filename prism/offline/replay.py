@@ -133,7 +133,7 @@ class ReplayResult:
             "peak_rss_mib": _peak_rss_mib(),
             "jobs": jobs,
             "anomalies": _records(self.analysis.anomalies) if self.analysis is not None and self.analysis.anomalies is not None else [],
-            "warnings": self.warnings(),
+            "warnings": self.warnings() + _stepless(jobs),
         }
 
     def warnings(self) -> list[str]:
@@ -149,6 +149,13 @@ class ReplayResult:
         if self.rows_read and self.rejects.total > 0.01 * self.rows_read:
             out.append(f"{self.rejects.total / self.rows_read:.1%} of the rows were rejected as malformed (see rejected_by_reason)")
         return out
+
+
+def _stepless(jobs: list[dict]) -> list[str]:
+    """A warning per job whose steps were looked for and none was found: its steps and slow-step diagnosis are off."""
+    return [f"{j['job_id']}: no whole training step found in its {j['flows']:,} flows: the capture holds fewer than 3 of its "
+            "steps, or no gap in its traffic recurs once a step (FSDP's per-layer collectives); its steps are not reported"
+            for j in jobs if j.get("steps") == 0 and j.get("flows")]
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
