@@ -4,11 +4,15 @@ Every analysis but the switches' is per job, so batches of whole jobs give
 what one run over all flows gives (tested equal), while the analyses'
 temporaries scale with the batch, not the capture. A job too long for one
 batch is analysed in time slices (:mod:`prism.analysis.slices`). The offline
-replay drives these, from memory or from flows spilled to disk.
+replay drives these, from memory or from flows spilled to disk, in this
+process or fanned out to worker processes (``executor``: a process pool on
+one machine, or a distributed engine's) that each analyse their batches.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, as_completed
 from typing import Any
 
 import numpy as np
@@ -21,7 +25,8 @@ from prism.common.allocator import release_free_memory
 from prism.common.ordering import group_rows
 from prism.ingest.topology import Topology
 
-__all__ = ["JOB_BATCH_FLOWS", "JobChunks", "analyse_by_jobs", "analyse_chunks_by_jobs", "analyse_job_batches", "plan_analysis", "plan_job_batches"]
+__all__ = ["JOB_BATCH_FLOWS", "BatchLoader", "JobChunks", "RowRange", "analyse_batch", "analyse_by_jobs", "analyse_chunks_by_jobs",
+           "analyse_job_batches", "plan_analysis", "plan_job_batches"]
 
 
 #: flows analysed together at most (whole jobs: a bigger job is analysed alone)
@@ -42,6 +47,55 @@ class JobChunks:
 
     def __iter__(self) -> Iterator[list[np.ndarray]]:
         return iter(self.chunks)
+
+    @classmethod
+    def of_columns(cls, cols: list[np.ndarray]) -> JobChunks:
+        """One job's flows held as whole columns (in time order), handed over a chunk at a time (views, no copies)."""
+        return cls(_row_chunks(cols, 0, len(cols[0])))
+
+
+class BatchLoader:
+    """A batch's flows, read where it is called: in the process that analyses the batch (a worker).
+
+    Handed to :func:`analyse_job_batches` in place of a batch's columns (any
+    callable with a ``flows`` count will do: :class:`prism.offline.spill.SpillBatch`), so
+    a worker gets a small picklable description of its flows (rows of
+    memory it shares, a file, its jobs' NICs in a dataset) rather than the
+    flows themselves. Calling it returns the columns ``[a, b, start,
+    duration, size]`` (each job's flows together, in capture order), or a
+    :class:`JobChunks` for a job analysed in time slices.
+    """
+
+    #: flows of the batch (a scheduling hint: the biggest batches are handed out first)
+    flows: int = 0
+
+    def __call__(self) -> list[np.ndarray] | JobChunks:
+        raise NotImplementedError
+
+
+#: the grouped flows of :func:`analyse_chunks_by_jobs`, seen by the worker processes it forks (see :class:`RowRange`)
+_SHARED_ROWS: list[list[np.ndarray]] = []
+
+
+class RowRange(BatchLoader):
+    """Rows ``f0:f1`` of the grouped flows :func:`analyse_chunks_by_jobs` holds, read by a process forked after it grouped them.
+
+    A process pool forked then shares the columns with the parent (copy on
+    write, and nothing writes them): no flow is copied or sent, only the
+    row range.
+    """
+
+    def __init__(self, f0: int, f1: int, in_slices: bool) -> None:
+        self.f0, self.f1, self.in_slices, self.flows = f0, f1, in_slices, f1 - f0
+
+    def __call__(self) -> list[np.ndarray] | JobChunks:
+        if not _SHARED_ROWS:
+            raise RuntimeError("the grouped flows are not in this process: the pool's workers must be forked after the flows were grouped")
+        cols = [c[self.f0:self.f1] for c in _SHARED_ROWS[-1]]
+        if not self.in_slices:
+            return [c.copy() for c in cols]  # this process's own: analysed in place (a write to the shared pages would copy them a page at a time)
+        o = np.argsort(cols[2], kind="stable")  # in time order (see analyse_chunks_by_jobs); a copy, the shared rows stay as they are
+        return JobChunks.of_columns([c[o] for c in cols])
 
 
 def plan_analysis(flows_per_label: np.ndarray, slice_flows: int, max_flows: int | None = None) -> tuple[list[np.ndarray], list[bool]]:
@@ -133,7 +187,8 @@ def analyse_by_jobs(a: np.ndarray, b: np.ndarray, start: np.ndarray, duration: n
 
 def analyse_chunks_by_jobs(chunks: list[list[np.ndarray]], labels: np.ndarray, jobs: pd.DataFrame, topology: Topology, capture_end: int,
                            switch_bw: SwitchBandwidth | None = None, settings: Settings | None = None, stop_after: str = "diagnosis",
-                           on_stage: Callable[[str], object] | None = None, max_flows: int | None = None) -> Analysis:
+                           on_stage: Callable[[str], object] | None = None, max_flows: int | None = None, executor: Executor | None = None,
+                           on_batch: Callable[[int, int, dict], object] | None = None) -> Analysis:
     """:func:`analyse_by_jobs` over flows given as chunks of columns (``[a, b, start, duration, size]`` each), in capture order.
 
     The chunks are consumed: each chunk's column goes as the whole column
@@ -141,6 +196,12 @@ def analyse_chunks_by_jobs(chunks: list[list[np.ndarray]], labels: np.ndarray, j
     columns are reordered in place). Grouped by job straight from the
     chunks (:func:`prism.common.ordering.group_rows`), not joined first and then
     reordered: one pass over each column instead of three.
+
+    With ``executor`` (a process pool that forks its workers at its first
+    task, as ``ProcessPoolExecutor`` with the ``fork`` start method does),
+    the batches are analysed by its workers, each given its rows of the
+    grouped flows (:class:`RowRange`), which they share with this process;
+    ``on_batch`` as for :func:`analyse_job_batches`.
     """
     key_of = (np.asarray(labels) + 1).astype(np.int32)  # by label + 1 (0: no job); 4 bytes a flow
     keys = [key_of[c[0]] for c in chunks]
@@ -159,7 +220,9 @@ def analyse_chunks_by_jobs(chunks: list[list[np.ndarray]], labels: np.ndarray, j
         f0 = 0
         for batch_labels, in_slices in zip(plan, sliced):
             f1 = f0 + int(counts[batch_labels + 1].sum())
-            if in_slices:
+            if executor is not None:
+                yield batch_labels, RowRange(f0, f1, in_slices)
+            elif in_slices:
                 # in time order: a job's flows may come file after file (several collectors, each covering the capture)
                 o = np.argsort(cols[2][f0:f1], kind="stable")
                 for c in cols:
@@ -170,7 +233,13 @@ def analyse_chunks_by_jobs(chunks: list[list[np.ndarray]], labels: np.ndarray, j
                 yield batch_labels, [c[f0:f1] for c in cols]
             f0 = f1
 
-    return analyse_job_batches(batches(), labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
+    if executor is None:
+        return analyse_job_batches(batches(), labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage)
+    _SHARED_ROWS.append(cols)
+    try:
+        return analyse_job_batches(batches(), labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage, executor, on_batch)
+    finally:
+        _SHARED_ROWS.remove(cols)
 
 
 def _joined(chunks: list[list[Any]]) -> list[np.ndarray]:
@@ -186,9 +255,10 @@ def _joined(chunks: list[list[Any]]) -> list[np.ndarray]:
     return cols
 
 
-def analyse_job_batches(batches: Iterable[tuple[np.ndarray, list[np.ndarray] | JobChunks]], labels: np.ndarray, jobs: pd.DataFrame,
+def analyse_job_batches(batches: Iterable[tuple[np.ndarray, list[np.ndarray] | JobChunks | Callable[[], list[np.ndarray] | JobChunks]]], labels: np.ndarray, jobs: pd.DataFrame,
                         topology: Topology, capture_end: int, switch_bw: SwitchBandwidth | None = None, settings: Settings | None = None,
-                        stop_after: str = "diagnosis", on_stage: Callable[[str], object] | None = None) -> Analysis:
+                        stop_after: str = "diagnosis", on_stage: Callable[[str], object] | None = None, executor: Executor | None = None,
+                        on_batch: Callable[[int, int, dict], object] | None = None) -> Analysis:
     """:func:`analyse` over each batch of whole jobs, combined into what one run over all of them gives.
 
     Parameters
@@ -199,15 +269,33 @@ def analyse_job_batches(batches: Iterable[tuple[np.ndarray, list[np.ndarray] | J
         job's flows together and in their capture order. Consumed one at a
         time: a batch's columns can be read when it is reached (see
         :class:`prism.offline.spill.SpilledFlows`). A batch given as
-        :class:`JobChunks` is one job analysed in time slices.
+        :class:`JobChunks` is one job analysed in time slices; one given as
+        a :class:`BatchLoader` is read where it is analysed.
     labels, jobs, topology, capture_end, switch_bw, settings, stop_after, on_stage
         As for :func:`analyse`; the switch diagnosis runs once, over
         ``switch_bw``, after the batches.
+    executor : concurrent.futures.Executor, optional
+        Analyse the batches there, each a task (:func:`analyse_batch`): a
+        process pool, or a distributed engine's executor. Its batches should
+        be :class:`BatchLoader` (a worker then reads only its own flows).
+        The biggest are handed out first; the results are combined in the
+        plan's order, so they are what one process gives, byte for byte.
+        ``on_stage`` is then called once, with ``"analyse"``.
+    on_batch : callable(done, total, seconds), optional
+        With ``executor``: called as each batch's analysis comes back
+        (progress), with the seconds its worker spent per stage (``load``,
+        ``pairs``, ``steps``, ...).
     """
     job_label = labels[topology.ips.get_indexer(jobs["ip"])]  # type: ignore[arg-type]  # pandas takes any array-like; the stubs ask for an Index
+    s = settings or Settings()
+    if executor is not None:
+        parts = _fan_out(batches, job_label, labels, jobs, topology, capture_end, settings, stop_after, on_stage, executor, on_batch)
+        return _combine(parts, switch_bw, s, stop_after)
     parts = []
     for batch_labels, cols in batches:
         batch_jobs = jobs[np.isin(job_label, batch_labels)]
+        if callable(cols):  # a BatchLoader
+            cols = cols()
         # each batch runs every stage: on_stage is called per batch (a stage's time is the sum over batches)
         if isinstance(cols, JobChunks):
             parts.append(analyse_sliced(cols, labels, batch_jobs, topology, capture_end, settings, stop_after, on_stage))
@@ -216,7 +304,72 @@ def analyse_job_batches(batches: Iterable[tuple[np.ndarray, list[np.ndarray] | J
             parts.append(analyse(a, b, start, duration, size, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage))
             del a, b, start, duration, size  # the batch's columns go before the next is read
         del cols
-    return _combine(parts, switch_bw, settings or Settings(), stop_after)
+    return _combine(parts, switch_bw, s, stop_after)
+
+
+def analyse_batch(cols: list[np.ndarray] | JobChunks | Callable[[], list[np.ndarray] | JobChunks], labels: np.ndarray, batch_jobs: pd.DataFrame, topology: Topology, capture_end: int,
+                  settings: Settings | None, stop_after: str) -> tuple[Analysis, dict]:
+    """One batch's analysis, as a worker runs it: (its :class:`Analysis`, seconds per stage).
+
+    A batch of several jobs is analysed as :func:`analyse_by_jobs` would
+    (in batches of at most :data:`JOB_BATCH_FLOWS` flows, a job past the
+    slice size in time slices), so a task may hold more jobs than one
+    analysis should. The switch diagnosis is not run here (it needs every
+    flow: the caller runs it once, after the batches).
+    """
+    seconds: dict[str, float] = {}
+    running: list[tuple[str, float]] = []  # the stage running, and since when
+
+    def on_stage(name: str) -> None:
+        now = time.perf_counter()
+        if running:
+            last, t = running.pop()
+            seconds[last] = seconds.get(last, 0.0) + now - t
+        running.append((name, now))
+
+    on_stage("load")  # a loader reads the batch's flows here
+    if callable(cols):  # a BatchLoader
+        cols = cols()
+    if isinstance(cols, JobChunks):
+        out = analyse_sliced(cols, labels, batch_jobs, topology, capture_end, settings, stop_after, on_stage)
+    else:  # several jobs, maybe: in batches of JOB_BATCH_FLOWS here too (the columns are the task's own, reordered in place)
+        a, b, start, duration, size = cols
+        del cols
+        out = analyse_by_jobs(a, b, start, duration, size, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage)
+    on_stage("")
+    seconds.pop("", None)
+    return out, seconds
+
+
+def _fan_out(batches, job_label, labels, jobs, topology, capture_end, settings, stop_after, on_stage, executor: Executor, on_batch) -> list[Analysis]:
+    """Every batch a task of ``executor``, the biggest first; the analyses back in the plan's order."""
+    work = []
+    for batch_labels, cols in batches:  # loaders: cheap (a spill's scatter runs before its first)
+        work.append((getattr(cols, "flows", 0) if callable(cols) else len(cols[0]) if isinstance(cols, list) else 0, batch_labels, cols))
+    if on_stage is not None:
+        on_stage("analyse")
+    sizes = [w[0] for w in work]
+    order = sorted(range(len(work)), key=lambda i: -sizes[i])  # longest first: the last tasks to start are short ones
+    futures = {}
+    for i in order:
+        _, batch_labels, cols = work[i]
+        batch_jobs = jobs[np.isin(job_label, batch_labels)]
+        futures[executor.submit(analyse_batch, cols, labels, batch_jobs, topology, capture_end, settings, stop_after)] = i
+    del work
+    parts: list[Analysis | None] = [None] * len(futures)
+    done = 0
+    try:
+        for f in as_completed(futures):
+            part, seconds = f.result()
+            parts[futures[f]] = part
+            done += 1
+            if on_batch is not None:
+                on_batch(done, len(parts), seconds)
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        raise
+    return [p for p in parts if p is not None]
 
 
 def _combine(parts: list[Analysis], switch_bw, s: Settings, stop_after: str) -> Analysis:

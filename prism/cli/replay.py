@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from concurrent.futures.process import BrokenProcessPool
 
 from prism.analysis.analyse import DEFAULT_SLICE_FLOWS
 from prism.common.argtypes import bounded_int, existing_directory, non_negative_int, output_directory, seconds, slice_size
@@ -14,6 +15,8 @@ from prism.offline.spill import DEFAULT_SPILL_ABOVE, SpillError
 #: --chunk-rows at most: 16 Mi rows, about 20 GiB at peak (beyond that a chunk bounds no memory, and Arrow's
 #: slicing takes a C long: a larger number overflowed it)
 MAX_CHUNK_ROWS = 1 << 24
+#: --workers at most (more processes than that is a typo on any machine this runs on)
+MAX_WORKERS = 1024
 
 
 def _read_formats() -> str:
@@ -68,6 +71,17 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "the results stitched: memory then follows the slice, not the job's length (with --spill-above, a capture "
         "of any length fits). A slice must hold ten or more of the job's steps (default: %(default)s)",
     )
+    p.add_argument(
+        "--workers", type=bounded_int(1, MAX_WORKERS), default=1, metavar="N",
+        help="processes that analyse the jobs once every flow is read and the jobs are recognised (a process pool on this "
+        "machine, sharing the flows in memory); the outputs are the same, byte for byte (default: %(default)s)",
+    )
+    p.add_argument(
+        "--scheduler", default=None, metavar="ADDRESS",
+        help="analyse the jobs on Dask distributed instead (pip install 'prism-netdiag[distributed]'): a scheduler's "
+        "tcp://HOST:PORT, or 'local' for a local cluster of --workers processes. This process then keeps no flow: each "
+        "task reads its jobs' flows from the FLOWS Parquet files, which every worker must open at the same paths",
+    )
     p.set_defaults(func=cmd_replay)
 
 
@@ -76,13 +90,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from prism.ingest.records import FlowFormatError
     from prism.ingest.topology import Topology
     from prism.offline.replay import format_summary, replay
+    from prism.offline.workers import EngineError
 
     try:
         topo = Topology.from_csv(args.topology)
         kw = {"switch_window_s": args.switch_window} if args.switch_window else {}
         progress = False if args.output == "json" and args.progress is None else args.progress
         res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=progress, stop_after=args.stop_after, plots=args.plots,
-                     spill_above=args.spill_above, spill_dir=args.spill_dir, settings=Settings(slice_flows=args.slice_flows), **kw)
+                     spill_above=args.spill_above, spill_dir=args.spill_dir, settings=Settings(slice_flows=args.slice_flows),
+                     workers=args.workers, scheduler=args.scheduler, **kw)
+    except EngineError as e:  # --scheduler: not installed, not reachable, or inputs its workers cannot read
+        print(f"prism replay: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenProcessPool as e:  # a --workers process was killed (the kernel's OOM killer, say)
+        print(f"prism replay: error: a worker process died before its jobs were analysed ({e}); each holds its jobs' flows and "
+              "their analysis: fewer --workers need less memory", file=sys.stderr)
+        return EXIT_FAILED
     except SpillError as e:  # the disk, not the input
         print(f"prism replay: error: {e}", file=sys.stderr)
         return EXIT_FAILED

@@ -27,6 +27,8 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import Executor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.analyse import Analysis, Settings
-from prism.analysis.batches import analyse_by_jobs, analyse_chunks_by_jobs, analyse_job_batches, plan_analysis
+from prism.analysis.batches import JOB_BATCH_FLOWS, analyse_by_jobs, analyse_chunks_by_jobs, analyse_job_batches, plan_analysis
 from prism.analysis.diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
 from prism.analysis.diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
 from prism.analysis.jobs import JobRecogniser
@@ -229,18 +231,39 @@ class _GpuFlows:
         if self.spilled is not None:
             self.spilled.close()
 
-    def analyse(self, labels: np.ndarray, jobs: pd.DataFrame, topology: Topology, **kw: Any) -> Analysis:
-        """:func:`prism.analysis.batches.analyse_by_jobs` over the flows, from memory or from disk."""
+    def analyse(self, labels: np.ndarray, jobs: pd.DataFrame, topology: Topology, executor: Executor | None = None, max_flows: int | None = None,
+                on_batch: Any = None, **kw: Any) -> Analysis:
+        """:func:`prism.analysis.batches.analyse_by_jobs` over the flows, from memory or from disk.
+
+        With ``executor`` (a process pool that forks its workers at its first
+        task: :func:`prism.offline.workers.local_pool`), the batches of at most
+        ``max_flows`` flows are analysed by its workers, each reading its rows
+        of the flows in memory, or its batch's spill file.
+        """
+        fan: dict[str, Any] = {"executor": executor, "on_batch": on_batch} if executor is not None else {}
         if self.spilled is None:
-            return analyse_chunks_by_jobs(self.take_chunks() or [[np.empty(0, dtype=np.int64)] * self.N_COLUMNS], labels, jobs, topology, **kw)
+            return analyse_chunks_by_jobs(self.take_chunks() or [[np.empty(0, dtype=np.int64)] * self.N_COLUMNS], labels, jobs, topology,
+                                          max_flows=max_flows, **fan, **kw)
         spilled = self.spilled
         counts = spilled.flows_per_label(labels)
         slice_flows = (kw.get("settings") or Settings()).slice_flows
-        plan, sliced = plan_analysis(counts, slice_flows)
+        plan, sliced = plan_analysis(counts, slice_flows, max_flows)
         if len(plan) <= 1 and not any(sliced):  # one batch: the flows as given, as in memory
             a, b, start, duration, size = spilled.read_all()
             return analyse_by_jobs(a, b, start, duration, size, labels, jobs, topology, **kw)
-        return analyse_job_batches(spilled.job_batches(labels, plan, kw.get("on_stage"), sliced, slice_flows), labels, jobs, topology, **kw)
+        batches = spilled.job_batches(labels, plan, kw.get("on_stage"), sliced, slice_flows, lazy=executor is not None)
+        return analyse_job_batches(batches, labels, jobs, topology, **fan, **kw)
+
+
+def batch_flows(flows: int, workers: int) -> int | None:
+    """Flows a batch of jobs holds at most when ``workers`` analyse them: a few batches a worker (whole jobs, so some may be bigger).
+
+    >>> batch_flows(1000, 1), batch_flows(1000, 2)
+    (None, 250)
+    """
+    if workers <= 1:
+        return None
+    return int(max(1, min(JOB_BATCH_FLOWS, -(-flows // (2 * workers)))))
 
 
 def replay(
@@ -255,6 +278,8 @@ def replay(
     plots: bool = False,
     spill_above: int | None = DEFAULT_SPILL_ABOVE,
     spill_dir: str | Path | None = None,
+    workers: int = 1,
+    scheduler: str | None = None,
 ) -> ReplayResult:
     """Read flow dumps, run the analyses, and write the output contract.
 
@@ -288,19 +313,46 @@ def replay(
         time, so memory no longer grows with the capture at all.
     spill_dir : path, optional
         Where spilled flows go (default: the system's temporary directory).
+    workers : int
+        Processes that analyse the jobs (:mod:`prism.offline.workers`): more
+        than one, a process pool on this machine, once every flow is read
+        and the jobs are recognised. The outputs are the same, byte for byte.
+    scheduler : str, optional
+        Analyse the jobs on Dask distributed instead: a scheduler's address
+        (``tcp://host:8786``) or ``"local"`` (a local cluster of ``workers``
+        processes). This process then keeps no flow; each task reads its
+        jobs' flows from ``paths``, which must be Parquet files every worker
+        can open. Raises :class:`prism.offline.workers.EngineError` when Dask
+        is missing, the scheduler cannot be reached or an input is not Parquet.
     """
     from tqdm.auto import tqdm
 
     if stop_after not in STAGES:
         raise ValueError(f"stop_after must be one of {STAGES}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, not {workers}")
     t_start = time.perf_counter()
     res = ReplayResult(files=[str(p) for p in paths])
     recogniser = JobRecogniser(topology)
     activity = _NicActivity(len(topology))
-    gpu_flows = _GpuFlows(len(topology), spill_above, spill_dir) if stop_after != "jobs" else None
+    on_engine = scheduler is not None and stop_after != "jobs"
+    gpu_flows = _GpuFlows(len(topology), spill_above, spill_dir) if stop_after != "jobs" and not on_engine else None
     switch_bw = SwitchBandwidth(switch_window_s) if stop_after == "diagnosis" else None
     res.switch_window_ns = switch_bw.window_ns if switch_bw is not None else None
+    context = ExitStack()
+    executor: Executor | None = None
+    n_workers = workers
     try:
+        if on_engine:
+            from prism.offline.workers import check_engine_inputs, dask_executor
+
+            files = check_engine_inputs(paths)
+            # before the read: an unreachable scheduler fails now, not after a long pass over the capture
+            executor, n_workers = context.enter_context(dask_executor(str(scheduler), workers))
+        elif workers > 1 and gpu_flows is not None:
+            from prism.offline.workers import local_pool
+
+            executor = context.enter_context(local_pool(workers))  # forked at its first task, once the flows are grouped
         for path in paths:
             reader = FlowReader(path, chunk_rows=chunk_rows, rejects=res.rejects, temp_dir=None if spill_dir is None else str(spill_dir))  # a .parquet.gz is unpacked there
             total = reader.bytes_total or None
@@ -315,15 +367,18 @@ def replay(
         res.job_spans = _job_spans(res.jobs, topology, activity)
         stages = _StageClock(res.stage_seconds, progress)
         stages.begin("read", t_start)
-        if gpu_flows is not None:
+        kw: dict[str, Any] = dict(capture_end=res.last_start_ns or 0, switch_bw=switch_bw, settings=settings, stop_after=stop_after, on_stage=stages.begin)
+        if on_engine:
+            res.analysis = _analyse_on_engine(files, executor, n_workers, recogniser.labels(), res.jobs, topology, activity, res.flows_gpu,
+                                              on_batch=stages.batch, **kw)
+        elif gpu_flows is not None:
             res.flows_spilled = len(gpu_flows.spilled) if gpu_flows.spilled is not None else 0
-            res.analysis = gpu_flows.analyse(
-                recogniser.labels(), res.jobs, topology, capture_end=res.last_start_ns or 0, switch_bw=switch_bw,
-                settings=settings, stop_after=stop_after, on_stage=stages.begin,
-            )
+            fan: dict[str, Any] = {"executor": executor, "max_flows": batch_flows(res.flows_gpu, workers), "on_batch": stages.batch} if executor else {}
+            res.analysis = gpu_flows.analyse(recogniser.labels(), res.jobs, topology, **fan, **kw)
     finally:
         if gpu_flows is not None:
             gpu_flows.close()  # a spill's files go, whatever stopped the replay
+        context.close()  # the pool's processes, the engine's client (and a local cluster)
     stages.end()
     res.seconds = time.perf_counter() - t_start
     if out_dir is not None:
@@ -335,6 +390,23 @@ def replay(
             write_plots(res, Path(out_dir))
         stages.end()
     return res
+
+
+def _analyse_on_engine(files: list[str], executor: Executor | None, n_workers: int, labels: np.ndarray, jobs: pd.DataFrame, topology: Topology,
+                       activity: _NicActivity, flows_gpu: int, on_batch: Any, **kw: Any) -> Analysis:
+    """Groups of whole jobs as tasks of a distributed engine, each reading its jobs' flows from the Parquet files (:class:`ParquetJobs`)."""
+    from prism.offline.workers import ParquetJobs
+
+    counts = np.bincount(labels + 1, weights=activity.flows, minlength=1).astype(np.int64)  # GPU flows per job, counted at their source NIC
+    # a task reads every file to find its jobs' flows: about one task a worker, of at most a time slice's flows
+    # (it holds them, 32 B each, and analyses them in batches of JOB_BATCH_FLOWS)
+    slice_flows = (kw.get("settings") or Settings()).slice_flows
+    plan, sliced = plan_analysis(counts, slice_flows, max(1, min(slice_flows, -(-flows_gpu // max(1, n_workers)))))
+    if not plan:  # no GPU flow: what the in-memory replay gives
+        e = np.empty(0, dtype=np.int64)
+        return analyse_by_jobs(e, e.copy(), e.copy(), e.copy(), e.copy(), labels, jobs, topology, **kw)
+    batches = ((b, ParquetJobs(files, topology, labels, b, s, int(counts[b + 1].sum()))) for b, s in zip(plan, sliced))
+    return analyse_job_batches(batches, labels, jobs, topology, executor=executor, on_batch=on_batch, **kw)
 
 
 class _StageClock:
@@ -352,6 +424,13 @@ class _StageClock:
         self.name, self.t = name, (now if t is None else t)
         if self.show and name != "read":
             print(f"\r{name}...{' ' * 20}", end="", file=sys.stderr, flush=True)
+
+    def batch(self, done: int, total: int, seconds: dict) -> None:
+        """A worker's batch of jobs is back: its stages' seconds are added (summed over the workers), and the progress line says how many."""
+        for k, v in seconds.items():
+            self.seconds[k] = self.seconds.get(k, 0.0) + v
+        if self.show:
+            print(f"\ranalyse: {done}/{total} batches of jobs{' ' * 10}", end="", file=sys.stderr, flush=True)
 
     def end(self, now: float | None = None) -> None:
         if self.name is not None:

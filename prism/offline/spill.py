@@ -38,7 +38,7 @@ from prism.analysis.analyse import DEFAULT_SLICE_FLOWS
 if TYPE_CHECKING:
     from prism.analysis.batches import JobChunks
 
-__all__ = ["SpilledFlows", "SpillError", "RECORD", "DEFAULT_SPILL_ABOVE"]
+__all__ = ["SpilledFlows", "SpillBatch", "SpillError", "RECORD", "DEFAULT_SPILL_ABOVE"]
 
 #: GPU flows ``prism replay`` holds in memory (32 B each, 640 MB) before
 #: spilling them here: above it, peak memory no longer grows with the capture
@@ -133,18 +133,15 @@ class SpilledFlows:
                     return
                 yield rec
 
-    @staticmethod
-    def _columns(rec: np.ndarray) -> list[np.ndarray]:
-        return [np.ascontiguousarray(rec[name]) for name in COLUMNS]
-
     def read_all(self) -> list[np.ndarray]:
         """All flows as ``a, b, start, duration, size`` columns, in capture order."""
         with _spill_io(self.dir):
             self._file.flush()
-            return self._columns(np.fromfile(self.path, dtype=RECORD))
+            return _columns(np.fromfile(self.path, dtype=RECORD))
 
     def job_batches(self, labels: np.ndarray, plan: list[np.ndarray], on_stage: Callable[[str], object] | None = None,
-                    sliced: list[bool] | None = None, slice_flows: int | None = None) -> Iterator[tuple[np.ndarray, list[np.ndarray] | JobChunks]]:
+                    sliced: list[bool] | None = None, slice_flows: int | None = None,
+                    lazy: bool = False) -> Iterator[tuple[np.ndarray, list[np.ndarray] | JobChunks | SpillBatch]]:
         """Yield ``(batch labels, columns)`` per batch of ``plan``, each job's flows together.
 
         Parameters
@@ -171,14 +168,15 @@ class SpilledFlows:
         slice_flows : int, optional
             The flows of a time slice (default
             :data:`~prism.analysis.analyse.DEFAULT_SLICE_FLOWS`); sets the time buckets.
+        lazy : bool
+            Yield each batch as a :class:`SpillBatch` that reads it when
+            called (in the worker that analyses it), not as its columns.
 
         The columns are those :func:`prism.analysis.batches.analyse_by_jobs` slices
         out of the grouped capture. Complexity: each flow was written once
         by :meth:`add`, and is read, written to its batch's file and read
         again here (O(flows) I/O); memory O(slice_rows + largest batch).
         """
-        from prism.common.ordering import group_rows  # compiled with numba: loaded when used, not when the CLI starts
-
         stage = on_stage or (lambda name: None)
         stage("spill")
         with _spill_io(self.dir):
@@ -227,30 +225,11 @@ class SpilledFlows:
                 del rec, bid, o
         for i, (batch_labels, path, in_slices) in enumerate(zip(plan, paths, sliced)):
             stage("spill")
-            if in_slices:  # one job, bucket after bucket: no grouping
-                from prism.analysis.batches import JobChunks
-
-                yield batch_labels, JobChunks(self._chunks([self.dir / f"batch-{i}-t{k}.bin" for k in range(buckets[i])]))
-                continue
-            if not path.exists():  # a batch is planned from flow counts: it has flows
+            files = [self.dir / f"batch-{i}-t{k}.bin" for k in range(buckets[i])] if in_slices else [path]
+            if not in_slices and not path.exists():  # a batch is planned from flow counts: it has flows
                 raise ValueError(f"{path.name}: a planned batch of jobs has no spilled flows")
-            with _spill_io(self.dir):
-                cols = self._columns(np.fromfile(path, dtype=RECORD))
-                path.unlink()
-            key = labels[cols[0]] + 1
-            yield batch_labels, group_rows([cols], [key], np.bincount(key, minlength=int(labels.max(initial=-1)) + 2))
-
-    def _chunks(self, paths: list[Path]):
-        """The flows of these time buckets' files, each sorted by start, as columns ``slice_rows`` at a time; each file goes once read."""
-        with _spill_io(self.dir):
-            for path in paths:
-                if not path.exists():  # a time bucket the job has no flow in
-                    continue
-                rec = np.fromfile(path, dtype=RECORD)  # a quarter of a slice, at a steady flow rate
-                path.unlink()
-                rec = rec[np.argsort(rec["start"], kind="stable")]
-                for i in range(0, len(rec), self.slice_rows):
-                    yield self._columns(rec[i:i + self.slice_rows])
+            batch = SpillBatch(files, labels, in_slices, self.slice_rows, int(counts[np.asarray(batch_labels) + 1].sum()))
+            yield batch_labels, (batch if lazy else batch())
 
     def flows_per_label(self, labels: np.ndarray) -> np.ndarray:
         """Flows per job label, indexed by label + 1 (as :func:`prism.analysis.batches.plan_job_batches` takes them)."""
@@ -267,3 +246,47 @@ class SpilledFlows:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SpillBatch:
+    """One batch of a spill, read back when called (a :class:`prism.analysis.batches.BatchLoader`): in a worker, if the replay has some.
+
+    Its files are the batch's (or, for a job analysed in time slices, its
+    time buckets'); each goes once read. Picklable: paths and the job
+    labels, no flow.
+    """
+
+    def __init__(self, files: list[Path], labels: np.ndarray, in_slices: bool, slice_rows: int, flows: int) -> None:
+        self.files, self.labels, self.in_slices, self.slice_rows, self.flows = files, labels, in_slices, slice_rows, flows
+
+    def __call__(self) -> list[np.ndarray] | JobChunks:
+        from prism.common.ordering import group_rows  # compiled with numba: loaded when used, not when the CLI starts
+
+        if self.in_slices:  # one job, bucket after bucket: no grouping
+            from prism.analysis.batches import JobChunks
+
+            return JobChunks(_bucket_chunks(self.files, self.slice_rows))
+        path = self.files[0]
+        with _spill_io(path.parent):
+            cols = _columns(np.fromfile(path, dtype=RECORD))
+            path.unlink()
+        labels = self.labels
+        key = labels[cols[0]] + 1
+        return group_rows([cols], [key], np.bincount(key, minlength=int(labels.max(initial=-1)) + 2))
+
+
+def _columns(rec: np.ndarray) -> list[np.ndarray]:
+    return [np.ascontiguousarray(rec[name]) for name in COLUMNS]
+
+
+def _bucket_chunks(paths: list[Path], slice_rows: int):
+    """The flows of these time buckets' files, each sorted by start, as columns ``slice_rows`` at a time; each file goes once read."""
+    for path in paths:
+        with _spill_io(path.parent):
+            if not path.exists():  # a time bucket the job has no flow in
+                continue
+            rec = np.fromfile(path, dtype=RECORD)  # a quarter of a slice, at a steady flow rate
+            path.unlink()
+        rec = rec[np.argsort(rec["start"], kind="stable")]
+        for i in range(0, len(rec), slice_rows):
+            yield _columns(rec[i:i + slice_rows])
