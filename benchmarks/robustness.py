@@ -157,7 +157,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_traces and SA.is_dir():
-            from synthetic.fromtrace import CollectorNoise, Straggler, read_trace_job, trace_cluster
+            from synthetic.fromtrace import CollectorNoise, Straggler, read_trace_job, trace_cluster, with_slow_transfers
 
             for tp in (8, 2, 1):
                 for noise in (None, CollectorNoise()):
@@ -168,6 +168,10 @@ def main() -> int:
             c = trace_cluster([read_trace_job(SA, "ST", tp=8, straggler=Straggler(dp=1, stage=2)),
                                read_trace_job(SA, "SE", tp=8, straggler=Straggler(dp=3, stage=0))], noise=CollectorNoise())
             report("real traces ST+SE, tp=8, collector noise, 2x straggler", 0, "all", True, run(c, tmp, "trace-straggler"))
+            # and the straggler's transfers 2x slower too (a slow NIC, SYNTHETIC): the host, not the links it uses
+            for server in c.faults["subject"]:
+                c = with_slow_transfers(c, server.split("|")[0])
+            report("real traces ST+SE, tp=8, collector noise, 2x straggler, its transfers 2x slower", 0, "all", True, run(c, tmp, "trace-slow-nic"))
         for name in names:
             for seed in map(int, args.seeds.split(",")):
                 for window in map(float, args.windows.split(",")):

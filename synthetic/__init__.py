@@ -5,11 +5,11 @@ Everything this package writes is synthetic and labelled as such (the
 rail-optimised leaf/spine RoCE fabric, Megatron-style jobs (TP inside a
 server, PP and DP across servers), a 1F1B pipeline schedule, DP ring
 all-reduce in buckets and NCCL-sized messages, storage noise, and injected
-faults (slow steps, slow servers, degraded switches), and writes flows,
+faults (slow steps, slow servers, degraded switches, slow NICs), and writes flows,
 topology and the ground truth for every later stage of Prism.
 """
 from .fabric import Fabric
-from .faults import DegradedSwitch, SlowServer, SlowStep
+from .faults import DegradedSwitch, SlowNic, SlowServer, SlowStep
 from .generator import ClusterGenerator, GeneratedCluster
 from .presets import PRESETS, preset
 from .workload import JobSpec, one_f_one_b
@@ -21,6 +21,7 @@ __all__ = [
     "SlowStep",
     "SlowServer",
     "DegradedSwitch",
+    "SlowNic",
     "ClusterGenerator",
     "GeneratedCluster",
     "PRESETS",

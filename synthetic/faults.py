@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SlowStep", "SlowServer", "DegradedSwitch"]
+__all__ = ["SlowStep", "SlowServer", "DegradedSwitch", "SlowNic"]
 
 
 @dataclass(frozen=True)
@@ -46,3 +46,20 @@ class DegradedSwitch:
     start_frac: float = 0.4
     end_frac: float = 1.0
     factor: float = 0.25
+
+
+@dataclass(frozen=True)
+class SlowNic:
+    """One server of ``job`` moves its network transfers ``factor`` times slower, on every link it uses.
+
+    A slow NIC (or a host that paces its own traffic): the server's flows,
+    sent and received, take ``factor`` times as long whatever switches and
+    links they cross; nothing in the fabric is degraded. ``server`` is the
+    position of the server within the job's servers, as for
+    :class:`SlowServer`. For the whole capture; recorded in the truth as a
+    ``slow_nic`` fault naming the server.
+    """
+
+    job: str
+    server: int
+    factor: float = 2.0

@@ -48,7 +48,8 @@ import pandas as pd
 from .fabric import Fabric
 from .generator import EPOCH_NS, FlowColumns, GeneratedCluster, storage_noise, truth_frames
 
-__all__ = ["shared_data_dir", "TraceJob", "Straggler", "with_straggler", "trace_cluster", "read_trace_job", "collector_view", "CollectorNoise"]
+__all__ = ["shared_data_dir", "TraceJob", "Straggler", "with_straggler", "trace_cluster", "read_trace_job", "collector_view", "CollectorNoise",
+           "with_slow_transfers"]
 
 MiB = 1 << 20
 
@@ -214,6 +215,28 @@ def collector_view(flows: pd.DataFrame, noise: CollectorNoise, seed: int = 0) ->
     e = np.maximum(np.ceil(end / res).astype(np.int64) * res, s + res)
     out = flows.assign(start_ns=s, duration_ns=e - s)[keep]
     return out.sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+
+def with_slow_transfers(cluster: GeneratedCluster, server: str, factor: float = 2.0) -> GeneratedCluster:
+    """The cluster with every flow ``server``'s NICs send or receive ``factor`` times as long: a slow NIC (SYNTHETIC fault).
+
+    Each such flow keeps its end (the steps, cut at their last flow's end,
+    stay the truth's) and starts earlier. Adds a ``slow_nic`` fault naming
+    the server, over the whole capture, to the truth.
+    """
+    ips = set(cluster.topology.loc[cluster.topology["server"] == server, "ip"])
+    if not ips:
+        raise ValueError(f"no server {server!r} in the topology")
+    f = cluster.flows
+    hit = (f["src"].astype(str).isin(ips) | f["dst"].astype(str).isin(ips)).to_numpy()
+    dur = f["duration_ns"].to_numpy()
+    longer = np.where(hit, np.round(dur * float(factor)).astype(np.int64), dur)
+    flows = f.assign(start_ns=f["start_ns"].to_numpy() + dur - longer, duration_ns=longer)
+    flows = flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    fault = pd.DataFrame([("slow_nic", "", -1, cluster.meta["window_start_ns"], cluster.meta["window_end_ns"], server, float(factor))],
+                         columns=cluster.faults.columns)
+    faults = pd.concat([cluster.faults, fault], ignore_index=True) if len(cluster.faults) else fault
+    return GeneratedCluster(flows, cluster.topology, cluster.jobs, cluster.pairs, cluster.steps, faults, dict(cluster.meta, with_faults=True))
 
 
 # ----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pandas as pd
 from prism.ingest.readers import write_flows
 
 from .fabric import Fabric
-from .faults import DegradedSwitch, SlowServer, SlowStep
+from .faults import DegradedSwitch, SlowNic, SlowServer, SlowStep
 from .workload import JobSpec, one_f_one_b
 
 __all__ = ["ClusterGenerator", "GeneratedCluster", "EPOCH_NS", "FlowColumns"]
@@ -92,7 +92,7 @@ class ClusterGenerator:
     duration_s : float
         Capture window length.
     faults : list
-        :class:`SlowStep`, :class:`SlowServer`, :class:`DegradedSwitch`.
+        :class:`SlowStep`, :class:`SlowServer`, :class:`DegradedSwitch`, :class:`SlowNic`.
     seed : int
     with_faults : bool
         False gives the fault-free twin (same seed, same random draws).
@@ -135,7 +135,7 @@ class ClusterGenerator:
         if need > fabric.servers:
             raise ValueError(f"jobs need {need} servers, the fabric has {fabric.servers}")
         for f in self.faults:
-            if isinstance(f, (SlowStep, SlowServer)) and f.job not in names:
+            if isinstance(f, (SlowStep, SlowServer, SlowNic)) and f.job not in names:
                 raise ValueError(f"fault {f} names an unknown job")
 
     # ------------------------------------------------------------------
@@ -362,6 +362,7 @@ class _JobSimulation:
         # fixed per-edge properties
         self.uniform_edge = rng.random(self.dp_a.shape) < gen.uniform_dp_share
         self.buckets = spec.bucket_sizes()
+        self.slow_nic: tuple[int, float] | None = None  # (server index, factor) of a SlowNic fault
 
     # path helpers ---------------------------------------------------------
     def _pair_info(self, a, b):
@@ -369,12 +370,16 @@ class _JobSimulation:
         net = paths[..., 0] >= 0
         return paths, net
 
-    def _bw_factor(self, paths, t_ns: float):
-        """Bandwidth multiplier per pair at time t (min over degraded switches)."""
+    def _bw_factor(self, paths, t_ns: float, ends=None):
+        """Bandwidth multiplier per pair at time t (min over degraded switches; a slow NIC at either of ``ends`` divides it)."""
         f = np.ones(paths.shape[:-1])
         for _, idx, t0, t1, factor in self.degraded:
             if t0 <= t_ns < t1:
                 f = np.where((paths == idx).any(axis=-1), np.minimum(f, factor), f)
+        if self.slow_nic is not None and ends is not None:
+            srv, factor = self.slow_nic
+            gps = self.fab.gpus_per_server
+            f = np.where((ends[0] // gps == srv) | (ends[1] // gps == srv), f / factor, f)
         return f
 
     def _xfer(self, size, net, factor):
@@ -402,6 +407,9 @@ class _JobSimulation:
             if isinstance(f, SlowServer):
                 srv = self.servers[f.server]
                 slow_cells = ((self.gpu // fab.gpus_per_server) == srv).any(axis=0)  # (D, P)
+            if isinstance(f, SlowNic):  # its transfers, whatever their path, for the whole capture
+                self.slow_nic = (int(self.servers[f.server]), float(f.factor))
+                truth_faults.append(("slow_nic", spec.name, -1, 0.0, window, fab.server_name(self.servers[f.server]), f.factor))
 
         sim_step = 0
         whole = -1  # index among whole steps in the window
@@ -422,8 +430,8 @@ class _JobSimulation:
             F = spec.fwd_ms * 1e6 * factor[None] * jit[0]
             B = spec.fwd_ms * spec.bwd_ratio * 1e6 * factor[None] * jit[1]
             # PP transfer times at this step's bandwidth, slowest TP rail gates the stage
-            f_pp = self._bw_factor(pp_paths, t)
-            f_ppb = self._bw_factor(pp_back_paths, t)
+            f_pp = self._bw_factor(pp_paths, t, (self.pp_a, self.pp_b))
+            f_ppb = self._bw_factor(pp_back_paths, t, (self.pp_b, self.pp_a))
             xf_rail = self._xfer(spec.activation_bytes, pp_net, f_pp)  # (T, D, P-1)
             xb_rail = self._xfer(spec.activation_bytes, pp_net, f_ppb)
             xf = xf_rail.max(axis=0) if P > 1 else np.zeros((D, 0))
@@ -589,7 +597,7 @@ class _JobSimulation:
         T, D, P = spec.tp, spec.dp, spec.pp
         if D == 1:
             return -np.inf
-        bw = fab.bytes_per_ns * self._bw_factor(dp_paths, t_step) / flow_noise  # (T, D, P) per edge
+        bw = fab.bytes_per_ns * self._bw_factor(dp_paths, t_step, (self.dp_a, self.dp_b)) / flow_noise  # (T, D, P) per edge
         msg = spec.message_bytes
         end = -np.inf
         for p in range(P):

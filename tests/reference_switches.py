@@ -21,8 +21,17 @@ class ReferenceSwitchDiagnoser(SwitchDiagnoser):
         inc_s = pd.DataFrame(ps, columns=["path", "unit"]).assign(name=lambda d: names[d["unit"]] if len(d) else [], tier=lambda d: tiers[d["unit"]] if len(d) else [])
         # text columns typed as the switches' are, also when no path has a link (an empty frame is object)
         inc_l = pd.DataFrame(pl, columns=["path", "name", "tier", "x", "y"]).astype({"name": str, "tier": str})
+        inc_u = pd.concat([inc_s[["path", "name"]], inc_l[["path", "name"]]], ignore_index=True)
+        t = t.assign(hs=self._host_names(bw, t["src"], t["dst"]), hd=self._host_names(bw, t["dst"], t["src"]))
         rows, tables = [], []
         for w, tw in t.groupby("window", sort=True):
+            if self.min_host_breadth <= 1.0:
+                found, tw = self._hosts_ref(tw, inc_u)
+                by_host: dict[str, list[dict]] = {}
+                for e in found:
+                    by_host.setdefault(e["name"], []).append(e)
+                rows += self._host_rows([dict(e, host=2 * k + e["role"]) for k, name in enumerate(sorted(by_host)) for e in by_host[name]],
+                                        np.array(sorted(by_host), dtype=object), int(w) * bw.window_ns, bw.window_ns)
             excluded: set[int] = set()
             flagged_sw: set[str] = set()
             for kind, inc in (("switch", inc_s), ("link", inc_l)):
@@ -57,6 +66,77 @@ class ReferenceSwitchDiagnoser(SwitchDiagnoser):
         cols = SWITCH_COLUMNS
         self.bandwidth_ = pd.concat(tables, ignore_index=True)[cols] if tables else pd.DataFrame(columns=cols)
         return self
+
+    @staticmethod
+    def _host_names(bw: SwitchBandwidth, nic: pd.Series, other: pd.Series | None = None) -> pd.Series:
+        """The host (server) of each NIC, or ``nic<i>`` without the servers (or with a NIC they do not list); None for -1."""
+        nics = set(nic[nic >= 0]) | (set(other[other >= 0]) if other is not None else set())
+        if bw.hosts is not None and nics and max(nics) < len(bw.hosts):
+            return nic.map(lambda i: str(bw.hosts[i]) if i >= 0 else None)
+        return nic.map(lambda i: f"nic{i}" if i >= 0 else None)
+
+    def _endpoints(self, tw: pd.DataFrame) -> tuple[pd.DataFrame, float, float]:
+        """Per (host, role): flows, bytes, busy ns and GB/s; the median and robust spread of the judged ones (NaN if too few)."""
+        ends = pd.concat([tw[tw["hs"].notna()].assign(host=lambda d: d["hs"], role=0), tw[tw["hd"].notna()].assign(host=lambda d: d["hd"], role=1)])
+        st = ends.groupby(["host", "role"]).agg(flows=("flows", "sum"), bytes=("bytes", "sum"), busy=("busy_ns", "sum")).reset_index()
+        st["gbps"] = st["bytes"] / st["busy"].where(st["busy"] > 0)
+        st["judged"] = (st["flows"] >= self.min_flows) & st["gbps"].notna()
+        if st["judged"].sum() < self.min_peers:
+            return st, float("nan"), float("nan")
+        med = float(st.loc[st["judged"], "gbps"].median())
+        return st, med, max(1.4826 * float((st.loc[st["judged"], "gbps"] - med).abs().median()), self.min_rel_spread * med)
+
+    def _hosts_ref(self, tw: pd.DataFrame, inc_u: pd.DataFrame) -> tuple[list[dict], pd.DataFrame]:
+        """Host or link: the slow endpoints (host, role) of a window, and its rows without theirs."""
+        found: list[dict] = []
+        while not tw.empty and (tw["hs"].notna().any() or tw["hd"].notna().any()):
+            st, med_all, _ = self._endpoints(tw)
+            if not np.isfinite(med_all):
+                break
+            st["ratio"] = st["gbps"] / med_all
+            first = st[st["judged"] & (st["ratio"] <= self.max_ratio)].sort_values(["ratio", "host", "role"], kind="stable").head(self.MAX_CANDIDATES)
+            refs = {}
+            for h, role, gbps in zip(first["host"], first["role"], first["gbps"]):
+                _, med, spread = self._endpoints(tw[(tw["hs"] != h) & (tw["hd"] != h)])
+                if np.isfinite(med) and med > 0 and gbps <= self.max_ratio * med and med - gbps >= self.z * spread:
+                    refs[(h, role)] = (med, spread)
+            if not refs:
+                break
+            touches = pd.Series([(x, 0) in refs or (y, 1) in refs for x, y in zip(tw["hs"], tw["hd"])], index=tw.index, dtype=bool)
+            best = None
+            for (h, role), (med, spread) in refs.items():
+                m = tw[~touches].merge(inc_u, on="path")
+                per = m.groupby("name").agg(flows=("flows", "sum"), bytes=("bytes", "sum"), busy=("busy_ns", "sum"))
+                net_slow = set(per.index[(per["flows"] >= self.min_sender_flows) & (per["busy"] > 0) & (per["bytes"] <= self.max_ratio * med * per["busy"])])
+                via_net = tw["path"].isin(set(inc_u.loc[inc_u["name"].isin(net_slow), "path"]))
+                others = set(refs) - {(h, role)}
+                mine = (tw["hs"] == h) if role == 0 else (tw["hd"] == h)
+                other_cand = pd.Series([(x, 0) in others or (y, 1) in others for x, y in zip(tw["hs"], tw["hd"])], index=tw.index, dtype=bool)
+                clean = tw[mine & ~other_cand & ~via_net]
+                flows, nbytes, busy = int(clean["flows"].sum()), int(clean["bytes"].sum()), int(clean["busy_ns"].sum())
+                if flows < self.min_flows or busy <= 0:
+                    continue
+                gbps = nbytes / busy
+                ratio, z = gbps / med, (med - gbps) / spread
+                if not (ratio <= self.max_ratio and z >= self.z):
+                    continue
+                u = clean.merge(inc_u, on="path").groupby("name").agg(flows=("flows", "sum"), bytes=("bytes", "sum"), busy=("busy_ns", "sum"))
+                u = u[(u["flows"] >= self.min_sender_flows) & (u["busy"] > 0)]
+                u_ratio = u["bytes"] / u["busy"] / med
+                slow_u = u_ratio[u_ratio <= self.max_ratio]
+                if len(u) < self.min_host_units or len(slow_u) < self.min_host_breadth * len(u):
+                    continue
+                through = tw[~touches & tw["path"].isin(set(inc_u.loc[inc_u["name"].isin(set(u.index)), "path"]))]
+                o_busy = int(through["busy_ns"].sum())
+                best = {"name": h, "role": role, "flows": flows, "gbps": gbps, "ratio": ratio, "z": z, "units": len(u), "slow_units": len(slow_u),
+                        "unit_ratio": float(slow_u.median()) if len(slow_u) else float("nan"), "other_flows": int(through["flows"].sum()),
+                        "other_ratio": int(through["bytes"].sum()) / o_busy / med if o_busy > 0 else float("nan"), "median": med}
+                break
+            if best is None:
+                break
+            found.append(best)
+            tw = tw[(tw["hs"] != best["name"]) if best["role"] == 0 else (tw["hd"] != best["name"])]
+        return found, tw
 
     def _stats(self, live: pd.DataFrame, inc: pd.DataFrame) -> pd.DataFrame:
         m = live.merge(inc[["path", "name", "tier"]], on="path")

@@ -186,13 +186,13 @@ def test_rank_keys_and_stable_order_are_numpys(n, n_keys, seed):
 def test_switch_sums_equal_the_groupby(n, n_chunks, seed):
     """The switch accounting's sums, chunk after chunk through its hash table (grown from two slots), are the
     three-key groupby's over every row, sorted by key; exact past 2**53."""
-    from prism.analysis.diagnosis.switches import KEY, _KeySums
+    from prism.analysis.diagnosis.switches import _KeySums
 
     rng = np.random.default_rng(seed)
     win, pid, src = rng.integers(5, 8, n), rng.integers(0, 6, n), rng.integers(-1, 4, n)
     nbytes, busy = rng.integers(0, 2**54, n), rng.integers(0, 2**30, n)
-    df = pd.DataFrame({"window": win, "path": pid, "src": src, "bytes": nbytes, "busy_ns": busy})
-    ref = df.groupby(KEY).agg(bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"), flows=("bytes", "size")).reset_index()
+    df = pd.DataFrame({"window": win, "path": pid, "pair": src, "bytes": nbytes, "busy_ns": busy})
+    ref = df.groupby(["window", "path", "pair"]).agg(bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"), flows=("bytes", "size")).reset_index()
     sums = _KeySums(capacity=2)
     for lo, hi in zip(*(lambda c: (np.r_[0, c], np.r_[c, n]))(np.sort(rng.integers(0, n + 1, n_chunks - 1)))):
         sums.add(win[lo:hi], pid[lo:hi], src[lo:hi], nbytes[lo:hi], busy[lo:hi])
@@ -203,7 +203,7 @@ def test_switch_sums_equal_the_groupby(n, n_chunks, seed):
 @given(st.integers(0, 300), st.integers(1, 4), st.integers(0, 2**32 - 1), st.booleans())
 def test_switch_bandwidth_sums_the_large_flows_with_a_path(n, n_chunks, seed, senders):
     """SwitchBandwidth.partial_fit, chunk after chunk (its table grown from two slots mid-chunk), sums what a groupby
-    of the flows of at least ``min_bytes`` with a path sums, per (window, path, sender); it counts the smaller ones."""
+    of the flows of at least ``min_bytes`` with a path sums, per (window, path, sender, receiver); it counts the smaller ones."""
     from prism.analysis.diagnosis.switches import KEY, SwitchBandwidth, _KeySums
 
     rng = np.random.default_rng(seed)
@@ -212,14 +212,17 @@ def test_switch_bandwidth_sums_the_large_flows_with_a_path(n, n_chunks, seed, se
     size = rng.integers(0, 1 << 20, n)
     start, duration = np.sort(rng.integers(0, 5 * 10**9, n)), rng.integers(0, 10**6, n)
     src = rng.integers(0, 6, n) if senders else None
+    dst = rng.integers(0, 6, n) if senders else None
     bw = SwitchBandwidth(window_s=1.0, min_bytes=1 << 19)
     bw._sums = _KeySums(capacity=2)
     for lo, hi in zip(*(lambda c: (np.r_[0, c], np.r_[c, n]))(np.sort(rng.integers(0, n + 1, n_chunks - 1)))):
-        bw.partial_fit(start[lo:hi], duration[lo:hi], size[lo:hi], pd.Categorical(path[lo:hi]), src=None if src is None else src[lo:hi])
+        bw.partial_fit(start[lo:hi], duration[lo:hi], size[lo:hi], pd.Categorical(path[lo:hi]), src=None if src is None else src[lo:hi],
+                       dst=None if dst is None else dst[lo:hi])
     assert bw.skipped_ == int((size < 1 << 19).sum())
     keep = (size >= 1 << 19) & pd.notna(path)
     df = pd.DataFrame({"window": start[keep] // 10**9, "path": [bw.path_ids[p] for p in path[keep]],
-                       "src": src[keep] if senders else np.full(int(keep.sum()), -1), "bytes": size[keep], "busy_ns": duration[keep]})
+                       "src": src[keep] if senders else np.full(int(keep.sum()), -1),
+                       "dst": dst[keep] if dst is not None else np.full(int(keep.sum()), -1), "bytes": size[keep], "busy_ns": duration[keep]})
     ref = df.groupby(KEY).agg(bytes=("bytes", "sum"), busy_ns=("busy_ns", "sum"), flows=("bytes", "size")).reset_index()
     pd.testing.assert_frame_equal(bw.table(), ref.astype(np.int64), check_index_type=False)
 
@@ -321,13 +324,14 @@ def test_arrow_address_columns_validate_as_python_values(values, as_binary):
 
 
 @SETTINGS
-@given(st.integers(0, 2**32 - 1), st.integers(0, 4000), st.sampled_from([None, "spine-1", "leaf-2"]), st.booleans(),
+@given(st.integers(0, 2**32 - 1), st.integers(0, 4000), st.sampled_from([None, "spine-1", "leaf-2", "srv1"]), st.booleans(),
        st.floats(0.2, 1.0), st.floats(0.3, 0.9))
 @example(seed=29360, n=1, slow=None, senders=False, share=1.0, factor=0.5)  # one flow, on a one-switch path: no link at all
 def test_switch_diagnosis_equals_the_pandas_reference(seed, n, slow, senders, share, factor):
     """The vectorised switch diagnosis gives the first (pandas) version's tables and anomalies exactly.
 
-    A small leaf-spine fabric over three windows, one switch slowed to
+    A small leaf-spine fabric over three windows, one switch (or host
+    ``srv1``, as sender and receiver: the host-or-link test) slowed to
     ``factor`` for a ``share`` of its flows (near the thresholds and the
     vote's majority, or far from them), or none; thin windows and
     single-switch and empty paths included.
@@ -342,15 +346,16 @@ def test_switch_diagnosis_equals_the_pandas_reference(seed, n, slow, senders, sh
     path = np.array(paths, dtype=object)[rng.integers(0, len(paths), n)]
     size = rng.integers(1 << 17, 1 << 24, n)
     rate = rng.normal(40.0, 2.0, n)  # bytes per ns
+    src, dst = rng.integers(0, 12, n), rng.integers(0, 12, n)  # NICs, three a server
     if slow:
-        through = np.array([slow in p.split("|") for p in path], dtype=bool) & (rng.random(n) < share)
-        rate[through] *= factor
+        on = (src // 3 == 1) | (dst // 3 == 1) if slow == "srv1" else np.array([slow in p.split("|") for p in path], dtype=bool)
+        rate[on & (rng.random(n) < share)] *= factor
     duration = (size / rate).astype(np.int64)
     start = np.sort(rng.integers(0, 3 * 10**9, n))
-    src = rng.integers(0, 12, n) if senders else None
-    bw = SwitchBandwidth(window_s=1.0)
+    bw = SwitchBandwidth(window_s=1.0, hosts=[f"srv{i // 3}" for i in range(12)])
     for lo in range(0, n, 700):  # in chunks, as a replay or the daemon adds them
-        bw.partial_fit(start[lo:lo + 700], duration[lo:lo + 700], size[lo:lo + 700], path[lo:lo + 700], None if src is None else src[lo:lo + 700])
+        bw.partial_fit(start[lo:lo + 700], duration[lo:lo + 700], size[lo:lo + 700], path[lo:lo + 700],
+                       src[lo:lo + 700] if senders else None, dst[lo:lo + 700] if senders else None)
     settings = dict(min_flows=20, min_sender_flows=3)
     got, ref = SwitchDiagnoser(**settings).fit(bw), ReferenceSwitchDiagnoser(**settings).fit(bw)
     pd.testing.assert_frame_equal(got.bandwidth_, ref.bandwidth_)

@@ -131,7 +131,7 @@ def score_steps(pred: pd.DataFrame, truth: pd.DataFrame, names: dict, tolerance:
 
 
 #: Which anomaly kinds find which injected fault kinds.
-FINDS = {"slow_step": {"slow_step"}, "slow_group": {"slow_group"}, "slow_switch": {"slow_switch"}}
+FINDS = {"slow_step": {"slow_step"}, "slow_group": {"slow_group"}, "slow_switch": {"slow_switch"}, "slow_nic": {"slow_host"}}
 
 
 def _fault_hits(r, pred: pd.DataFrame) -> pd.Series:
@@ -143,6 +143,8 @@ def _fault_hits(r, pred: pd.DataFrame) -> pd.Series:
     if r["kind"] == "slow_group":
         servers = set(str(r["subject"]).split("|"))
         return (pred["kind"] == "slow_group") & (pred["job"] == r["job_id"]) & pred["subject"].map(lambda s: bool(set(str(s).split("|")) & servers))
+    if r["kind"] == "slow_nic":
+        return (pred["kind"] == "slow_host") & (pred["subject"] == r["subject"])
     return pred["kind"].isin(["slow_switch", "slow_link"]) & pred["subject"].map(lambda s: r["subject"] in str(s).split(">")) & (pred["start_ns"] < r["end_ns"])
 
 
@@ -175,12 +177,17 @@ def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps
     - A ``slow_group`` fault is found by a ``slow_group`` anomaly of its job
       naming one of its servers.
     - A ``slow_switch`` fault is found by a ``slow_switch`` anomaly naming it.
+    - A ``slow_nic`` fault is found by a ``slow_host`` anomaly naming its server.
 
     An anomaly is explained (not a false positive) if it finds a fault, or is
     an effect of one: a ``regime_change`` of a job starting while a
     ``slow_group`` of that job or a ``slow_switch`` fault begins (within 5
     of the job's median step durations, from ``steps``; 5 s without them),
     or a ``slow_step`` of a job while a ``slow_group`` fault of it lasts.
+    A slow NIC slows its job like a straggler: a ``slow_group`` naming its
+    server, and the job's ``slow_step`` and ``regime_change`` anomalies while
+    it lasts, are its effects; a straggler's own transfers may be slow too:
+    a ``slow_host`` naming a server of a ``slow_group`` fault is its effect.
     """
     pred = pred.assign(job=pred["job_id"].map(names).fillna(""))
     f = faults.copy()
@@ -199,10 +206,18 @@ def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps
             lag = pred["job"].map(lambda j: 5 * med_step.get(j, 1e9)).to_numpy()
             near = (pred["start_ns"].to_numpy() >= r["start_ns"] - lag) & (pred["start_ns"].to_numpy() <= r["start_ns"] + lag)
             explained |= (pred["kind"] == "regime_change").to_numpy() & jobs_hit.to_numpy() & near
+        during = (pred["start_ns"].to_numpy() >= r["start_ns"] - 1_000) & (pred["start_ns"].to_numpy() <= r["end_ns"])
         if r["kind"] == "slow_group":
-            # a straggling worker also makes some of its job's steps slow while it lasts
-            during = (pred["start_ns"].to_numpy() >= r["start_ns"] - 1_000) & (pred["start_ns"].to_numpy() <= r["end_ns"])
+            # a straggling worker also makes some of its job's steps slow while it lasts, and its transfers may be slow
             explained |= (pred["kind"] == "slow_step").to_numpy() & (pred["job"] == r["job_id"]).to_numpy() & during
+            servers = set(str(r["subject"]).split("|"))
+            explained |= (pred["kind"] == "slow_host").to_numpy() & pred["subject"].isin(servers).to_numpy() & during
+        if r["kind"] == "slow_nic":
+            # a server whose transfers are slow holds its job back like a straggler: its stage lags, its steps slow
+            mine = (pred["job"] == r["job_id"]).to_numpy() & during
+            explained |= pred["kind"].isin(["slow_step", "regime_change"]).to_numpy() & mine
+            names_it = pred["subject"].astype(str).str.split("|").map(set(str(r["subject"]).split("|")).intersection).astype(bool)
+            explained |= (pred["kind"] == "slow_group").to_numpy() & mine & names_it.to_numpy()
     return f, pred.assign(matched=explained).drop(columns="job")
 
 

@@ -337,7 +337,7 @@ def replay(
     activity = _NicActivity(len(topology))
     on_engine = scheduler is not None and stop_after != "jobs"
     gpu_flows = _GpuFlows(len(topology), spill_above, spill_dir) if stop_after != "jobs" and not on_engine else None
-    switch_bw = SwitchBandwidth(switch_window_s) if stop_after == "diagnosis" else None
+    switch_bw = SwitchBandwidth(switch_window_s, hosts=topology.servers[topology.server_codes]) if stop_after == "diagnosis" else None
     res.switch_window_ns = switch_bw.window_ns if switch_bw is not None else None
     context = ExitStack()
     executor: Executor | None = None
@@ -475,7 +475,7 @@ def _consume(
     if gpu_flows is not None:
         gpu_flows.add(a, b, start, duration, size)
     if switch_bw is not None:
-        switch_bw.partial_fit(start, duration, size, chunk["switches"][gpu], src=a)
+        switch_bw.partial_fit(start, duration, size, chunk["switches"][gpu], src=a, dst=b)
 
 
 def _job_spans(jobs: pd.DataFrame, topology: Topology, activity: _NicActivity) -> pd.DataFrame:

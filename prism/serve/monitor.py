@@ -159,7 +159,7 @@ class Monitor:
         self.lock = threading.Lock()
         self.window = FlowWindow(self.s.max_window_flows)
         self.dedupe = RecordDeduper(max_records=2 * self.s.max_window_flows)
-        self.switch_bw = SwitchBandwidth(self.s.switch_window_s)
+        self.switch_bw = SwitchBandwidth(self.s.switch_window_s, hosts=topology.servers[topology.server_codes])
         self.counters: dict[str, Counter] = defaultdict(Counter)
         self._n = len(topology)
         self._pair_keys = np.empty(0, dtype=np.int64)
@@ -223,7 +223,7 @@ class Monitor:
         size = flows["size"].to_numpy()[gpu]
         self.window.add(a, b, start, duration, size)
         self._see_pairs(a, b, start)
-        self.switch_bw.partial_fit(start, duration, size, flows["switches"].array[gpu], src=a)  # stays categorical: no re-factorising
+        self.switch_bw.partial_fit(start, duration, size, flows["switches"].array[gpu], src=a, dst=b)  # stays categorical: no re-factorising
 
     def _note_disorder(self, start: np.ndarray, partition: str) -> None:
         # A collector batches records per GPU pair and per export interval, so

@@ -3,15 +3,16 @@
 Every diagnoser's ``predict()`` returns rows with :data:`ANOMALY_COLUMNS`:
 ``kind`` (what was found), ``job_id`` (empty for fabric anomalies), ``step``
 (-1 if not tied to a step), ``start_ns`` (when it began), ``subject`` (what
-is slow: a step, servers joined by ``|``, a switch or link), ``score``
+is slow: a step, servers joined by ``|``, a host, a switch or link; the
+kinds are :data:`ANOMALY_KINDS`), ``score``
 (how far from normal; its meaning is in the explanation) and a one-line
 ``explanation`` for people.
 """
 from __future__ import annotations
 
-from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies, in_time_order
+from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, ANOMALY_KINDS, empty_anomalies, in_time_order
 from prism.analysis.diagnosis.cross_group import StageLagDiagnoser
 from prism.analysis.diagnosis.cross_step import CrossStepDiagnoser
 from prism.analysis.diagnosis.switches import SwitchBandwidth, SwitchDiagnoser
 
-__all__ = ["ANOMALY_COLUMNS", "empty_anomalies", "in_time_order", "CrossStepDiagnoser", "StageLagDiagnoser", "SwitchBandwidth", "SwitchDiagnoser"]
+__all__ = ["ANOMALY_COLUMNS", "ANOMALY_KINDS", "empty_anomalies", "in_time_order", "CrossStepDiagnoser", "StageLagDiagnoser", "SwitchBandwidth", "SwitchDiagnoser"]

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["ANOMALY_COLUMNS", "empty_anomalies", "in_time_order"]
+__all__ = ["ANOMALY_COLUMNS", "ANOMALY_KINDS", "empty_anomalies", "in_time_order"]
 
 ANOMALY_COLUMNS = ["kind", "job_id", "step", "start_ns", "subject", "score", "explanation"]
+
+#: Every kind an anomaly row can have, jobs' first, then the fabric's: ``slow_host`` (a server whose
+#: flows are slow on every switch and link it uses) is judged before ``slow_switch`` and ``slow_link``,
+#: whose evidence leaves its flows out.
+ANOMALY_KINDS = ("slow_step", "regime_change", "slow_group", "slow_host", "slow_switch", "slow_link")
 
 
 def empty_anomalies() -> pd.DataFrame:

@@ -15,9 +15,19 @@ every flow crosses a degraded spine has no such traffic, and is explained by
 the spine however the ratios fall. Links (consecutive switches of a path,
 directed) are then judged the same way over the paths left.
 
-Accumulation is per (window, path): the number of distinct paths is small
-(up to the number of leaf pairs times the spines), so memory does not grow
-with the flows, and the daemon can keep it running.
+Before any switch is judged, the hosts are (host or link): a slow NIC or
+host makes all its flows slow, as sender and as receiver, on every switch
+and link it uses, while a slow switch or link makes every host's flows slow
+there only. A host is ``slow_host`` when its flows are slow against the
+other hosts' (ratio and robust z, as for a switch), on most of the switches
+and links it uses (breadth), with the units that are slow for the other
+hosts' flows too (the network's doing) left out of its evidence. Its flows
+are then explained away: the switches and links are judged without them,
+so the links a slow host's flows cross are not blamed for it.
+
+Accumulation is per (window, path, NIC pair): the number of distinct keys
+is small (a NIC talks to few peers over few paths), so memory does not
+grow with the flows, and the daemon can keep it running.
 """
 from __future__ import annotations
 
@@ -27,16 +37,21 @@ import numpy.typing as npt
 import pandas as pd
 from pandas.api.extensions import ExtensionArray
 
-from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies
+from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, ANOMALY_KINDS, empty_anomalies
 from prism.common.kernels import register_warm_up
 
-__all__ = ["SwitchBandwidth", "SwitchDiagnoser", "DEFAULT_WINDOW_S", "SWITCH_COLUMNS", "warm_up"]
+__all__ = ["SwitchBandwidth", "SwitchDiagnoser", "DEFAULT_WINDOW_S", "SWITCH_COLUMNS", "HOST_KIND", "warm_up"]
+
+#: the anomaly kind of a host (server) whose flows are slow on every switch and link it uses
+HOST_KIND = "slow_host"
+assert HOST_KIND in ANOMALY_KINDS
 
 #: ``switches.csv``: one row per window and switch or link.
 SWITCH_COLUMNS = ["window_start_ns", "kind", "name", "tier", "flows", "bytes", "busy_ns", "gbps", "tier_median_gbps", "ratio", "senders", "slow_senders"]
 
-#: Accumulation key: per window, path and sending NIC (few: a NIC sends over few paths).
-KEY = ["window", "path", "src"]
+#: Accumulation key: per window, path and NIC pair (few: a NIC talks to few peers, over few paths).
+#: The pair is one int64 in the hash table (:func:`_pair_code`).
+KEY = ["window", "path", "src", "dst"]
 
 #: pandas' dtype for a column of text (``str`` from pandas 3, object before)
 _TEXT = pd.Series(["text"]).dtype
@@ -61,10 +76,12 @@ class SwitchBandwidth:
         messages look slow. The count left out is kept in ``skipped_``.
     """
 
-    def __init__(self, window_s: float = DEFAULT_WINDOW_S, min_bytes: int = 256 << 10):
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S, min_bytes: int = 256 << 10, hosts: npt.ArrayLike | None = None):
         if window_s <= 0:
             raise ValueError("window_s must be > 0")
         self.window_ns = int(window_s * 1e9)
+        #: host (server) name per NIC index, for the host-or-link test; None: each NIC is its own host
+        self.hosts = None if hosts is None else np.asarray(hosts, dtype=object)
         self.min_bytes = int(min_bytes)
         self.skipped_ = 0
         self.path_ids: dict[str, int] = {}
@@ -91,8 +108,8 @@ class SwitchBandwidth:
         return pid
 
     def partial_fit(self, start: np.ndarray, duration: npt.ArrayLike, size: npt.ArrayLike, switches: pd.Series | ExtensionArray | np.ndarray,
-                    src: npt.ArrayLike | None = None) -> "SwitchBandwidth":
-        """Add a chunk of flows; ``switches`` is a categorical of path strings, ``src`` the sending NIC (index)."""
+                    src: npt.ArrayLike | None = None, dst: npt.ArrayLike | None = None) -> "SwitchBandwidth":
+        """Add a chunk of flows; ``switches`` is a categorical of path strings, ``src`` and ``dst`` the NICs (indices)."""
         if len(start) == 0:
             return self
         cat = pd.Categorical(switches)
@@ -104,7 +121,7 @@ class SwitchBandwidth:
                 lut[i] = self._path_id(cat.categories[i])
             self._known = pd.Index(list(self.path_ids), dtype=object)
         size = np.asarray(size, dtype=np.int64)
-        sender = np.full(len(size), -1, dtype=np.int64) if src is None else np.asarray(src)
+        sender = _pair_code(src, dst, len(size))
         # one compiled pass: the size floor, the path lookup and the window
         # number per flow, without a masked copy of each column
         self.skipped_ += self._sums.add_flows(np.asarray(start, dtype=np.int64), self.window_ns, cat.codes, lut, sender, size,
@@ -119,13 +136,17 @@ class SwitchBandwidth:
         if not keep.all():
             self._table = t[keep].reset_index(drop=True)
             self._sums = _KeySums()
-            win, pid, sender, nbytes, busy = (self._table[c].to_numpy() for c in KEY + ["bytes", "busy_ns"])
-            self._sums.add(win, pid, sender, nbytes, busy, flows=self._table["flows"].to_numpy())
+            win, pid, src, dst, nbytes, busy = (self._table[c].to_numpy() for c in KEY + ["bytes", "busy_ns"])
+            self._sums.add(win, pid, _pair_code(src, dst, len(win)), nbytes, busy, flows=self._table["flows"].to_numpy())
 
     def table(self) -> pd.DataFrame:
-        """``window, path, src, bytes, busy_ns, flows`` (``src`` -1 where senders were not given)."""
+        """``window, path, src, dst, bytes, busy_ns, flows`` (``src``, ``dst`` -1 where the NICs were not given)."""
         if self._table is None:
-            self._table = self._sums.table()
+            t = self._sums.table()
+            src, dst = _pair_decode(t.pop("pair").to_numpy())
+            t.insert(2, "src", src)
+            t.insert(3, "dst", dst)
+            self._table = t
         return self._table
 
 
@@ -188,10 +209,30 @@ class _KeySums:
         self.slot_of = _rehash(self.keys, self.n, cap)
 
     def table(self) -> pd.DataFrame:
-        """``window, path, src, bytes, busy_ns, flows`` by (window, path, src): what a groupby of every row sums to."""
+        """``window, path, pair, bytes, busy_ns, flows`` by (window, path, pair): what a groupby of every row sums to."""
         k, v = self.keys[: self.n], self.sums[: self.n]
         o = np.lexsort((k[:, 2], k[:, 1], k[:, 0]))
-        return pd.DataFrame({"window": k[o, 0], "path": k[o, 1], "src": k[o, 2], "bytes": v[o, 0], "busy_ns": v[o, 1], "flows": v[o, 2]})
+        return pd.DataFrame({"window": k[o, 0], "path": k[o, 1], "pair": k[o, 2], "bytes": v[o, 0], "busy_ns": v[o, 1], "flows": v[o, 2]})
+
+
+def _pair_code(src: npt.ArrayLike | None, dst: npt.ArrayLike | None, n: int) -> np.ndarray:
+    """One int64 per flow for its (src, dst) NICs: ``(src + 1) << 32 | (dst + 1)``, -1 when neither is known.
+
+    NIC indices are below 2**31 - 1; a missing side is -1 (code 0 in its half).
+    """
+    if src is None and dst is None:
+        return np.full(n, -1, dtype=np.int64)
+    s = np.full(n, -1, dtype=np.int64) if src is None else np.asarray(src, dtype=np.int64)
+    d = np.full(n, -1, dtype=np.int64) if dst is None else np.asarray(dst, dtype=np.int64)
+    code = ((s + 1) << 32) | (d + 1)
+    return np.where((s < 0) & (d < 0), -1, code)
+
+
+def _pair_decode(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) of :func:`_pair_code`'s codes."""
+    code = np.asarray(code, dtype=np.int64)
+    known = code >= 0
+    return np.where(known, (code >> 32) - 1, -1), np.where(known, (code & 0xFFFFFFFF) - 1, -1)
 
 
 @numba.njit(cache=True, inline="always")
@@ -270,6 +311,29 @@ def _tiers(paths: list[tuple[int, ...]], n_switches: int) -> np.ndarray:
         if p:
             end[p[0]] = end[p[-1]] = True
     return np.where(end, "leaf", "spine")
+
+
+def _host_codes(bw: "SwitchBandwidth", src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(host names, host code of each row's sender, of its receiver): -1 where the NIC is not known.
+
+    A host is the server of the NIC (``SwitchBandwidth(hosts=...)``), or the NIC itself without them.
+    """
+    nics = np.union1d(src[src >= 0], dst[dst >= 0])
+    if bw.hosts is not None and len(nics) and nics.max() < len(bw.hosts):
+        names, code = np.unique(bw.hosts[nics].astype(str), return_inverse=True)
+    else:
+        names, code = np.array([f"nic{i}" for i in nics.tolist()], dtype=object), np.arange(len(nics))
+    lut = np.full(int(nics.max()) + 2 if len(nics) else 1, -1, dtype=np.int64)
+    lut[nics] = code
+    return names.astype(object), lut[src], lut[dst]
+
+
+def _unit_rows(path: np.ndarray, units: dict) -> tuple[np.ndarray, np.ndarray, int]:
+    """(row, unit) for every row and every switch and link its path crosses; links numbered after the switches."""
+    sw, ln = units["switch"], units["link"]
+    r1, u1 = sw.expand(path)
+    r2, u2 = ln.expand(path)
+    return np.concatenate([r1, r2]), np.concatenate([u1, u2 + len(sw.names)]), len(sw.names) + len(ln.names)
 
 
 def _int_sums(codes: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -357,10 +421,26 @@ class SwitchDiagnoser:
         slow switch every sender's flows through it. With fewer than two
         voters the switch is judged on its total, as before. Needs the
         senders (``SwitchBandwidth.partial_fit(src=...)``).
+    min_host_breadth : float, default 0.75
+        Host or link: a host (the NICs of one server, as sender and
+        receiver) is ``slow_host`` when its flows, apart from those through
+        units slow for the other hosts' flows too, are slow against the
+        host median (``max_ratio``, ``z``, ``min_flows``, ``min_peers`` as
+        for a switch) through at least this share of the switches and links
+        it sends ``min_sender_flows`` through, and at least
+        ``min_host_units`` of them. Its flows are then left out of the
+        switch and link diagnosis. Needs the NICs (``partial_fit(src=...,
+        dst=...)``); 1.1 turns the test off.
+    min_host_units : int, default 2
+        Units (switches and links) a host's slowness must be seen through:
+        slow through one unit only, the unit is as good an explanation.
     """
 
     def __init__(self, max_ratio: float = 0.7, z: float = 5.0, min_rel_spread: float = 0.02, min_peers: int = 3, min_flows: int = 200,
-                 min_flow_share: float = 0.25, min_sender_flows: int = 10, min_vote: float = 0.5):
+                 min_flow_share: float = 0.25, min_sender_flows: int = 10, min_vote: float = 0.5, min_host_breadth: float = 0.75,
+                 min_host_units: int = 2):
+        self.min_host_breadth = float(min_host_breadth)
+        self.min_host_units = int(min_host_units)
         self.min_flow_share = float(min_flow_share)
         self.min_sender_flows = int(min_sender_flows)
         self.min_vote = float(min_vote)
@@ -379,8 +459,12 @@ class SwitchDiagnoser:
         path, src = t["path"].to_numpy(np.int64), t["src"].to_numpy(np.int64)
         sums = t[["flows", "bytes", "busy_ns"]].to_numpy(np.int64)
         window = t["window"].to_numpy(np.int64)
+        host_names, hs, hd = _host_codes(bw, src, t["dst"].to_numpy(np.int64))
         for w in np.unique(window):
             in_w = np.flatnonzero(window == w)
+            if self.min_host_breadth <= 1.0:
+                slow_hosts, in_w = self._hosts(in_w, path, hs, hd, sums, units, len(host_names))
+                rows += self._host_rows(slow_hosts, host_names, int(w) * bw.window_ns, bw.window_ns)
             excluded = np.zeros(len(bw.paths), dtype=bool)
             flagged_sw: set[str] = set()
             for kind, u in units.items():
@@ -409,6 +493,141 @@ class SwitchDiagnoser:
 
     #: slow units compared on their exclusive traffic in one round (see ``_first_to_flag``)
     MAX_CANDIDATES = 16
+
+    def _host_stats(self, hs: np.ndarray, hd: np.ndarray, sums: np.ndarray, n_hosts: int) -> dict[str, np.ndarray]:
+        """Per endpoint (code): flows over its rows, its GB/s and ratio to the endpoints' median; the median and robust spread.
+
+        ``hs``/``hd``: each row's sending and receiving endpoint (a host as
+        sender, ``2 * host``, and as receiver, ``2 * host + 1``; -1 unknown).
+        """
+        host = np.concatenate([hs, hd])
+        rows = np.concatenate([np.arange(len(hs)), np.arange(len(hd))])
+        keep = host >= 0
+        host, rows = host[keep], rows[keep]
+        flows, nbytes, busy = (_int_sums(host, sums[rows, k], n_hosts) for k in range(3))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gbps = np.where(busy > 0, nbytes / np.where(busy > 0, busy, 1), np.nan)
+        judged = (flows >= self.min_flows) & ~np.isnan(gbps)
+        med = spread = np.nan
+        if judged.sum() >= self.min_peers:
+            g = gbps[judged]
+            med = float(np.median(g))
+            spread = max(1.4826 * float(np.median(np.abs(g - med))), self.min_rel_spread * med)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = gbps / med
+        return {"flows": flows, "gbps": gbps, "ratio": ratio, "judged": judged, "median": np.float64(med), "spread": np.float64(spread)}
+
+    def _hosts(self, in_w, path, hs, hd, sums, units, n_hosts: int) -> tuple[list[dict], np.ndarray]:
+        """Host or link, in one window: the slow endpoints (evidence dicts) and the window's rows left for the switches.
+
+        An endpoint is a host as sender or as receiver (a NIC pacing its
+        sends is slow one way only). Candidates are the endpoints whose
+        flows are slow against the endpoints' median; each is judged on its
+        flows that involve no other candidate (a host sending only to a
+        slow receiver looks slow too), against the median and spread of the
+        endpoints without its host's flows, and against the units (switches and
+        links) slow for the flows of no candidate (the network's doing:
+        those flows of the host are no evidence). The lowest ratio of the
+        convicted is flagged, its rows are dropped, and the statistics
+        recomputed, until none is convicted.
+        """
+        found: list[dict] = []
+        if n_hosts == 0 or not len(in_w) or (hs[in_w] < 0).all() and (hd[in_w] < 0).all():
+            return found, in_w
+        ep_s, ep_d = np.where(hs >= 0, 2 * hs, -1), np.where(hd >= 0, 2 * hd + 1, -1)
+        n_hosts = 2 * n_hosts
+        while True:
+            h_s, h_d, s_w = ep_s[in_w], ep_d[in_w], sums[in_w]
+            st = self._host_stats(h_s, h_d, s_w, n_hosts)
+            first = np.flatnonzero(st["judged"] & (st["ratio"] <= self.max_ratio))
+            first = first[np.argsort(st["ratio"][first], kind="stable")][: self.MAX_CANDIDATES]
+            # each against the endpoints without its host's flows: a slow host slows its peers' flows too,
+            # which would widen the spread it is judged against (and make its peers look slow)
+            refs = {}
+            for h in first.tolist():
+                rest = (h_s // 2 != h // 2) & (h_d // 2 != h // 2)
+                ref = self._host_stats(h_s[rest], h_d[rest], s_w[rest], n_hosts)
+                med, spread = float(ref["median"]), float(ref["spread"])
+                if np.isfinite(med) and med > 0 and st["gbps"][h] <= self.max_ratio * med and med - st["gbps"][h] >= self.z * spread:
+                    refs[h] = (med, spread)
+            if not refs:
+                break
+            cands = np.array(list(refs), dtype=np.int64)
+            is_cand = np.zeros(n_hosts + 1, dtype=bool)  # the last slot stands for "no host" (-1)
+            is_cand[cands] = True
+            touches = is_cand[h_s] | is_cand[h_d]  # rows of some candidate
+            # every row once per switch and link its path crosses
+            row_u, unit_u, n_units = _unit_rows(path[in_w], units)
+            best = None
+            for h, (med, spread) in refs.items():
+                net_slow = self._slow_units(~touches, row_u, unit_u, s_w, n_units, med)
+                via_net = np.bincount(row_u[net_slow[unit_u]], minlength=len(in_w)) > 0
+                cand_others = is_cand.copy()
+                cand_others[h] = False
+                own = ((h_s == h) | (h_d == h)) & ~cand_others[h_s] & ~cand_others[h_d]
+                best = self._host_evidence(h, own, via_net, row_u, unit_u, s_w, n_units, med, spread, ~touches)
+                if best is not None:
+                    best.update(median=med)
+                    break
+            if best is None:
+                break
+            found.append(best)
+            in_w = in_w[(h_s != best["host"]) & (h_d != best["host"])]
+        return found, in_w
+
+    def _slow_units(self, rows: np.ndarray, row_u, unit_u, s_w, n_units: int, med: float) -> np.ndarray:
+        """Units slow for the flows of ``rows`` (a mask): ``min_sender_flows`` of them there, at most ``max_ratio`` of ``med``."""
+        pick = rows[row_u]
+        flows, nbytes, busy = (_int_sums(unit_u[pick], s_w[row_u[pick], k], n_units) for k in range(3))
+        with np.errstate(invalid="ignore"):
+            return (flows >= self.min_sender_flows) & (busy > 0) & (nbytes <= self.max_ratio * med * busy)
+
+    def _host_evidence(self, h: int, own, via_net, row_u, unit_u, s_w, n_units, med, spread, others) -> dict | None:
+        """Host ``h`` convicted on its own rows (``own``) avoiding the network's slow units: its evidence, or None."""
+        clean = own & ~via_net
+        flows, nbytes, busy = (int(s_w[clean, k].sum()) for k in range(3))
+        if flows < self.min_flows or busy <= 0:
+            return None
+        gbps = nbytes / busy
+        ratio, z = gbps / med, (med - gbps) / spread
+        if not (ratio <= self.max_ratio and z >= self.z):
+            return None
+        # breadth: the units its clean flows cross, each judged on its own flows there
+        pick = clean[row_u]
+        u_flows, u_bytes, u_busy = (_int_sums(unit_u[pick], s_w[row_u[pick], k], n_units) for k in range(3))
+        judged = (u_flows >= self.min_sender_flows) & (u_busy > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u_ratio = np.where(judged, u_bytes / np.where(u_busy > 0, u_busy, 1) / med, np.nan)
+        slow_u = judged & (u_ratio <= self.max_ratio)
+        n_judged, n_slow = int(judged.sum()), int(slow_u.sum())
+        if n_judged < self.min_host_units or n_slow < self.min_host_breadth * n_judged:
+            return None
+        # the other hosts' flows through the same units: normal (else the unit would be the network's doing)
+        through = np.bincount(row_u[others[row_u] & judged[unit_u]], minlength=len(others)) > 0  # each row once
+        o_flows, o_bytes, o_busy = (int(s_w[through, k].sum()) for k in range(3))
+        return {"host": h, "flows": flows, "gbps": gbps, "ratio": ratio, "z": z, "units": n_judged, "slow_units": n_slow,
+                "unit_ratio": float(np.median(u_ratio[slow_u])) if n_slow else float("nan"), "other_flows": o_flows,
+                "other_ratio": o_bytes / o_busy / med if o_busy > 0 else float("nan")}
+
+    def _host_rows(self, found: list[dict], host_names: np.ndarray, w0: int, wlen: int) -> list[tuple]:
+        """One anomaly per slow host of a window, its evidence as sender and as receiver in the text."""
+        by_host: dict[int, list[dict]] = {}
+        for e in found:
+            by_host.setdefault(e["host"] // 2, []).append(e)
+        out = []
+        for h in sorted(by_host, key=lambda k: str(host_names[k])):
+            parts = []
+            for e in sorted(by_host[h], key=lambda e: e["host"] % 2):
+                others = (f"the other hosts' {e['other_flows']:,} flows through them {e['other_ratio']:.2f}x" if e["other_flows"]
+                          else "no other host's flows through them")
+                parts.append(f"as {'receiver' if e['host'] % 2 else 'sender'} {e['gbps']:.1f} GB/s effective, {e['ratio']:.2f}x the median "
+                             f"{e['median']:.1f} GB/s (z {e['z']:.1f}) over {e['flows']:,} flows, slow through {e['slow_units']} of the "
+                             f"{e['units']} switches and links it uses (median {e['unit_ratio']:.2f}x), {others}")
+            name = str(host_names[h])
+            out.append((HOST_KIND, "", -1, w0, name, round(min(float(e["ratio"]) for e in by_host[h]), 4),
+                        f"host {name}: its flows are slow wherever they go, in the {wlen / 1e9:g} s window: " + "; ".join(parts)
+                        + ": the host (NIC), not the network"))
+        return out
 
     def _first_to_flag(self, bad: pd.DataFrame, in_w, excluded, path, src, sums, u: "_Units") -> pd.Series:
         """Which of several slow units to flag first: the one its own traffic convicts.
