@@ -16,8 +16,17 @@ it reports (no pair types: it keeps counts only). ``--slice-flows N``
 scores the replay with every job of more than N GPU flows analysed in
 time slices of N flows (the path of a job too long for memory).
 
+``--matrix dp`` scores the data-parallel-only shapes instead
+(:mod:`synthetic.dpshapes`: DDP with and without ``no_sync``, ZeRO-1,
+ZeRO-2, FSDP, HSDP, a 2-server fine-tuning job) at steps of about 0.3 s,
+5 s, 45 s and 3 min, each with one slow server and as its fault-free twin:
+jobs ARI, pair types (and the share at or above the uncertain bar), steps
+found, spurious, the median step duration error, faults found, anomalies
+no fault explains.
+
     python benchmarks/robustness.py [--scenarios clip,all] [--seeds 0,1,2] [--windows 60,180,600] [--no-traces]
                                     [--stream [--window 120] [--window-step 15]] [--slice-flows N]
+    python benchmarks/robustness.py --matrix dp [--shapes ddp,fsdp] [--lengths 0.3s,5s] [--windows 60,180] [--stream]
 """
 from __future__ import annotations
 
@@ -48,7 +57,7 @@ def run_one(cluster, tmp, name, **replay_kw) -> dict:
     return score_cluster(r, cluster)
 
 
-def run_stream(cluster, name, settings: MonitorSettings, slice_s: float = 0.25, backlog: bool = False) -> dict:
+def run_stream(cluster, name, settings: MonitorSettings, slice_s: float = 0.25, backlog: bool = False, found: dict | None = None) -> dict:
     """The daemon's path: the flows fed to a :class:`Monitor` in event-time slices, a window at every step.
 
     As at 1x real time (every ``step_s`` of event time gets its window); no
@@ -86,6 +95,8 @@ def run_stream(cluster, name, settings: MonitorSettings, slice_s: float = 0.25, 
         raise RuntimeError(f"{name}: the monitor counted {counted:,} steps and kept {len(steps):,} ({keep:,} a job): "
                            "a capture this long needs a larger step_history to be scored")
     anomalies = pd.DataFrame([[e.get(c) for c in ANOMALY_COLUMNS] for kind, e in m.events if kind == "anomaly"], columns=ANOMALY_COLUMNS)
+    if found is not None:  # what was scored, for scores of the caller's own
+        found.update(jobs=m.jobs_, steps=steps)
     return score_stream(m.jobs_, steps, anomalies, cluster)
 
 
@@ -121,13 +132,113 @@ def summary(results: list[tuple]) -> str:
     return "\n".join(lines)
 
 
+def median_step_error(jobs: pd.DataFrame, steps: pd.DataFrame | None, cluster, tolerance: float = 0.01) -> float:
+    """Median relative duration error of the found steps (matched as :func:`prism.analysis.evaluation.score_steps` does)."""
+    from prism.analysis.evaluation import job_name_map
+
+    if steps is None or not len(steps):
+        return float("nan")
+    names = job_name_map(jobs, cluster.jobs)
+    pred = steps.assign(job=steps["job_id"].map(names))
+    edge_at = cluster.meta.get("window_end_ns")
+    errs = []
+    for job, t in cluster.steps.groupby("job_id"):
+        p = pred[pred["job"] == job]
+        if edge_at is not None and len(t):
+            edge = edge_at - float((t["end_ns"] - t["start_ns"]).median())
+            t, p = t[t["end_ns"] <= edge], p[p["end_ns"] <= edge]
+        te, tdur = t["end_ns"].to_numpy(), (t["end_ns"] - t["start_ns"]).to_numpy().astype(float)
+        pe, pdur = p["end_ns"].to_numpy(), (p["end_ns"] - p["start_ns"]).to_numpy().astype(float)
+        if not (len(te) and len(pe)):
+            continue
+        j = np.clip(np.searchsorted(te, pe), 1, len(te)) - 1
+        j = np.where((j + 1 < len(te)) & (np.abs(te[np.minimum(j + 1, len(te) - 1)] - pe) < np.abs(te[j] - pe)), j + 1, j)
+        ok = np.abs(te[j] - pe) < tolerance * tdur[j]
+        errs.append(np.abs(pdur[ok] - tdur[j[ok]]) / tdur[j[ok]])
+    e = np.concatenate(errs) if errs else np.zeros(0)
+    return float(np.median(e)) if len(e) else float("nan")
+
+
+def dp_windows(secs: float, windows: list[float]) -> list[float]:
+    """The windows a step length runs in: those holding 6 or more steps, else its own of 8 steps."""
+    fit = [w for w in windows if w >= 6 * secs]
+    return fit or [8 * secs]
+
+
+def run_dp(cluster, tmp, name, stream: MonitorSettings | None = None, backlog: bool = False) -> dict:
+    """A DP-shapes run: the usual scores plus the share of pair types at or above the uncertain bar and the median step error."""
+    from prism.analysis.parallelism import UNCERTAIN_BELOW
+
+    if stream is not None:
+        found: dict = {}
+        # a shape cut at its layers or micro-batches yields thousands of steps a job: keep them all to score them
+        row = run_stream(cluster, name, dataclasses.replace(stream, step_history=max(stream.step_history, 200_000)), backlog=backlog, found=found)
+        row["step_err_median"] = median_step_error(found["jobs"], found["steps"], cluster)
+        return row
+    d = Path(tmp) / name
+    cluster.write(d)
+    r = replay([str(d / "flows.parquet")], Topology.from_csv(d / "topology.csv"), progress=False)
+    row = score_cluster(r, cluster)
+    pairs = r.pairs
+    row["pair_certain"] = float((pairs["confidence"] >= UNCERTAIN_BELOW).mean()) if pairs is not None and len(pairs) and "confidence" in pairs else float("nan")
+    row["step_err_median"] = median_step_error(r.jobs, r.analysis.steps if r.analysis is not None else None, cluster)
+    return row
+
+
+DP_HEADER = ("| shape | family | step | window | run | jobs ARI | pair types (certain) | steps found | spurious | median step error | faults found | unexplained anomalies | flows | seconds |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def fmt_dp(shape, family, length, window, faulty, row) -> str:
+    true = row.get("true_steps", 0)
+    recall = row.get("steps_found", 0) / max(true, 1)
+    false = ", ".join(f"{k[6:]} {v}" for k, v in row.items() if k.startswith("false_")) or "0"
+    faults = f"{row.get('faults_found', 0)}/{row.get('faults', 0)}" if faulty else "-"
+    pairs = "-" if "pair_acc" not in row else f"{row['pair_acc']:.0%} ({row['pair_certain']:.0%})"
+    return (f"| {shape} | {family} | {length} | {window:g} s | {'faulty' if faulty else 'fault-free'} | {row['jobs_ari']:.3f} | {pairs} "
+            f"| {row.get('steps_found', 0)}/{true} ({recall:.0%}) | {row.get('steps_spurious', 0)} | {row.get('step_err_median', float('nan')):.1e} "
+            f"| {faults} | {false} |")
+
+
+def main_dp(args) -> int:
+    """The DP-shapes matrix (SYNTHETIC, :mod:`synthetic.dpshapes`): every shape x step length, faulty and fault-free."""
+    from synthetic.dpshapes import DP_SHAPES, FAMILY, STEP_LENGTHS, dp_cluster
+
+    shapes = list(DP_SHAPES) if args.shapes is None else args.shapes.split(",")
+    lengths = list(STEP_LENGTHS) if args.lengths is None else args.lengths.split(",")
+    bad = (set(shapes) - set(DP_SHAPES)) | (set(lengths) - set(STEP_LENGTHS))
+    if bad:
+        raise SystemExit(f"unknown DP shape(s) or step length(s) {', '.join(sorted(bad))}; shapes: {', '.join(DP_SHAPES)}; lengths: {', '.join(STEP_LENGTHS)}")
+    windows = [float(w) for w in (args.windows or "60,180").split(",")]
+    stream = MonitorSettings(window_s=args.window, step_s=args.window_step) if args.stream else None
+    print(DP_HEADER)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in map(int, args.seeds.split(",")):
+            for length in lengths:
+                for window in dp_windows(STEP_LENGTHS[length][0], windows):
+                    for shape in shapes:
+                        for faulty in (True, False):
+                            t1 = time.perf_counter()
+                            c = dp_cluster(shape, length, seed=seed, duration_s=window, with_faults=faulty)
+                            row = run_dp(c, tmp, f"{shape}-{length}-{seed}-{window}-{faulty}", stream, args.backlog)
+                            print(fmt_dp(shape, FAMILY[DP_SHAPES[shape][0]], length, window, faulty, row)
+                                  + f" {len(c.flows):,} | {time.perf_counter() - t1:.0f} |", flush=True)
+    print(f"\n{time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return 0
+
+
 def main() -> int:
     from synthetic.scenarios import SCENARIOS, scenario_cluster
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: every one; 'all' is the scenario with every confounder), or 'none' for the real-trace rows only")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--windows", default="60,180,600", help="capture windows in seconds")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; the DP matrix: 0)")
+    ap.add_argument("--windows", default=None, help="capture windows in seconds (default 60,180,600; the DP matrix: 60,180, and a window of 8 steps for a step too long for them)")
+    ap.add_argument("--matrix", choices=("scenarios", "dp"), default="scenarios",
+                    help="scenarios: the confounders of synthetic.scenarios (and the real traces); dp: the data-parallel-only shapes of synthetic.dpshapes")
+    ap.add_argument("--shapes", default=None, help="with --matrix dp: comma-separated shapes (default: every one)")
+    ap.add_argument("--lengths", default=None, help="with --matrix dp: comma-separated step lengths (default: every one)")
     ap.add_argument("--no-traces", action="store_true", help="skip the rows derived from the real op traces")
     ap.add_argument("--stream", action="store_true", help="score the daemon's windowed analysis instead of the replay")
     ap.add_argument("--slice-flows", type=int, default=None, metavar="N",
@@ -136,6 +247,11 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=MonitorSettings.window_s, help="with --stream: the daemon's --window, seconds (default %(default)g)")
     ap.add_argument("--window-step", type=float, default=MonitorSettings.step_s, help="with --stream: the daemon's --window.step, seconds (default %(default)g)")
     args = ap.parse_args()
+    if args.matrix == "dp":
+        args.seeds = args.seeds or "0"
+        return main_dp(args)
+    args.seeds = args.seeds or "0,1,2"
+    args.windows = args.windows or "60,180,600"
     stream = MonitorSettings(window_s=args.window, step_s=args.window_step)
     names = list(SCENARIOS) if args.scenarios is None else ([] if args.scenarios == "none" else args.scenarios.split(","))
     unknown = set(names) - set(SCENARIOS)

@@ -166,7 +166,7 @@ class ClusterGenerator:
         truth_steps: list[_StepRow] = []
         truth_faults: list[_FaultRow] = []
         for spec, seq in zip(self.jobs, job_seqs):
-            _JobSimulation(self, spec, placement[spec.name], np.random.default_rng(seq), degraded).run(
+            _simulation(spec)(self, spec, placement[spec.name], np.random.default_rng(seq), degraded).run(
                 cols, truth_pairs, truth_steps, truth_faults
             )
         self._storage_noise(cols, np.random.default_rng(noise_seq))
@@ -338,6 +338,15 @@ class FlowColumns:
                 "switches": pd.Categorical.from_codes(inv.ravel(), categories=pd.Index(path_str, dtype=object)),
             }
         )
+
+
+def _simulation(spec: JobSpec) -> type:
+    """The simulation of a job: a Megatron-style 3D job, or a data-parallel-only shape (:mod:`synthetic.dpshapes`)."""
+    if getattr(spec, "shape", "3d") == "3d":
+        return _JobSimulation
+    from .dpshapes import DPShapeSimulation
+
+    return DPShapeSimulation
 
 
 class _JobSimulation:
