@@ -370,3 +370,22 @@ def test_checkpoint_steps_are_slow_steps_that_recur():
     assert (a["kind"] == "slow_step").all() and len(a) >= 6
     assert (np.diff(a["step"]) == 20).all()
     assert a["explanation"].str.contains("recur every 20 steps").all()
+
+
+def test_fsdp_layers_are_not_steps(tmp_path):
+    """SYNTHETIC FSDP (per layer an all-gather in the forward, an all-gather and a reduce-scatter in the backward,
+    0.3 s steps): every layer's gap is longer than the optimizer's, so no gap threshold isolates a step, and the most
+    regular cut's pieces are layers. They carry unlike traffic (gather only, or gather and scatter), so the job gets
+    no steps and replay warns, rather than 12 ms "steps" and false slow steps."""
+    from prism.analysis.evaluation import score_cluster
+    from prism.ingest.topology import Topology
+    from prism.offline.replay import replay
+    from synthetic.dpshapes import dp_cluster
+
+    c = dp_cluster("fsdp", "0.3s", duration_s=8, with_faults=False)
+    c.write(tmp_path)
+    r = replay([str(tmp_path / "flows.parquet")], Topology.from_csv(tmp_path / "topology.csv"), progress=False)
+    score = score_cluster(r, c)
+    assert score["jobs_ari"] == 1.0 and score["true_steps"] >= 20
+    assert score["steps_spurious"] == 0 and score["anomalies"] == 0
+    assert any("no whole training step found" in w for w in r.summary()["warnings"])
