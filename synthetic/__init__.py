@@ -9,7 +9,7 @@ faults (slow steps, slow servers, degraded switches), and writes flows,
 topology and the ground truth for every later stage of Prism.
 """
 from .fabric import Fabric
-from .faults import DegradedSwitch, SlowServer, SlowStep
+from .faults import DegradedSwitch, Hang, Restart, SlowServer, SlowStep
 from .generator import ClusterGenerator, GeneratedCluster
 from .presets import PRESETS, preset
 from .workload import JobSpec, one_f_one_b
@@ -21,6 +21,8 @@ __all__ = [
     "SlowStep",
     "SlowServer",
     "DegradedSwitch",
+    "Hang",
+    "Restart",
     "ClusterGenerator",
     "GeneratedCluster",
     "PRESETS",
