@@ -9,7 +9,7 @@ faults (slow steps, slow servers, degraded switches, slow NICs), and writes flow
 topology and the ground truth for every later stage of Prism.
 """
 from .fabric import Fabric
-from .faults import DegradedSwitch, SlowNic, SlowServer, SlowStep
+from .faults import DegradedSwitch, Hang, Restart, SlowNic, SlowServer, SlowStep
 from .generator import ClusterGenerator, GeneratedCluster
 from .presets import PRESETS, preset
 from .workload import JobSpec, one_f_one_b
@@ -22,6 +22,8 @@ __all__ = [
     "SlowServer",
     "DegradedSwitch",
     "SlowNic",
+    "Hang",
+    "Restart",
     "ClusterGenerator",
     "GeneratedCluster",
     "PRESETS",

@@ -62,7 +62,7 @@ import numpy as np
 
 from .fabric import Fabric
 from .faults import SlowServer, SlowStep
-from .generator import ClusterGenerator, GeneratedCluster, _JobSimulation
+from .generator import ClusterGenerator, GeneratedCluster, JobSimulation
 from .workload import JobSpec
 
 __all__ = ["DPJob", "SHAPES", "FAMILY", "DP_SHAPES", "STEP_LENGTHS", "dp_job", "dp_generator", "dp_cluster", "DPShapeSimulation"]
@@ -140,7 +140,7 @@ class DPJob(JobSpec):
         return out
 
 
-class DPShapeSimulation(_JobSimulation):
+class DPShapeSimulation(JobSimulation):
     """One DP-only job, step by step (:class:`DPJob`).
 
     Per-server clocks: compute advances each server's clock; a collective

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SlowStep", "SlowServer", "DegradedSwitch", "SlowNic"]
+__all__ = ["SlowStep", "SlowServer", "DegradedSwitch", "SlowNic", "Hang", "Restart"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +63,45 @@ class SlowNic:
     job: str
     server: int
     factor: float = 2.0
+
+
+@dataclass(frozen=True)
+class Hang:
+    """``job`` hangs in the collective of whole step ``step``: server ``member`` never joins it.
+
+    ``member`` is the position of the server within the job's servers. The
+    step's pipeline traffic runs as usual; at its gradient collective the
+    member's GPUs send nothing, the others send their first message on
+    each ring edge and wait: the job sends nothing more. The hung step is
+    not whole, so it is not in ``steps.csv``; ``faults.csv`` has a
+    ``hang`` row: its step, when the collective began (``start_ns``), the
+    capture's end (``end_ns``) and the server that never joined
+    (``subject``). The job needs DP > 1 (a collective on the network).
+    """
+
+    job: str
+    step: int
+    member: int = 0
+
+
+@dataclass(frozen=True)
+class Restart:
+    """``job`` stops in the middle of whole step ``step`` (or of the first step to begin ``after_s`` into the capture)
+    and restarts from a checkpoint ``outage_s`` later.
+
+    The step's traffic is cut halfway through its compute (before its
+    collective); the job is silent for ``outage_s``, then runs on from a
+    new step on the same servers, except server ``replaced_server`` (its
+    position within the job's servers), replaced by an idle server of the
+    fabric. Neither the broken step nor the first step after the restart
+    (its start, the checkpoint load and first compute, sends nothing) is
+    whole: ``steps.csv`` skips both and numbers on. ``faults.csv`` has a
+    ``restart`` row: the broken step, the stop (``start_ns``), the restart
+    (``end_ns``) and ``old>new`` server names (``subject``).
+    """
+
+    job: str
+    step: int = -1
+    outage_s: float = 30.0
+    replaced_server: int = 0
+    after_s: float | None = None

@@ -19,7 +19,7 @@ import pandas as pd
 from prism.ingest.readers import write_flows
 
 from .fabric import Fabric
-from .faults import DegradedSwitch, SlowNic, SlowServer, SlowStep
+from .faults import DegradedSwitch, Hang, Restart, SlowNic, SlowServer, SlowStep
 from .workload import JobSpec, one_f_one_b
 
 __all__ = ["ClusterGenerator", "GeneratedCluster", "EPOCH_NS", "FlowColumns"]
@@ -126,6 +126,7 @@ class ClusterGenerator:
         self.uniform_dp_share = uniform_dp_share
         self.split_pp_prob = split_pp_prob
         self.storage_flows_per_s = storage_flows_per_s
+        self.spare_servers: list[int] = []  # idle servers (set by generate): a restarted job takes one
         names = [j.name for j in self.jobs]
         if len(set(names)) != len(names):
             raise ValueError("job names must be unique")
@@ -135,7 +136,7 @@ class ClusterGenerator:
         if need > fabric.servers:
             raise ValueError(f"jobs need {need} servers, the fabric has {fabric.servers}")
         for f in self.faults:
-            if isinstance(f, (SlowStep, SlowServer, SlowNic)) and f.job not in names:
+            if isinstance(f, (SlowStep, SlowServer, SlowNic, Hang, Restart)) and f.job not in names:
                 raise ValueError(f"fault {f} names an unknown job")
 
     # ------------------------------------------------------------------
@@ -158,6 +159,9 @@ class ClusterGenerator:
         root = np.random.SeedSequence(self.seed)
         place_seq, noise_seq, *job_seqs = root.spawn(2 + len(self.jobs))
         placement = self._place(np.random.default_rng(place_seq))
+        used = set(np.concatenate(list(placement.values())).tolist()) if placement else set()
+        #: idle servers, in order: a restarted job takes the first in place of a broken one
+        self.spare_servers = [s for s in range(fab.servers) if s not in used]
         switch_names = fab.switch_names()
         degraded = self._resolve_switch_faults(placement, switch_names)
 
@@ -343,13 +347,28 @@ class FlowColumns:
 def _simulation(spec: JobSpec) -> type:
     """The simulation of a job: a Megatron-style 3D job, or a data-parallel-only shape (:mod:`synthetic.dpshapes`)."""
     if getattr(spec, "shape", "3d") == "3d":
-        return _JobSimulation
+        return JobSimulation
     from .dpshapes import DPShapeSimulation
 
     return DPShapeSimulation
 
 
-class _JobSimulation:
+def _filter_chunks(cols: FlowColumns, first_chunk: int, keep: np.ndarray) -> None:
+    """Keep the flows ``keep`` marks of the chunks of ``cols`` from ``first_chunk`` on (merged into one chunk)."""
+    for name in ("start", "dur", "src", "dst", "size", "path"):
+        chunks = getattr(cols, name)
+        merged = np.concatenate(chunks[first_chunk:])[keep]
+        del chunks[first_chunk:]
+        chunks.append(merged)
+
+
+def _keep_before(cols: FlowColumns, first_chunk: int, t: float) -> None:
+    """Drop the flows starting at or after ``t`` from the chunks of ``cols`` from ``first_chunk`` on."""
+    if len(cols.start) > first_chunk:
+        _filter_chunks(cols, first_chunk, np.concatenate(cols.start[first_chunk:]) < t)
+
+
+class JobSimulation:
     """One job, step by step, from before the window start to past its end."""
 
     def __init__(self, gen: ClusterGenerator, spec: JobSpec, servers: np.ndarray, rng: np.random.Generator, degraded: list[_Degraded]):
@@ -420,10 +439,14 @@ class _JobSimulation:
                 self.slow_nic = (int(self.servers[f.server]), float(f.factor))
                 truth_faults.append(("slow_nic", spec.name, -1, 0.0, window, fab.server_name(self.servers[f.server]), f.factor))
 
+        hang = next((f for f in faults if isinstance(f, Hang)), None)
+        restart = next((f for f in faults if isinstance(f, Restart)), None)
+        fresh = False  # the first step after a restart: its start sent nothing, it is not whole
         sim_step = 0
         whole = -1  # index among whole steps in the window
         prev_end = t
         while t < window:
+            step_chunk = len(cols.start)
             # fixed-shape draws for this step (identical with and without faults)
             jit = rng.lognormal(0.0, spec.jitter, size=(2, M, D, P))
             split_draw = rng.random((2, M, T, D, max(P - 1, 1)))
@@ -470,14 +493,34 @@ class _JobSimulation:
                 frac = (np.arange(len(self.buckets)) + 1) / len(self.buckets)
                 bucket_ready = (sB[-1][:, :, None] + B[-1][:, :, None] * frac[None, None, :]).max(axis=0)  # (P, nb)
                 ready = bucket_ready[:, 0]
+            dp_chunk = len(cols.start)
             dp_end = self._emit_dp(cols, eB, dp_paths, dp_net, flow_noise, t, ready=ready,
                                    phases=1 if spec.distributed_optimizer else 2, bucket_ready=bucket_ready)
+            if hang is not None and k == hang.step:
+                self._hang(cols, dp_chunk, hang, k, truth_faults)
+                break  # the job sends nothing more
             step_end = max(last_flow_end, dp_end, emb_end, ag_end)
             if P == 1 and D == 1:
                 step_end = float(eB.max())
             if spec.clip_allreduce and P > 1:
                 step_end = self._emit_clip(cols, max(step_end, float(eB.max())))
-            if sim_step > 0 and prev_end >= 0 and step_end <= window:
+            if restart is not None and k >= 0 and (k == restart.step if restart.after_s is None else t >= restart.after_s * 1e9):
+                # it stops halfway through the step's compute, before its collective
+                t_stop = t + 0.5 * (float(np.min(ready)) - t)
+                _keep_before(cols, step_chunk, t_stop)
+                t = t_stop + restart.outage_s * 1e9
+                if t_stop < window:
+                    truth_faults.append(("restart", spec.name, k, t_stop, t, self._replace_server(restart.replaced_server), restart.outage_s))
+                pp_paths, pp_net = self._pair_info(self.pp_a, self.pp_b)
+                pp_back_paths, _ = self._pair_info(self.pp_b, self.pp_a)
+                dp_paths, dp_net = self._pair_info(self.dp_a, self.dp_b)
+                self._record_pairs(truth_pairs, pp_net, dp_net)
+                restart, fresh = None, True
+                sim_step += 1
+                continue
+            if fresh:
+                fresh = False
+            elif sim_step > 0 and prev_end >= 0 and step_end <= window:
                 whole += 1
                 truth_steps.append((spec.name, whole, prev_end, step_end))
                 for f in faults:
@@ -494,6 +537,35 @@ class _JobSimulation:
             # the checkpoint if one is due
             t = max(step_end, float(eB.max())) + spec.optimizer_ms * 1e6 + spec.checkpoint_ns(sim_step)
             sim_step += 1
+
+    def _hang(self, cols: FlowColumns, first_chunk: int, f: Hang, step: int, truth_faults: list[_FaultRow]) -> None:
+        """Of the collective's flows (``cols`` from chunk ``first_chunk``), keep each ring edge's first message, but none from the hung server."""
+        if len(cols.start) <= first_chunk:
+            raise ValueError(f"hang of {self.spec.name}: the job has no collective on the network (it needs dp > 1 across servers)")
+        gps = self.fab.gpus_per_server
+        hung = int(self.servers[f.member])
+        start = np.concatenate(cols.start[first_chunk:])
+        edge = np.concatenate(cols.src[first_chunk:]) * self.fab.n_gpus + np.concatenate(cols.dst[first_chunk:])
+        o = np.lexsort((start, edge))
+        keep = np.zeros(len(start), dtype=bool)
+        keep[o[np.r_[True, edge[o][1:] != edge[o][:-1]]]] = True
+        keep &= np.concatenate(cols.src[first_chunk:]) // gps != hung
+        _filter_chunks(cols, first_chunk, keep)
+        if start.min() < self.gen.duration_ns:
+            truth_faults.append(("hang", self.spec.name, step, float(start.min()), self.gen.duration_ns, self.fab.server_name(hung), 1.0))
+
+    def _replace_server(self, position: int) -> str:
+        """Move the job's server at ``position`` onto the first idle server; ``old>new`` names."""
+        if not self.gen.spare_servers:
+            raise ValueError(f"restart of {self.spec.name}: the fabric has no idle server to replace one with")
+        gps = self.fab.gpus_per_server
+        old, new = int(self.servers[position]), self.gen.spare_servers.pop(0)
+        self.servers = self.servers.copy()
+        self.servers[position] = new
+        self.gpu = np.where(self.gpu // gps == old, new * gps + self.gpu % gps, self.gpu)
+        self.pp_a, self.pp_b = self.gpu[:, :, :-1], self.gpu[:, :, 1:]
+        self.dp_a, self.dp_b = self.gpu, np.roll(self.gpu, -1, axis=1)
+        return f"{self.fab.server_name(old)}>{self.fab.server_name(new)}"
 
     def _record_pairs(self, truth_pairs, pp_net, dp_net):
         spec = self.spec

@@ -183,9 +183,9 @@ def test_dp_job_checks():
 def test_the_3d_shape_is_the_old_simulation():
     """A plain JobSpec has no shape: the generator runs the Megatron simulation for it (its flows are unchanged)."""
     from synthetic.dpshapes import DPShapeSimulation
-    from synthetic.generator import _JobSimulation, _simulation
+    from synthetic.generator import JobSimulation, _simulation
 
-    assert _simulation(JobSpec("a")) is _JobSimulation and _simulation(_job("ddp")) is DPShapeSimulation
+    assert _simulation(JobSpec("a")) is JobSimulation and _simulation(_job("ddp")) is DPShapeSimulation
     assert not hasattr(JobSpec("a"), "shape")
 
 

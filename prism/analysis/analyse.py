@@ -7,6 +7,7 @@ here is vectorised, and the loops left run over jobs, pipelines or steps.
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ import numba
 import numpy as np
 import pandas as pd
 
-from prism.analysis.diagnosis import CrossStepDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser, empty_anomalies, in_time_order
+from prism.analysis.diagnosis import CrossStepDiagnoser, HangDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser, empty_anomalies, in_time_order
 from prism.analysis.parallelism import ParallelismClassifier, pair_ids
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
 from prism.common.ordering import rank_keys, stable_order
@@ -38,6 +39,7 @@ class Settings:
     cross_step: CrossStepDiagnoser = field(default_factory=CrossStepDiagnoser)
     cross_group: StageLagDiagnoser = field(default_factory=StageLagDiagnoser)
     switches: SwitchDiagnoser = field(default_factory=SwitchDiagnoser)
+    hang: HangDiagnoser = field(default_factory=HangDiagnoser)
     #: a job with more GPU flows is analysed this many at a time, in overlapping time slices (:mod:`prism.analysis.slices`)
     slice_flows: int = DEFAULT_SLICE_FLOWS
 
@@ -54,6 +56,7 @@ class Analysis:
     shapes: pd.DataFrame | None = None  # job_id, dp, pp, tp
     group_lag: pd.DataFrame | None = None  # job_id, server, step, ratio, z, stage, lag (per pipeline-stage server and step)
     slices: dict = field(default_factory=dict)  # job_id -> time slices, for the jobs analysed in slices (prism.analysis.slices)
+    job_states: pd.DataFrame | None = None  # job_id, state (running, hung, ended), since_ns (prism.analysis.diagnosis.hang)
 
 
 def _pair_key(a, b, n):
@@ -142,12 +145,14 @@ def analyse(
     end = start + duration
     stage("steps")
     tl = s.timeline.fit(job, start, end, is_dp, size=size, capture_end=capture_end, job_names=label_name, pair=flow_pair, collective=collective)
-    out.steps = tl.steps_[STEP_COLUMNS]
-    fs = tl.flow_step_
+    server_of = topology.nics["server"].to_numpy()
+    steps, fs, hangs = _runs_and_hangs(s, tl, job, a, start, end, is_dp, size, collective, capture_end, label_name, flow_pair, server_of)
+    out.steps = steps[STEP_COLUMNS]
+    out.job_states = hangs.states_
     inside = fs >= 0
     if phases:
         stage("phases")
-        out.phases = _phases(tl.steps_, fs, a, is_dp, start, end, size, comps["dp"], comps["pp"], topology)
+        out.phases = _phases(steps, fs, a, is_dp, start, end, size, comps["dp"], comps["pp"], topology)
     if stop_after == "steps":
         return out
 
@@ -159,12 +164,52 @@ def analyse(
     pp = inside & ~is_dp & (size >= 0.01 * pair_max[flow_pair])
     if collective is not None:  # and not the embedding/grad-norm pair that closes a pipeline into a ring
         pp &= ~collective
-    first = _first_flows(fs[pp], a[pp], b[pp], start[pp], end[pp], tl.steps_)
-    server_of = topology.nics["server"].to_numpy()
+    first = _first_flows(fs[pp], a[pp], b[pp], start[pp], end[pp], steps)
     lag = s.cross_group.fit(first, out.steps, server_of)
     out.group_lag = lag.lag_
-    add_anomalies(out, [s.cross_step.fit(out.steps).predict(), lag.predict()], switch_bw, s)
+    add_anomalies(out, [s.cross_step.fit(out.steps).predict(), lag.predict(), hangs.predict()], switch_bw, s)
     return out
+
+
+def _runs_and_hangs(s: Settings, tl: StepTimeline, job, a, start, end, is_dp, size, collective, capture_end, label_name, flow_pair,
+                    server_of) -> tuple[pd.DataFrame, np.ndarray, HangDiagnoser]:
+    """The steps around the jobs' silences: ``(steps, flow_step, hang diagnoser)``.
+
+    A job that restarted (a silence after a hang, or after its traffic
+    stopped mid-step) has its steps cut per run: the timeline is fitted
+    again with each run as a job of its own (the outage is no step), and
+    the steps are numbered on across the runs. A step that ends at a
+    collective that never completed (a hang, or one still in progress at
+    the end) is dropped: it is not whole (see
+    :mod:`prism.analysis.diagnosis.hang`).
+    """
+    hd = s.hang.fit(job, a, start, end, size, is_dp, collective, tl.steps_, capture_end, label_name, server_of)
+    steps, fs = tl.steps_, tl.flow_step_
+    split = hd.runs_ is not None
+    if hd.runs_ is not None:
+        names = dict(label_name)
+        names.update({r: label_name.get(j, j) for r, j in hd.run_job_.items()})
+        tl = copy.copy(s.timeline).fit(hd.runs_, start, end, is_dp, size=size, capture_end=capture_end, job_names=names, pair=flow_pair,
+                                        collective=collective)
+        steps, fs = tl.steps_.copy(), tl.flow_step_
+        lab = steps["job"].to_numpy()
+        steps["job"] = np.array([hd.run_job_.get(int(x), int(x)) for x in lab], dtype=np.int64) if len(lab) else lab
+        # judged again on the runs' steps: a job whose outage hid every step has a median step now
+        hd = copy.copy(s.hang).fit(job, a, start, end, size, is_dp, collective, steps, capture_end, label_name, server_of)
+    if len(hd.drop_) and len(steps):
+        drop = np.zeros(len(steps), dtype=bool)
+        sj, se = steps["job"].to_numpy(), steps["end_ns"].to_numpy()
+        for j, after, until in hd.drop_.itertuples(index=False):
+            drop |= (sj == j) & (se > after) & (se <= until)
+        if drop.any():
+            keep = ~drop
+            new_row = np.cumsum(keep) - 1
+            fs = np.where((fs >= 0) & keep[np.maximum(fs, 0)], new_row[np.maximum(fs, 0)], -1)
+            steps = steps[keep].reset_index(drop=True)
+    if split and len(steps):
+        # the runs' steps numbered on, per job in time order (the rows stay where flow_step points)
+        steps["step"] = steps.groupby("job")["start_ns"].rank(method="first").astype(np.int64) - 1
+    return steps, fs, hd
 
 
 def add_anomalies(out: Analysis, found: list[pd.DataFrame], switch_bw: SwitchBandwidth | None, s: Settings) -> None:

@@ -384,6 +384,8 @@ def _combine(parts: list[Analysis], switch_bw, s: Settings, stop_after: str) -> 
     if stop_after == "pairs":
         return out
     out.steps, out.phases = cat("steps"), cat("phases")
+    states = cat("job_states")
+    out.job_states = states.sort_values("job_id", kind="stable").reset_index(drop=True) if states is not None else None
     if stop_after == "steps":
         return out
     lag = [p.group_lag for p in parts if p.group_lag is not None and len(p.group_lag.columns)]

@@ -131,7 +131,9 @@ def score_steps(pred: pd.DataFrame, truth: pd.DataFrame, names: dict, tolerance:
 
 
 #: Which anomaly kinds find which injected fault kinds.
-FINDS = {"slow_step": {"slow_step"}, "slow_group": {"slow_group"}, "slow_switch": {"slow_switch"}, "slow_nic": {"slow_host"}}
+FINDS = {"slow_step": {"slow_step"}, "slow_group": {"slow_group"}, "slow_switch": {"slow_switch"}, "slow_nic": {"slow_host"}, "hang": {"hang"}}
+#: Injected events that are no fault to find: a restart raises nothing (beyond the hang that may precede it).
+NOT_FAULTS = {"restart"}
 
 
 def _fault_hits(r, pred: pd.DataFrame) -> pd.Series:
@@ -140,6 +142,10 @@ def _fault_hits(r, pred: pd.DataFrame) -> pd.Series:
         # the step's start as reported may differ by the collector's timestamp error: 1% of the step
         slack = max(1_000, 0.01 * (r["end_ns"] - r["start_ns"]))
         return (pred["kind"] == "slow_step") & (pred["job"] == r["job_id"]) & (pred["start_ns"] >= r["start_ns"] - slack) & (pred["start_ns"] < r["end_ns"] - slack)
+    if r["kind"] == "hang":  # its job, naming the server that never joined, at the collective that never completed
+        servers = set(str(r["subject"]).split("|"))
+        return ((pred["kind"] == "hang") & (pred["job"] == r["job_id"]) & (pred["start_ns"] >= r["start_ns"] - 1_000_000_000)
+                & (pred["start_ns"] <= r["end_ns"]) & pred["subject"].map(lambda s: bool(set(str(s).split("|")) & servers)))
     if r["kind"] == "slow_group":
         servers = set(str(r["subject"]).split("|"))
         return (pred["kind"] == "slow_group") & (pred["job"] == r["job_id"]) & pred["subject"].map(lambda s: bool(set(str(s).split("|")) & servers))
@@ -159,7 +165,7 @@ def detection_delays(anomalies: pd.DataFrame, faults: pd.DataFrame, names: dict)
     """
     pred = anomalies.assign(job=anomalies["job_id"].map(names).fillna(""))
     rows = []
-    for _, r in faults.iterrows():
+    for _, r in faults[~faults["kind"].isin(NOT_FAULTS)].iterrows():
         hit = _fault_hits(r, pred)
         at = pred.loc[hit, "detected_ns"].dropna()
         rows.append({"kind": r["kind"], "job_id": r["job_id"], "subject": r["subject"],
@@ -178,6 +184,9 @@ def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps
       naming one of its servers.
     - A ``slow_switch`` fault is found by a ``slow_switch`` anomaly naming it.
     - A ``slow_nic`` fault is found by a ``slow_host`` anomaly naming its server.
+    - A ``hang`` is found by a ``hang`` anomaly of its job naming the server
+      that never joined. A ``restart`` is no fault: nothing is to be found
+      for it, and an anomaly it causes is unexplained.
 
     An anomaly is explained (not a false positive) if it finds a fault, or is
     an effect of one: a ``regime_change`` of a job starting while a
@@ -190,7 +199,7 @@ def score_anomalies(pred: pd.DataFrame, faults: pd.DataFrame, names: dict, steps
     a ``slow_host`` naming a server of a ``slow_group`` fault is its effect.
     """
     pred = pred.assign(job=pred["job_id"].map(names).fillna(""))
-    f = faults.copy()
+    f = faults[~faults["kind"].isin(NOT_FAULTS)].copy()
     f["matched"] = False
     explained = np.zeros(len(pred), dtype=bool)
     med_step = {}

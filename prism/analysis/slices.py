@@ -73,6 +73,8 @@ class _Stitch:
         self.shapes: list[pd.DataFrame] = []
         self.stitcher = StepStitcher(HOLD_STEPS)
         self.durations: list[np.ndarray] = []  # taken steps' durations, for the median
+        self.hangs: list[pd.DataFrame] = []  # the slices' hang anomalies (a hang before a restart, or at the end)
+        self.states: pd.DataFrame | None = None  # the last slice's job states
 
     @property
     def last_end(self) -> int | None:
@@ -85,6 +87,9 @@ class _Stitch:
 
     def take(self, an: Analysis, settle_ns: int | None) -> int | None:
         """Keep ``an``'s settled new steps and what belongs to them; return the last taken step's end."""
+        if an.anomalies is not None and len(an.anomalies):
+            self.hangs.append(an.anomalies[an.anomalies["kind"] == "hang"])
+        self.states = an.job_states
         if an.pairs is not None and len(an.pairs):
             self.pairs.append(an.pairs)
         if an.shapes is not None and len(an.shapes):
@@ -119,7 +124,13 @@ class _Stitch:
         if stop_after == "steps":
             return out
         out.group_lag = pd.concat(self.lag, ignore_index=True) if self.lag else pd.DataFrame()
-        out.anomalies = in_time_order([s.cross_step.fit(out.steps).predict(), s.cross_group.diagnose(out.group_lag, out.steps).predict()])
+        # a hang seen by two overlapping slices is one
+        hangs = pd.concat(self.hangs, ignore_index=True).drop_duplicates(["job_id", "start_ns"]) if self.hangs else None
+        if hangs is not None and len(hangs):  # the step it hung in, in the stitched numbers
+            hangs = hangs.assign(step=[int(((out.steps["job_id"] == j) & (out.steps["end_ns"] <= t)).sum()) for j, t in zip(hangs["job_id"], hangs["start_ns"])])
+        out.anomalies = in_time_order([s.cross_step.fit(out.steps).predict(), s.cross_group.diagnose(out.group_lag, out.steps).predict()]
+                                      + ([hangs] if hangs is not None else []))
+        out.job_states = self.states
         return out
 
 

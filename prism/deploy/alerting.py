@@ -52,6 +52,8 @@ class AlertSettings:
     #: a pipeline group (server) computes this many times its peers' time
     group_lag_ratio: float = 1.2
     group_lag_for: str = "10m"
+    #: a job has stayed hung (a collective that never completed, then silence) this long
+    job_hung_for: str = "1m"
     #: a switch's effective bandwidth falls below this fraction of its tier's median
     switch_bandwidth_ratio: float = 0.7
     switch_degraded_for: str = "5m"
@@ -114,6 +116,14 @@ ALERTS: tuple[Alert, ...] = (
         "Group {{ $labels.group }} of job {{ $labels.job_id }} is a straggler.",
         "Pipeline group {{ $labels.group }} of job {{ $labels.job_id }} computes {{ $value | printf \"%.2f\" }}x its "
         "peers' time (threshold @group_lag_ratio, for @group_lag_for); the whole job waits for it.",
+    ),
+    Alert(
+        "PrismJobHung", "critical",
+        "max by (job_id) (prism_job_state{@selector,state=\"hung\"}) == 1",
+        "@job_hung_for",
+        "Training job {{ $labels.job_id }} is hung.",
+        "Job {{ $labels.job_id }} stopped inside a collective that never completed and has sent nothing since "
+        "(for @job_hung_for): some of its members never joined it and the rest wait. The hang anomaly in Prism's log names their servers.",
     ),
     Alert(
         "PrismSwitchDegraded", "warning",

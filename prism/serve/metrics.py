@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from prism.analysis.diagnosis import JOB_STATES
 from prism.ingest.gpu_traffic import IGNORE_REASONS
 from prism.ingest.records import REJECT_REASONS
 from prism.serve.monitor import STEP_BUCKETS_S, Monitor, bucket_index
@@ -188,8 +189,12 @@ class PrismCollector:
         lag = GaugeMetricFamily("prism_group_lag_ratio", "Pipeline-stage compute time of the group (server) over its peers' (1 = normal).", labels=["job_id", "group"])
         pairs = GaugeMetricFamily("prism_job_pairs", "GPU pairs of the job in the last window, by type (DP, PP) and certainty (confidence below 0.6: uncertain).",
                                   labels=["job_id", "type", "certainty"])
+        state = GaugeMetricFamily("prism_job_state", "The job's state (value 1 on the current one): running; hung (its last collective never "
+                                  "completed and it went silent); ended (silent after a whole step).", labels=["job_id", "state"])
         for job_id, v in sorted(jobs.items()):
             info.add_metric([job_id, str(v.gpus), str(v.servers), str(v.dp), str(v.pp)], 1)
+            for name in JOB_STATES:
+                state.add_metric([job_id, name], 1.0 if v.state == name else 0.0)
             for (kind, certainty), n in sorted(v.pairs.items()):
                 pairs.add_metric([job_id, kind, certainty], n)
             steps.add_metric([job_id], v.steps)
@@ -204,7 +209,7 @@ class PrismCollector:
                 lag.add_metric([job_id, server], r)
         for kind, n in sorted(m.fabric_anomalies.items()):
             anomalies.add_metric([kind, ""], n)
-        yield from (info, pairs, last, hist, slowdown, slow, steps, anomalies, lag)
+        yield from (info, state, pairs, last, hist, slowdown, slow, steps, anomalies, lag)
 
         bw = GaugeMetricFamily("prism_switch_bandwidth_bytes_per_second", "Effective bandwidth (bytes over busy time) of GPU traffic through the switch, last window.", labels=["switch"])
         ratio = GaugeMetricFamily("prism_switch_bandwidth_ratio", "Switch bandwidth over its tier's median (1 = like its peers).", labels=["switch"])

@@ -110,6 +110,7 @@ class JobView:
     anomalies: Counter = field(default_factory=Counter)
     group_lag: dict = field(default_factory=dict)  # server -> ratio (pipeline-stage compute vs peers)
     pairs: dict = field(default_factory=dict)  # (type, "certain"|"uncertain") -> GPU pairs in the last window
+    state: str = "running"  # running, hung (its last collective never completed) or ended (silent after a whole step)
 
 
 @dataclass
@@ -394,13 +395,14 @@ class Monitor:
         self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
 
         rec = self._recogniser()
-        labels, jobs = rec.labels(), rec.predict()
+        labels, jobs = rec.labels(), self._stable_ids(rec.predict())
         self.jobs_ = jobs
         a, b, start, duration, size = self.window.columns()
         cut = int(np.searchsorted(start, end, side="right"))
         an = analyse(a[:cut], b[:cut], start[:cut], duration[:cut], size[:cut], labels, jobs, self.topology,
                      capture_end=end, switch_bw=None, settings=self.analysis, phases=False)
         self._merge_jobs(jobs, an, end)
+        self._merge_states(an.job_states)
         # a job seen for less than half a window has too few steps to cut
         # them reliably (the gap threshold needs several): wait for more
         first = pd.Series(start[:cut]).groupby(labels[a[:cut]]).min() if cut else pd.Series(dtype=np.int64)
@@ -459,6 +461,46 @@ class Monitor:
             self.events.append(("job_gone", {"job_id": job_id}))
         for job_id in [j for j, st in self._jobs.items() if st.view.job_id != j]:
             del self._jobs[job_id]  # absorbed into a bigger job under its new id
+
+    def _stable_ids(self, jobs: pd.DataFrame) -> pd.DataFrame:
+        """``jobs`` with a job that had one server replaced under the id it had.
+
+        A job restarted with a spare server in place of a broken one is the
+        same job: from the restart the recogniser's id names its old and new
+        servers, and once the old server's pairs expire (``pair_ttl_s``) it
+        names it anew. Both are mapped back to the id the job has had: a
+        job that was silent (``ended`` or ``hung`` at the last window) and
+        comes back with one more server, or a job with one server out and
+        one in, at least two (all but one) of its servers kept. (A job that
+        grows otherwise, more of its servers seen, takes the new id: see
+        :meth:`_merge_jobs`.)
+        """
+        if not self._jobs or not len(jobs):
+            return jobs
+        current = {cast(str, job_id): set(g) for job_id, g in jobs.groupby("job_id", sort=True)["server"]}
+        rename: dict[str, str] = {}
+        for job_id, servers in current.items():
+            if job_id in self._jobs:
+                continue
+            for old_id, st in self._jobs.items():
+                kept = st.servers & servers
+                if old_id in current or old_id in rename.values() or st.view.job_id != old_id:
+                    continue
+                back = st.view.state != "running" and st.servers < servers and len(servers - st.servers) == 1  # restarted on a spare
+                swapped = not st.servers <= servers and len(st.servers - servers) <= 1 and len(servers - st.servers) <= 1
+                if (back or swapped) and len(kept) >= max(2, len(st.servers) - 1):
+                    rename[job_id] = old_id
+                    break
+        return jobs.assign(job_id=jobs["job_id"].replace(rename)) if rename else jobs
+
+    def _merge_states(self, states: pd.DataFrame | None) -> None:
+        """Each job's state (running, hung, ended) as the window's silences judge it; a job not judged keeps its last."""
+        if states is None or not len(states):
+            return
+        for job_id, state in zip(states["job_id"], states["state"]):
+            st = self._jobs.get(job_id)
+            if st is not None:
+                st.view.state = str(state)
 
     def _warn_stepless(self, whole_window_jobs: Iterable[str], steps: pd.DataFrame | None) -> None:
         """Warn once per job seen for a whole window without a step: its steps may be too long for the window.
@@ -549,10 +591,21 @@ class Monitor:
             self._active[key] = now
             if not ongoing:
                 row = r._asdict()
-                row["step"] = self._global_step(st, r.start_ns)
+                row["step"] = self._hung_step(st, r.start_ns, steps) if r.kind == "hang" else self._global_step(st, r.start_ns)
                 self._report(st, key + (r.start_ns,), row)
         for k in [k for k, t in self._active.items() if t < now - 1]:
             del self._active[k]
+
+    @staticmethod
+    def _hung_step(st: _JobState, hung_at: int, steps: pd.DataFrame | None) -> int:
+        """The number of the step a job hung in: the next after its steps reported and those of the window not yet
+        reported (a young job's wait for more of its steps) that ended before."""
+        n = st.stitcher.next_step
+        if steps is not None and len(steps):
+            own = steps[steps["job_id"] == st.view.job_id]
+            after = own["end_ns"] > st.stitcher.last_end if st.stitcher.last_end is not None else True
+            n += int(((own["end_ns"] <= hung_at) & after).sum())
+        return n
 
     @staticmethod
     def _global_step(st: _JobState, start_ns: int) -> int:

@@ -13,8 +13,8 @@ ANOMALY_COLUMNS = ["kind", "job_id", "step", "start_ns", "subject", "score", "ex
 
 #: Every kind an anomaly row can have, jobs' first, then the fabric's: ``slow_host`` (a server whose
 #: flows are slow on every switch and link it uses) is judged before ``slow_switch`` and ``slow_link``,
-#: whose evidence leaves its flows out.
-ANOMALY_KINDS = ("slow_step", "regime_change", "slow_group", "slow_host", "slow_switch", "slow_link")
+#: whose evidence leaves its flows out; ``hang`` (a job stuck in a collective some members never joined).
+ANOMALY_KINDS = ("slow_step", "regime_change", "slow_group", "hang", "slow_host", "slow_switch", "slow_link")
 
 
 def empty_anomalies() -> pd.DataFrame:
