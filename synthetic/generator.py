@@ -22,7 +22,7 @@ from .fabric import Fabric
 from .faults import DegradedSwitch, Hang, Restart, SlowNic, SlowServer, SlowStep
 from .workload import JobSpec, one_f_one_b
 
-__all__ = ["ClusterGenerator", "GeneratedCluster", "EPOCH_NS", "FlowColumns"]
+__all__ = ["ClusterGenerator", "GeneratedCluster", "JobSimulation", "EPOCH_NS", "FlowColumns"]
 
 #: Capture windows start at 2026-01-01T00:00:00Z.
 EPOCH_NS = 1_767_225_600 * 1_000_000_000
