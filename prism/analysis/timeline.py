@@ -312,11 +312,16 @@ def _pieces_alike(cut: np.ndarray, pair: np.ndarray, weight: np.ndarray | None, 
     lost record, a jittered bucket, a slow step's same bytes all pass; two
     steps merged by a lost boundary record do not). With more than
     ``max_cells`` pieces x pairs, an even sample of the pieces is compared.
+    Where a tenth of the pairs stop for good and a tenth start (a restart
+    on a replaced server), the pieces on either side are compared with
+    their own median piece; a pipeline's micro-batches return to their
+    pairs every step, so they make no such turn.
 
     >>> cut = np.array([0, 2, 4, 6])  # whole pieces: flows (1,2), (3,4), (5,6)
     >>> _pieces_alike(cut, np.array([0, 1, 0, 1, 0, 1, 0, 1]), None)
     True
-    >>> _pieces_alike(cut, np.array([0, 1, 2, 3, 4, 5, 0, 1]), None)
+    >>> alternating = np.array([0, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 9])  # pieces on pairs {0, 1}, {2, 3}, {0, 1}, ...
+    >>> _pieces_alike(np.array([0, 2, 4, 6, 8, 10]), alternating, None)
     False
     """
     piece = np.zeros(len(pair), dtype=np.int64)
@@ -333,7 +338,20 @@ def _pieces_alike(cut: np.ndarray, pair: np.ndarray, weight: np.ndarray | None, 
     keep = k % every == 0
     rows = -(-n // every)
     table = np.bincount(k[keep] // every * len(codes) + pc[keep], weights=w[keep], minlength=rows * len(codes)).reshape(rows, len(codes))
-    typical = np.median(table, axis=0)
+    # eras: a job restarted with a server replaced moves its traffic to other pairs for good; where a tenth of
+    # the pairs stop for good and a tenth start, each side is compared with its own median piece (a pipeline's
+    # first pieces only start pairs, the capture's end only stops them)
+    active = table > 0
+    first = active.argmax(axis=0)
+    last = rows - 1 - active[::-1].argmax(axis=0)
+    starts = np.bincount(first, minlength=rows)
+    stops = np.bincount(np.minimum(last + 1, rows), minlength=rows + 1)[:rows]  # stops[p]: last active in p - 1
+    era = np.zeros(rows, dtype=np.int64)
+    era[np.flatnonzero((starts[1:] >= 0.1 * len(codes)) & (stops[1:] >= 0.1 * len(codes))) + 1] = 1
+    era = np.cumsum(era)
+    typical = np.empty_like(table)
+    for e in range(int(era[-1]) + 1):
+        typical[era == e] = np.median(table[era == e], axis=0)
     sim = np.minimum(table, typical).sum(axis=1) / np.maximum(np.maximum(table, typical).sum(axis=1), 1e-12)
     return bool((sim < min_sim).sum() <= max(1.0, odd_share * len(sim)))
 
