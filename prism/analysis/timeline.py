@@ -306,9 +306,9 @@ def _pieces_alike(cut: np.ndarray, pair: np.ndarray, weight: np.ndarray | None, 
 
     ``cut`` holds the indices of the flows (in start order, as ``pair`` and
     ``weight``) after which a piece ends. Per whole piece (between two cut
-    gaps), its bytes per pair against the
-    median piece's: the similarity is ``sum(min) / sum(max)``; at most
-    ``odd_share`` of the pieces, or one, may stay under ``min_sim`` (a
+    gaps), its bytes per pair against the median piece's: the similarity
+    is ``sum(min) / sum(max)``; at most ``odd_share`` of the pieces, or
+    one, may stay under ``min_sim`` (a
     lost record, a jittered bucket, a slow step's same bytes all pass; two
     steps merged by a lost boundary record do not). With more than
     ``max_cells`` pieces x pairs, an even sample of the pieces is compared.
