@@ -16,7 +16,17 @@ import numba
 import numpy as np
 import pandas as pd
 
-from prism.analysis.diagnosis import CrossStepDiagnoser, HangDiagnoser, StageLagDiagnoser, SwitchBandwidth, SwitchDiagnoser, empty_anomalies, in_time_order
+from prism.analysis.diagnosis import (
+    ArrivalDiagnoser,
+    CrossStepDiagnoser,
+    HangDiagnoser,
+    StageLagDiagnoser,
+    SwitchBandwidth,
+    SwitchDiagnoser,
+    empty_anomalies,
+    in_time_order,
+    not_named_by,
+)
 from prism.analysis.parallelism import ParallelismClassifier, pair_ids
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
 from prism.common.ordering import rank_keys, stable_order
@@ -38,6 +48,7 @@ class Settings:
     timeline: StepTimeline = field(default_factory=StepTimeline)
     cross_step: CrossStepDiagnoser = field(default_factory=CrossStepDiagnoser)
     cross_group: StageLagDiagnoser = field(default_factory=StageLagDiagnoser)
+    arrival: ArrivalDiagnoser = field(default_factory=ArrivalDiagnoser)
     switches: SwitchDiagnoser = field(default_factory=SwitchDiagnoser)
     hang: HangDiagnoser = field(default_factory=HangDiagnoser)
     #: a job with more GPU flows is analysed this many at a time, in overlapping time slices (:mod:`prism.analysis.slices`)
@@ -55,6 +66,7 @@ class Analysis:
     switch_bandwidth: pd.DataFrame | None = None  # per window and switch/link
     shapes: pd.DataFrame | None = None  # job_id, dp, pp, tp
     group_lag: pd.DataFrame | None = None  # job_id, server, step, ratio, z, stage, lag (per pipeline-stage server and step)
+    arrivals: pd.DataFrame | None = None  # ARRIVAL_COLUMNS: per DP collective burst, the server that sent last
     slices: dict = field(default_factory=dict)  # job_id -> time slices, for the jobs analysed in slices (prism.analysis.slices)
     job_states: pd.DataFrame | None = None  # job_id, state (running, hung, ended), since_ns (prism.analysis.diagnosis.hang)
 
@@ -167,7 +179,10 @@ def analyse(
     first = _first_flows(fs[pp], a[pp], b[pp], start[pp], end[pp], steps)
     lag = s.cross_group.fit(first, out.steps, server_of)
     out.group_lag = lag.lag_
-    add_anomalies(out, [s.cross_step.fit(out.steps).predict(), lag.predict(), hangs.predict()], switch_bw, s)
+    # a pure-DP job's straggler: the server that sends last at its collectives (not one the stages already name)
+    arr = s.arrival.fit(job, a, start, end, is_dp, comps["dp"], server_of, label_name, out.steps)
+    out.arrivals = arr.arrivals_
+    add_anomalies(out, [s.cross_step.fit(out.steps).predict(), lag.predict(), not_named_by(arr.predict(), lag.predict()), hangs.predict()], switch_bw, s)
     return out
 
 

@@ -391,5 +391,7 @@ def _combine(parts: list[Analysis], switch_bw, s: Settings, stop_after: str) -> 
     lag = [p.group_lag for p in parts if p.group_lag is not None and len(p.group_lag.columns)]
     # the cross-group diagnosis orders its rows by job id, not by job label
     out.group_lag = pd.concat(lag, ignore_index=True).sort_values(["job_id", "server", "step"], kind="stable").reset_index(drop=True) if lag else pd.DataFrame()
+    arrivals = cat("arrivals")
+    out.arrivals = arrivals.sort_values(["job_id", "start_ns"], kind="stable").reset_index(drop=True) if arrivals is not None else None
     add_anomalies(out, [p.anomalies for p in parts if p.anomalies is not None], switch_bw, s)
     return out

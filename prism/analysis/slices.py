@@ -15,9 +15,12 @@ over the last few steps of the one before; the results are stitched:
   a median step). Steps are numbered anew, in order;
 * **phases and per-server lag** -- per step, so the taken steps' rows are
   kept (with the new numbers) and the others dropped;
+* **collective arrivals** -- per DP collective burst, not per step: a
+  slice's bursts that start after the last one taken are kept;
 * **anomalies** -- the cross-step diagnosis runs once over the stitched
-  steps, and the cross-group one over the stitched lag table, as they
-  would over one run (both read only per-step rows);
+  steps, the cross-group one over the stitched lag table and the arrival
+  one over the stitched bursts, as they would over one run (all read only
+  per-step or per-burst rows);
 * **pairs** -- typed in every slice; a pair's type is the one its slices
   gave with the most confidence in all, its confidence that sum divided by
   the slices that saw it (a slice that typed it the other way counts as
@@ -43,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.analyse import Analysis, Settings, analyse
-from prism.analysis.diagnosis import in_time_order
+from prism.analysis.diagnosis import in_time_order, not_named_by
 from prism.analysis.stitch import StepStitcher, median_step_ns
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS
 from prism.common.allocator import release_free_memory
@@ -69,6 +72,7 @@ class _Stitch:
         self.steps: list[pd.DataFrame] = []
         self.phases: list[pd.DataFrame] = []
         self.lag: list[pd.DataFrame] = []
+        self.arrivals: list[pd.DataFrame] = []
         self.pairs: list[pd.DataFrame] = []
         self.shapes: list[pd.DataFrame] = []
         self.stitcher = StepStitcher(HOLD_STEPS)
@@ -94,6 +98,11 @@ class _Stitch:
             self.pairs.append(an.pairs)
         if an.shapes is not None and len(an.shapes):
             self.shapes.append(an.shapes)
+        if an.arrivals is not None and len(an.arrivals):
+            taken = self.arrivals[-1]["start_ns"].max() if self.arrivals else None
+            new = an.arrivals if taken is None else an.arrivals[an.arrivals["start_ns"] > taken]
+            if len(new):
+                self.arrivals.append(new)
         steps = an.steps
         if steps is None or steps.empty:
             return self.last_end
@@ -124,12 +133,14 @@ class _Stitch:
         if stop_after == "steps":
             return out
         out.group_lag = pd.concat(self.lag, ignore_index=True) if self.lag else pd.DataFrame()
+        out.arrivals = pd.concat(self.arrivals, ignore_index=True) if self.arrivals else None
+        lag = s.cross_group.diagnose(out.group_lag, out.steps).predict()
+        arrival = not_named_by(s.arrival.diagnose(out.arrivals, out.steps).predict(), lag)
         # a hang seen by two overlapping slices is one
         hangs = pd.concat(self.hangs, ignore_index=True).drop_duplicates(["job_id", "start_ns"]) if self.hangs else None
         if hangs is not None and len(hangs):  # the step it hung in, in the stitched numbers
             hangs = hangs.assign(step=[int(((out.steps["job_id"] == j) & (out.steps["end_ns"] <= t)).sum()) for j, t in zip(hangs["job_id"], hangs["start_ns"])])
-        out.anomalies = in_time_order([s.cross_step.fit(out.steps).predict(), s.cross_group.diagnose(out.group_lag, out.steps).predict()]
-                                      + ([hangs] if hangs is not None else []))
+        out.anomalies = in_time_order([s.cross_step.fit(out.steps).predict(), lag, arrival] + ([hangs] if hangs is not None else []))
         out.job_states = self.states
         return out
 

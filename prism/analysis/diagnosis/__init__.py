@@ -10,10 +10,11 @@ kinds are :data:`ANOMALY_KINDS`), ``score``
 """
 from __future__ import annotations
 
-from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, ANOMALY_KINDS, empty_anomalies, in_time_order
+from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, ANOMALY_KINDS, empty_anomalies, in_time_order, not_named_by
+from prism.analysis.diagnosis.arrival import ARRIVAL_COLUMNS, ArrivalDiagnoser
 from prism.analysis.diagnosis.cross_group import StageLagDiagnoser
 from prism.analysis.diagnosis.cross_step import CrossStepDiagnoser
 from prism.analysis.diagnosis.hang import JOB_STATES, HangDiagnoser
 from prism.analysis.diagnosis.switches import SwitchBandwidth, SwitchDiagnoser
 
-__all__ = ["ANOMALY_COLUMNS", "ANOMALY_KINDS", "empty_anomalies", "in_time_order", "CrossStepDiagnoser", "HangDiagnoser", "JOB_STATES", "StageLagDiagnoser", "SwitchBandwidth", "SwitchDiagnoser"]
+__all__ = ["ANOMALY_COLUMNS", "ANOMALY_KINDS", "ARRIVAL_COLUMNS", "ArrivalDiagnoser", "empty_anomalies", "in_time_order", "not_named_by", "CrossStepDiagnoser", "HangDiagnoser", "JOB_STATES", "StageLagDiagnoser", "SwitchBandwidth", "SwitchDiagnoser"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["ANOMALY_COLUMNS", "ANOMALY_KINDS", "empty_anomalies", "in_time_order"]
+__all__ = ["ANOMALY_COLUMNS", "ANOMALY_KINDS", "empty_anomalies", "in_time_order", "not_named_by"]
 
 ANOMALY_COLUMNS = ["kind", "job_id", "step", "start_ns", "subject", "score", "explanation"]
 
@@ -28,3 +28,11 @@ def in_time_order(found: list[pd.DataFrame]) -> pd.DataFrame:
     if not found:
         return empty_anomalies()
     return pd.concat(found, ignore_index=True).sort_values(["start_ns", "kind", "subject", "job_id"], kind="stable").reset_index(drop=True)
+
+
+def not_named_by(found: pd.DataFrame, named: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``found`` whose (job, subject) no ``slow_group`` row of ``named`` already reports: one anomaly a straggler."""
+    if found.empty or named.empty:
+        return found
+    seen = set(zip(named.loc[named["kind"] == "slow_group", "job_id"], named.loc[named["kind"] == "slow_group", "subject"]))
+    return found[[(j, s) not in seen for j, s in zip(found["job_id"], found["subject"])]].reset_index(drop=True)

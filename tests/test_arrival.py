@@ -1,0 +1,153 @@
+"""The arrival-order diagnosis (:mod:`prism.analysis.diagnosis.arrival`): a pure-DP job's straggler sends last.
+
+The SYNTHETIC generator starts every member's ring sends of a collective at
+the same nanosecond (the collective starts once all have issued it), so its
+flows carry no arrival order. :func:`with_arrivals` re-times them as the
+network sees ranks that issue a collective at different times: each
+collective's opening sends (ring step 0) of the ranks that arrive early start
+earlier by their wait, and last that much longer (they wait inside the
+collective); their ends, and every later flow, stay put.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from prism.analysis.diagnosis import ArrivalDiagnoser
+from prism.ingest.topology import Topology
+from prism.offline.replay import replay
+from synthetic.dpshapes import dp_cluster
+
+SLOW = "srv0005"  # the job's second server (dp_cluster's SlowServer(server=1))
+
+
+def with_arrivals(cluster, wait_ns, seed: int = 0):
+    """``cluster`` with each collective's opening sends moved earlier by ``wait_ns(servers, rng, t) -> (S,) ns`` per server.
+
+    Openers: the GPU flows that start a burst of their pair of servers (after
+    a pause of more than 20 us plus the largest wait on that pair, so the
+    moved flows stay in their collective).
+    """
+    rng = np.random.default_rng(seed)
+    f = cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    topo = cluster.topology.set_index("ip")["server"]
+    src_srv, dst_srv = f["src"].map(topo), f["dst"].map(topo)
+    gpu = src_srv.notna() & dst_srv.notna()
+    servers = sorted(src_srv[gpu].unique())
+    g = f[gpu]
+    edge = np.minimum(src_srv[gpu], dst_srv[gpu]) + ">" + np.maximum(src_srv[gpu], dst_srv[gpu])
+    busy = (g["start_ns"] + g["duration_ns"]).groupby(edge).cummax().groupby(edge).shift().fillna(0).to_numpy()
+    waits = [wait_ns(servers, rng, t) for t in (0, np.inf)]
+    max_wait = max(float(np.max(w)) for w in waits) * 1.5
+    opens = g["start_ns"].to_numpy()[(g["start_ns"].to_numpy() - busy) > 20_000 + max_wait]
+    opener = gpu & f["start_ns"].isin(opens)
+    t = f.loc[opener, "start_ns"].to_numpy()
+    uniq, inv = np.unique(t, return_inverse=True)
+    w = np.stack([wait_ns(servers, rng, t) for t in uniq])  # (collectives, servers)
+    col = pd.Index(servers).get_indexer(src_srv[opener])
+    shift = w[inv, col].astype(np.int64)
+    f.loc[opener, "start_ns"] = t - shift
+    f.loc[opener, "duration_ns"] = f.loc[opener, "duration_ns"].to_numpy() + shift
+    cluster.flows = f.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    return cluster
+
+
+def straggler(servers, rng, t):
+    """Waits of a job with a straggler: everyone but the slow server waits 1.5-2.5 ms for it (and 0-0.2 ms for each other)."""
+    w = rng.uniform(0, 200_000, len(servers)) + rng.uniform(1_500_000, 2_500_000)
+    w[servers.index(SLOW)] = 0.0
+    return w
+
+
+def jitter(servers, rng, t):
+    """No straggler: every server issues within the same 2 ms, in a random order."""
+    return rng.uniform(0, 2_000_000, len(servers))
+
+
+def straggler_from(cluster):
+    """Jitter until the cluster's slow server turns slow (its fault's start), then a straggler."""
+    t0 = int(cluster.faults["start_ns"].iloc[0])
+    return lambda servers, rng, t: straggler(servers, rng, t) if t >= t0 else jitter(servers, rng, t)
+
+
+def run(cluster, tmp_path):
+    cluster.write(tmp_path)
+    r = replay([str(tmp_path / "flows.parquet")], Topology.from_csv(tmp_path / "topology.csv"), progress=False)
+    return r.analysis
+
+
+def arrival_anomalies(an):
+    a = an.anomalies
+    return a[(a["kind"] == "slow_group") & a["explanation"].str.contains("sent last")]
+
+
+@pytest.mark.parametrize("shape", ["ddp", "fsdp"])
+def test_straggler_named(shape, tmp_path):
+    c = dp_cluster(shape, "0.3s", duration_s=12, with_faults=True)
+    c = with_arrivals(c, straggler_from(c))
+    an = run(c, tmp_path)
+    found = arrival_anomalies(an)
+    assert list(found["subject"]) == [SLOW], an.anomalies.to_string()
+    assert "sent last at" in found["explanation"].iloc[0] and "chance 25%" in found["explanation"].iloc[0]
+    # from about when it turned slow (within two steps)
+    fault = c.faults.iloc[0]
+    assert abs(int(found["start_ns"].iloc[0]) - int(fault["start_ns"])) < 0.6e9
+
+
+@pytest.mark.parametrize("shape", ["ddp", "fsdp"])
+def test_fault_free_twin_names_no_one(shape, tmp_path):
+    c = dp_cluster(shape, "0.3s", duration_s=12, with_faults=False)
+    an = run(c, tmp_path)
+    assert arrival_anomalies(an).empty
+    assert len(an.arrivals) > 50  # collectives were found and judged: all members start together (exact ties)
+    assert (an.arrivals["last"] == "").all()
+
+
+@pytest.mark.parametrize("shape", ["ddp", "fsdp"])
+def test_jitter_only_names_no_one(shape, tmp_path):
+    c = with_arrivals(dp_cluster(shape, "0.3s", duration_s=12, with_faults=False), jitter)
+    an = run(c, tmp_path)
+    assert arrival_anomalies(an).empty, an.anomalies.to_string()
+    assert (an.arrivals["last"] != "").mean() > 0.9  # the order was there to judge
+
+
+def burst_table(last, lead_ns=2_000_000, servers=("srv0004", "srv0005", "srv0006", "srv0007"), period_ns=10_000_000):
+    n = len(last)
+    return pd.DataFrame({"job_id": "j", "group": "|".join(servers), "start_ns": np.arange(n, dtype=np.int64) * period_ns,
+                         "servers": len(servers), "last": list(last), "lead_ns": np.full(n, lead_ns, dtype=np.int64)})
+
+
+def test_named_from_where_it_began():
+    rng = np.random.default_rng(0)
+    servers = ["srv0004", "srv0005", "srv0006", "srv0007"]
+    last = list(rng.choice(servers, 200)) + ["srv0005"] * 100  # a straggler from burst 200 on
+    found = ArrivalDiagnoser().diagnose(burst_table(last)).predict()
+    assert list(found["subject"]) == ["srv0005"]
+    assert 150 * 10_000_000 <= found["start_ns"].iloc[0] <= 200 * 10_000_000
+    assert "of 1" in found["explanation"].iloc[0] and "chance 25%" in found["explanation"].iloc[0]
+
+
+def test_random_order_and_small_leads_name_no_one():
+    rng = np.random.default_rng(1)
+    servers = ["srv0004", "srv0005", "srv0006", "srv0007"]
+    for seed in range(20):  # random last arrivals: nobody, whatever the draw
+        last = np.random.default_rng(seed).choice(servers, 300)
+        assert ArrivalDiagnoser().diagnose(burst_table(last)).predict().empty
+    # always last, but by microseconds (a collector's clock offset), not a wait
+    assert ArrivalDiagnoser().diagnose(burst_table(["srv0005"] * 300, lead_ns=5_000)).predict().empty
+    # two servers share the last place (no clear lead): nobody
+    two = rng.choice(["srv0005", "srv0006"], 300)
+    assert ArrivalDiagnoser().diagnose(burst_table(two)).predict().empty
+
+
+def test_sliced_job_counts_each_collective_once(tmp_path):
+    from prism.analysis.analyse import Settings
+
+    c = with_arrivals(dp_cluster("ddp", "0.3s", duration_s=12, with_faults=True), straggler)
+    whole = run(c, tmp_path / "whole")
+    r = replay([str(tmp_path / "whole" / "flows.parquet")], Topology.from_csv(tmp_path / "whole" / "topology.csv"), progress=False,
+               settings=Settings(slice_flows=20_000))
+    assert sum(r.analysis.slices.values()) > 1
+    assert len(r.analysis.arrivals) == len(whole.arrivals)
+    assert list(arrival_anomalies(r.analysis)["explanation"]) == list(arrival_anomalies(whole)["explanation"])
