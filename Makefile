@@ -56,6 +56,7 @@ generate: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_read_jobs.py
 	$(PY) benchmarks/bench_long_job.py
+	$(PY) benchmarks/bench_checkpoints.py
 	$(PY) benchmarks/bench_replay_workers.py
 	$(PY) benchmarks/bench_daemon.py
 	$(PY) benchmarks/bench_collect.py
