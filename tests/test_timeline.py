@@ -389,3 +389,14 @@ def test_fsdp_layers_are_not_steps(tmp_path):
     assert score["jobs_ari"] == 1.0 and score["true_steps"] >= 20
     assert score["steps_spurious"] == 0 and score["anomalies"] == 0
     assert any("no whole training step found" in w for w in r.summary()["warnings"])
+
+
+def test_pair_keys_without_sizes_still_give_steps():
+    """Pair keys with no byte counts (sizes not given, or all 0: ingest accepts 0-byte flows) compare the pieces by
+    their flows; all-zero weights once made every piece "unlike" and the job lost every step."""
+    s = (np.arange(12)[:, None] * 100_000_000 + np.arange(4)[None, :] * 10_000).ravel()
+    pair = np.tile(np.arange(4), 12)
+    for size in (None, np.zeros(len(s), int)):
+        tl = StepTimeline().fit(np.zeros(len(s), int), s, s + 5000, np.ones(len(s), bool), size=size, capture_end=int(s.max()) + 10**9,
+                                pair=pair)
+        assert len(tl.steps_) == 11 and not tl.unlike_

@@ -334,6 +334,8 @@ def _pieces_alike(cut: np.ndarray, pair: np.ndarray, weight: np.ndarray | None, 
     codes, pc = np.unique(np.asarray(pair)[inside], return_inverse=True)
     k = piece[inside] - 1
     w = np.ones(len(k)) if weight is None else np.asarray(weight, dtype=np.float64)[inside]
+    if not w.any():  # no byte counts (sizes not given, or all 0): the flows themselves
+        w = np.ones(len(k))
     every = max(1, -(-n * len(codes) // max_cells))  # sample every `every`-th piece when the table would be too big
     keep = k % every == 0
     rows = -(-n // every)

@@ -133,7 +133,7 @@ class ArrivalDiagnoser:
         gb = pd.DataFrame({"g": g, "b": b}).drop_duplicates()
         edge_b[gb.groupby("g")["b"].min().to_numpy()] = True
         edge_b[gb.groupby("g")["b"].max().to_numpy()] = True
-        per = per[(n_srv == size[g]) & ~edge_b[b]]
+        per = per[(n_srv == size[g]) & ~edge_b[b] & (size[g] >= 2)]  # one server alone is last by nothing
         if per.empty:
             return empty_arrivals()
         per = per.sort_values(["b", "t"], kind="stable")
