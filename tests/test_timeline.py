@@ -174,11 +174,55 @@ def test_optimizer_split_needs_balanced_edges():
     """A pause inside one collective is no step boundary: its edges are unbalanced around it."""
     from prism.analysis.timeline import optimizer_gaps
 
-    # one burst: pair 0 sends 4 messages, pause, 2 more (a reduce-scatter paused mid-way), then the compute gap
-    st = np.array([0, 10, 20, 30, 500, 510, 5000])
+    # one burst: pair 0 sends 5 messages, pause, 2 more (a reduce-scatter paused mid-way), then the compute gap (4
+    # then 2 would be ZeRO-1's all-reduce then all-gather of the same buffer, edge by edge)
+    st = np.array([0, 10, 20, 30, 40, 500, 510, 5000])
     gap, be = busy_gaps(st, st + 5)
-    split, _ = optimizer_gaps(st, be, gap, np.array([5]), np.ones(7), np.zeros(7, int), np.zeros(0), np.zeros(0), np.zeros(0), min_gap_ns=100)
+    split, _ = optimizer_gaps(st, be, gap, np.array([6]), np.ones(8), np.zeros(8, int), np.zeros(0), np.zeros(0), np.zeros(0), min_gap_ns=100)
     assert split.tolist() == [-1, -1]
+
+
+def _bucket_bursts(n_steps, buckets, pause=0, allgather=0):
+    """SYNTHETIC DP bursts, 1 s apart: ``buckets`` gradient buckets 8 ms apart (4 flows of 1 on pairs 0-3 each);
+    then, after ``pause``, ``allgather`` buckets back to back (each flow half a bucket's bytes when ``pause``:
+    ZeRO-1's all-gather of what the all-reduce reduced)."""
+    st, sz, ends = [], [], []
+    for k in range(n_steps):
+        t0 = k * 1_000_000_000
+        for b in range(buckets):
+            st.append(t0 + b * 8_000_000 + np.arange(4) * 1000)
+            sz.append(np.full(4, 2.0))
+        ends.append(t0 + (buckets - 1) * 8_000_000 + 3000 + 5)
+        for b in range(allgather):
+            st.append(t0 + (buckets - 1) * 8_000_000 + pause + b * 4000 + np.arange(4) * 1000)
+            sz.append(np.full(4, 1.0))
+    return np.concatenate(st), np.concatenate(sz), np.array(ends)
+
+
+def test_optimizer_split_not_between_overlapped_buckets():
+    """DDP's buckets (an even number, equal sizes) split into two equal halves at the middle bucket's pause, edge by
+    edge: the optimizer's pause looked like that, and every step boundary moved half a backward early. The
+    pauses after it are as long, where an all-gather after the optimizer runs at once: no split."""
+    from prism.analysis.timeline import optimizer_gaps
+
+    st, sz, _ = _bucket_bursts(6, 10)
+    gap, be = busy_gaps(st, st + 5)
+    cut = np.flatnonzero(gap > 100_000_000)
+    split, _ = optimizer_gaps(st, be, gap, cut, sz, np.arange(len(st)) % 4, np.zeros(0), np.zeros(0), np.zeros(0))
+    assert (split == -1).all()
+
+
+def test_optimizer_split_zero1_allreduce_then_allgather():
+    """ZeRO-1: the gradients' all-reduce (buckets as the backward releases them), the CPU optimizer's 60 ms, then
+    the parameters' all-gather at once, each edge half of what it moved in the all-reduce: the step ends at the
+    all-reduce's end."""
+    from prism.analysis.timeline import optimizer_gaps
+
+    st, sz, ends = _bucket_bursts(6, 10, pause=60_000_000, allgather=10)
+    gap, be = busy_gaps(st, st + 5)
+    cut = np.flatnonzero(gap > 100_000_000)
+    split, split_end = optimizer_gaps(st, be, gap, cut, sz, np.arange(len(st)) % 4, np.zeros(0), np.zeros(0), np.zeros(0))
+    assert (split >= 0).all() and np.array_equal(split_end, ends)
 
 
 def test_step_table_phase_bounds_are_na_where_a_step_has_no_such_traffic():
@@ -372,23 +416,90 @@ def test_checkpoint_steps_are_slow_steps_that_recur():
     assert a["explanation"].str.contains("recur every 20 steps").all()
 
 
-def test_fsdp_layers_are_not_steps(tmp_path):
-    """SYNTHETIC FSDP (per layer an all-gather in the forward, an all-gather and a reduce-scatter in the backward,
-    0.3 s steps): every layer's gap is longer than the optimizer's, so no gap threshold isolates a step, and the most
-    regular cut's pieces are layers. They carry unlike traffic (gather only, or gather and scatter), so the job gets
-    no steps and replay warns, rather than 12 ms "steps" and false slow steps."""
+@pytest.mark.parametrize("shape", ["fsdp", "hsdp", "zero2"])
+def test_sharded_steps_are_cut_at_the_optimizer_pause(tmp_path, shape):
+    """SYNTHETIC FSDP, HSDP and ZeRO-2 at 0.3 s steps: their collectives run every micro-batch, and every layer's
+    (or the forward's) gap is longer than the optimizer's, so no gap threshold isolates a step; the most regular
+    threshold's pieces are layers, which carry unlike traffic. The optimizer's pause is a class of gaps of its own,
+    once a step: cut there, every step is found at its true end, with no anomaly on the fault-free job."""
     from prism.analysis.evaluation import score_cluster
     from prism.ingest.topology import Topology
     from prism.offline.replay import replay
     from synthetic.dpshapes import dp_cluster
 
-    c = dp_cluster("fsdp", "0.3s", duration_s=8, with_faults=False)
+    c = dp_cluster(shape, "0.3s", duration_s=8, with_faults=False)
     c.write(tmp_path)
     r = replay([str(tmp_path / "flows.parquet")], Topology.from_csv(tmp_path / "topology.csv"), progress=False)
     score = score_cluster(r, c)
     assert score["jobs_ari"] == 1.0 and score["true_steps"] >= 20
+    assert score["steps_found"] >= score["true_steps"] - 1 and score["steps_spurious"] == 0 and score["anomalies"] == 0
+    found, truth = r.analysis.steps["end_ns"].to_numpy(), c.steps["end_ns"].to_numpy()
+    off = np.abs(found[:, None] - truth[None, :]).min(axis=1)
+    assert (off <= 1000).all()  # each step ends where the truth's does (within a microsecond)
+
+
+def test_no_class_of_gaps_isolates_the_step_no_steps(tmp_path):
+    """SYNTHETIC FSDP at 5 s steps: the optimizer's pause (50 ms) is as long as a layer's backward, so neither a
+    threshold nor a class of gaps isolates the step: the job gets no steps and replay warns, rather than layers
+    reported as steps and false slow steps."""
+    from prism.analysis.evaluation import score_cluster
+    from prism.ingest.topology import Topology
+    from prism.offline.replay import replay
+    from synthetic.dpshapes import dp_cluster
+
+    c = dp_cluster("fsdp", "5s", duration_s=40, with_faults=False)
+    c.write(tmp_path)
+    r = replay([str(tmp_path / "flows.parquet")], Topology.from_csv(tmp_path / "topology.csv"), progress=False)
+    score = score_cluster(r, c)
+    assert score["jobs_ari"] == 1.0 and score["true_steps"] >= 5
     assert score["steps_spurious"] == 0 and score["anomalies"] == 0
     assert any("no whole training step found" in w for w in r.summary()["warnings"])
+
+
+def _layered(n_steps, layers=6, micro=2, opt=3.0, every=0, pause=0.0, seed=0):
+    """SYNTHETIC arrays of an FSDP-like job: per micro-batch ``layers`` collectives 10 ms apart (forward), then
+    ``layers`` 20 ms apart (backward, the last with no compute after it); ``opt`` ms after a step's last collective
+    the next step starts, ``pause`` ms later after every ``every``-th step (a checkpoint). A collective is 8 flows
+    of 1 us on pairs 0-7, 1 us apart. Returns start, end (ns) and each step's true end (its last flow's end)."""
+    rng = np.random.default_rng(seed)
+    starts, ends, t = [], [], 0.0
+    for k in range(n_steps):
+        gaps = np.tile([10.0] * layers + [20.0] * layers, micro) * rng.lognormal(0, 0.01, 2 * layers * micro)
+        gaps[-1] = 0.0
+        for gap in gaps:
+            starts.append(t + np.arange(8) * 0.001)
+            t += gap
+        ends.append(t + 0.008)  # the last flow starts 7 us after the collective, and takes 1 us
+        t = ends[-1] + opt + (pause if every and (k + 1) % every == 0 else 0.0)
+    s = np.round(np.concatenate(starts) * 1e6).astype(np.int64)
+    return s, s + 1000, np.round(np.array(ends) * 1e6).astype(np.int64)
+
+
+def test_class_cut_finds_the_pause_between_layer_gaps():
+    """Arrays (SYNTHETIC): the optimizer's 3 ms between steps, shorter than every layer's gap (10 and 20 ms), so
+    every threshold that cuts at it cuts at every layer; the class of the 3 ms gaps alone gives the steps."""
+    s, e, truth = _layered(30)
+    gap, busy_end = busy_gaps(s, e)
+    pair = np.arange(len(s)) % 8
+    from prism.analysis.timeline import class_cut
+
+    c = class_cut(gap, busy_end, pair, None, None, False)
+    assert c is not None and np.array_equal(c.ends, truth[:-1]) and c.tau < 3e6  # a boundary after every step but the last
+
+
+@pytest.mark.parametrize("checkpoints", [2, 6])
+def test_class_cut_checkpoints_stay_slow_steps(checkpoints):
+    """A checkpoint (40 ms) every 10 steps of the same job: the threshold above the layer gaps cuts 10-step groups,
+    whose pieces are alike; the class cut of the optimizer's pause (and the checkpoints' gaps above) is the step,
+    with 2 checkpoints in view as with 6: a longer capture says what its first part says."""
+    from prism.analysis.timeline import StepTimeline
+
+    s, e, truth = _layered(10 * checkpoints + 5, every=10, pause=40.0)
+    tl = StepTimeline().fit(np.zeros(len(s), int), s, e, np.ones(len(s), bool), size=np.ones(len(s), int), capture_end=int(s.max()),
+                            pair=np.arange(len(s)) % 8)
+    ends = tl.steps_["end_ns"].to_numpy()
+    # every step but the capture's first and last (no boundary before the first, none seen after the last)
+    assert np.array_equal(ends, truth[1:-1])
 
 
 def test_pair_keys_without_sizes_still_give_steps():

@@ -45,7 +45,7 @@ import pandas as pd
 from prism.common.components import connected_components
 from prism.common.ordering import order_by
 
-__all__ = ["StepTimeline", "natural_break", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
+__all__ = ["StepTimeline", "natural_break", "class_cut", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
 
 STEP_COLUMNS = [
     "job_id", "step", "start_ns", "end_ns", "duration_ns",
@@ -163,9 +163,15 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     >>> round(natural_break(gap, busy_end))
     41
     """
+    choice = _threshold_cut(gap, busy_end, min_jump, min_steps, floor_ns, tie, min_cover, span_ns, pair, weight)
+    return np.inf if choice is None else choice.tau
+
+
+def _threshold_cut(gap, busy_end, min_jump, min_steps, floor_ns, tie, min_cover, span_ns, pair, weight) -> "_Cut | None":
+    """:func:`natural_break`'s choice, as a cut (None: no candidate)."""
     scored = cuts = _scored_cuts(gap, busy_end, min_jump, min_steps, floor_ns, min_cover, span_ns)
     if not scored:
-        return np.inf
+        return None
     # a cut that leaves the job's traffic outside any step (beyond the
     # partial steps at the edges) is admissible only if every cut does
     if any(c.whole for c in scored):
@@ -183,11 +189,37 @@ def natural_break(gap: np.ndarray, busy_end: np.ndarray, min_jump: float = 1.2, 
     # more than a step out at an edge qualifies if that edge is a slow step
     # cut by the capture).
     if pair is None:
-        return choice.tau
+        return choice
     for finer in sorted((c for c in cuts if c.tau < choice.tau), key=lambda c: -c.tau):
-        if _groups_whole_steps(finer, choice) and _pieces_alike(np.flatnonzero(np.asarray(gap) >= finer.tau), pair, weight):
+        if _groups_whole_steps(finer, choice) and _pieces_alike(finer.cut, pair, weight):
             choice = finer
-    return choice.tau
+    return choice
+
+
+def class_cut(gap: np.ndarray, busy_end: np.ndarray, pair: np.ndarray, weight: np.ndarray | None, threshold: "_Cut | None",
+              alike: bool, min_jump: float = 1.2, min_steps: int = 3, floor_ns: int = 1, min_cover: float = 0.4,
+              span_ns: float | None = None, max_score: float = 0.1) -> "_Cut | None":
+    """A cut at one class of gaps (:func:`_class_cuts`) that is the step's rather than the threshold cut, or None.
+
+    ``threshold`` is :func:`natural_break`'s cut (None: it found none) and
+    ``alike`` whether its pieces carry alike traffic (:func:`_pieces_alike`).
+    A class cut whose pieces are alike and regular (a score under
+    ``max_score``: durations within a few percent, where the other class
+    cuts of the same jobs score 0.3 or more; the most regular first) is
+    the step's cut when
+
+    - the threshold cut's pieces are unlike or it found none: no gap
+      threshold isolates the steps (FSDP, HSDP, ZeRO-2: see
+      :func:`_class_cuts`);
+    - or the threshold cut merely groups whole steps of it (a checkpoint
+      every N steps of such a job: see :func:`_groups_whole_steps`).
+    """
+    classes = sorted((c for c in _class_cuts(gap, busy_end, min_jump, min_steps, floor_ns, min_cover, span_ns) if c.score <= max_score),
+                     key=lambda c: c.score)
+    for c in classes:
+        if (not alike or threshold is None or _groups_whole_steps(c, threshold)) and _pieces_alike(c.cut, pair, weight):
+            return c
+    return None
 
 
 class _Cut(NamedTuple):
@@ -199,6 +231,8 @@ class _Cut(NamedTuple):
     edge: float  # the longer of the traffic before the first boundary and after the last
     ends: np.ndarray  # the step boundaries (busy ends of the cut gaps)
     dur: np.ndarray  # the steps' durations
+    cut: np.ndarray  # the cut gaps' indices
+    band: bool = False  # cut at a class of gaps between others (:func:`_class_cuts`), not at every gap above ``tau``
 
 
 def _scored_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_steps: int, floor_ns: int, min_cover: float,
@@ -210,29 +244,77 @@ def _scored_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_ste
     u = np.unique(g)
     counts_above = len(g) - np.searchsorted(np.sort(g), u, side="right")  # gaps above each value
     jumps = np.flatnonzero((u[1:] / u[:-1] >= min_jump) & (counts_above[:-1] >= min_steps + 1))
-    scored = []
     span = float(busy_end[-1] - busy_end[0]) or 1.0  # for the tie-break when every cut leaves time out
     traffic = span if span_ns is None else float(span_ns)
+    scored = []
     for i in jumps:
         tau = float(np.sqrt(u[i] * u[i + 1]))
-        b = busy_end[:-1][g >= tau]
-        dur = np.diff(b)
-        if len(dur) < min_steps:
-            continue
-        med = np.median(dur)
-        covered = float(b[-1] - b[0])
-        if covered < min_cover * traffic or (dur.max() > min_cover * covered and med < 0.01 * covered):
-            continue
-        spread = np.median(np.abs(dur - med)) / med
-        merged = dur[dur >= 1.9 * med].sum() / dur.sum()  # time in what look like merged steps
-        split = _fragments(dur, med)  # steps in what look like split ones
-        # time left outside any step beyond a partial step at each edge: a
-        # threshold that cuts only the slower half of a job (a straggler
-        # appeared) is regular too, but leaves the faster half uncut
-        outside = max(0.0, b[0] - busy_end[0] - 1.5 * med) + max(0.0, busy_end[-1] - b[-1] - 1.5 * med)
-        edge = float(max(b[0] - busy_end[0], busy_end[-1] - b[-1]))
-        scored.append(_Cut(float(spread + merged + split + outside / span), tau, outside == 0, edge, b, dur))
+        c = _score_cut(np.flatnonzero(g >= tau), tau, busy_end, min_steps, min_cover, span, traffic)
+        if c is not None:
+            scored.append(c)
     return scored
+
+
+def _score_cut(cut: np.ndarray, tau: float, busy_end: np.ndarray, min_steps: int, min_cover: float, span: float,
+               traffic: float, band: bool = False) -> _Cut | None:
+    """The cut at gaps ``cut`` scored as :func:`natural_break` scores its candidates; None if inadmissible."""
+    b = busy_end[cut]
+    dur = np.diff(b)
+    if len(dur) < min_steps:
+        return None
+    med = np.median(dur)
+    covered = float(b[-1] - b[0])
+    if covered < min_cover * traffic or (dur.max() > min_cover * covered and med < 0.01 * covered):
+        return None
+    spread = np.median(np.abs(dur - med)) / med
+    merged = dur[dur >= 1.9 * med].sum() / dur.sum()  # time in what look like merged steps
+    split = _fragments(dur, med)  # steps in what look like split ones
+    # time left outside any step beyond a partial step at each edge: a
+    # threshold that cuts only the slower half of a job (a straggler
+    # appeared) is regular too, but leaves the faster half uncut
+    outside = max(0.0, b[0] - busy_end[0] - 1.5 * med) + max(0.0, busy_end[-1] - b[-1] - 1.5 * med)
+    edge = float(max(b[0] - busy_end[0], busy_end[-1] - b[-1]))
+    return _Cut(float(spread + merged + split + outside / span), tau, outside == 0, edge, b, dur, cut, band)
+
+
+def _class_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_steps: int, floor_ns: int, min_cover: float,
+                span_ns: float | None, max_rare: int = 16) -> list[_Cut]:
+    """Cuts at one class of gaps between two others (and at every gap above a higher class), scored.
+
+    The gaps fall in classes between the jumps :func:`natural_break` finds.
+    A threshold cuts at a class and every class above it; here a cut takes
+    class ``a`` alone, plus every gap from a class ``b > a + 1`` up (none:
+    ``b`` past the top). FSDP, HSDP and ZeRO-2 need this: their collectives
+    run every micro-batch, separated by each layer's (or the backward's)
+    compute, and the optimizer's pause between steps is shorter than those
+    gaps, so every threshold that cuts at it also cuts at every layer. The
+    pause is a class of its own, once a step; a checkpoint's pause, longer
+    than any, is the class above, which may hold only a few gaps: the
+    gaps above may start at any jump of at least ``min_jump`` (the
+    ``max_rare`` widest of them, beside the classes' bounds).
+    """
+    g = np.maximum(np.asarray(gap, dtype=np.float64), floor_ns)
+    if len(g) < min_steps:
+        return []
+    u = np.unique(g)
+    counts_above = len(g) - np.searchsorted(np.sort(g), u, side="right")
+    ratio = u[1:] / u[:-1]
+    jumps = np.flatnonzero((ratio >= min_jump) & (counts_above[:-1] >= min_steps + 1))
+    taus = np.array([np.sqrt(u[i] * u[i + 1]) for i in jumps] + [np.inf])
+    # the gaps cut above a class may be rare (two checkpoints in view): any jump, the widest first
+    rare = np.flatnonzero(ratio >= min_jump)
+    rare = rare[np.argsort(-ratio[rare], kind="stable")[:max_rare]]
+    above = np.unique(np.concatenate([taus, np.sqrt(u[rare] * u[rare + 1])]))
+    span = float(busy_end[-1] - busy_end[0]) or 1.0
+    traffic = span if span_ns is None else float(span_ns)
+    out = []
+    for a in range(len(taus) - 2):  # the top class alone is the top threshold
+        in_class = (g >= taus[a]) & (g < taus[a + 1])
+        for b in above[above > taus[a + 1]]:
+            c = _score_cut(np.flatnonzero(in_class | (g >= b)), float(taus[a]), busy_end, min_steps, min_cover, span, traffic, band=True)
+            if c is not None:
+                out.append(c)
+    return out
 
 
 def _groups_whole_steps(fine: _Cut, coarse: _Cut, tol: float = 0.1, odd_share: float = 0.1, max_pause: float = 0.25) -> bool:
@@ -400,9 +482,13 @@ def optimizer_gaps(start: np.ndarray, busy_end: np.ndarray, gap: np.ndarray, cut
        one collective leaves its edges unbalanced);
     3. the bytes after it are the bytes before it, within 5% (an
        all-gather moves the buffer the reduce-scatter moved; the gradient
-       buckets that a backward releases one by one differ in size). A pure
-       DP job whose overlapped buckets split into two exactly equal halves
-       is indistinguishable from this.
+       buckets that a backward releases one by one differ in size), or half
+       of them (ZeRO-1: an all-reduce of the gradients, then the all-gather
+       of the parameters, each edge moving half what it moved before);
+    4. nothing after it pauses half as long: the all-gather runs at once
+       when the optimizer is done, while a pure DP job's overlapped buckets,
+       which may split into two equal halves, pause alike all through the
+       backward.
 
     The longest such gap of a burst wins (the optimizer's pause).
 
@@ -476,8 +562,15 @@ def optimizer_gaps(start: np.ndarray, busy_end: np.ndarray, gap: np.ndarray, cut
             b0 = cum[i - f0]
             b1 = cum[-1] - b0
             # cheap checks first: the same buffer (a lost record or two
-            # aside), and no pipeline transfers in the pause
-            if abs(b1 - b0) > 0.05 * b0 or osz_cum[j1] - osz_cum[j0] > 0.25 * (b0 + b1):
+            # aside; ZeRO-1's all-reduce moves twice what the all-gather
+            # of the same buffer does), no pipeline transfers in the pause,
+            # and nothing after it pauses half as long (the all-gather runs
+            # at once when the optimizer is done; DDP's gradient buckets
+            # pause alike all through the backward)
+            ratio = 2.0 if abs(2 * b1 - b0) <= 0.05 * b0 else 1.0
+            if abs(ratio * b1 - b0) > 0.05 * b0 or osz_cum[j1] - osz_cum[j0] > 0.25 * (b0 + b1):
+                continue
+            if i + 1 < f1 and gap[i + 1 : f1].max() > 0.5 * gap[i]:
                 continue
             if pcodes is None:
                 if small_keys:  # pair numbers: counted as they are (the byte sums are exact either way)
@@ -491,7 +584,7 @@ def optimizer_gaps(start: np.ndarray, busy_end: np.ndarray, gap: np.ndarray, cut
             if (pb0[pb1 > 0] == 0).any():  # a pair that only runs after the pause: another ring
                 continue
             # every ring edge moves back what it moved (within 5%: loss, jitter)
-            if np.abs(pb1 - pb0)[pb0 > 0].sum() > 0.05 * pb0.sum():
+            if np.abs(ratio * pb1 - pb0)[pb0 > 0].sum() > 0.05 * pb0.sum():
                 continue
             out[k] = i
             # the step ends with its last flow: control messages in the gap,
@@ -789,20 +882,28 @@ class StepTimeline:
             self.breaks_[label] = np.inf
             return np.zeros(0, dtype=np.int64)
         gap, busy_end = busy_gaps(s, e)
-        tau = natural_break(gap, busy_end, self.min_jump, self.min_steps, span_ns=float(end.max() - start.min()),
-                            pair=None if pair is None else pair[marker], weight=None if size is None else size[marker])
-        self.breaks_[label] = tau
-        if not np.isfinite(tau):
-            return np.zeros(0, dtype=np.int64)
+        span = float(end.max() - start.min())
+        pair_m, weight_m = (None if pair is None else pair[marker]), (None if size is None else size[marker])
+        threshold = _threshold_cut(gap, busy_end, self.min_jump, self.min_steps, 1, 0.02, 0.4, span, pair_m, weight_m)
+        tau = np.inf if threshold is None else threshold.tau
         cut = np.flatnonzero(gap >= tau)  # a burst ends at flow `cut`
         o_start, o_end, o_size = start[~marker], end[~marker], (size[~marker] if size is not None else np.ones((~marker).sum()))
-        if dp.any() and size is not None and pair is not None and len(cut) >= self.min_steps:
+        if threshold is not None and dp.any() and size is not None and pair is not None and len(cut) >= self.min_steps:
             cut = cut[~halves_of_one_burst(s, busy_end, cut, size[marker], pair[marker], o_start, o_size)]
-        if pair is not None and not _pieces_alike(cut, pair[marker], None if size is None else size[marker]):
-            # the most regular cut's "steps" carry different traffic, so no gap threshold isolates the steps (FSDP's
-            # per-layer collectives: every layer's gap is longer than the optimizer's): no steps, rather than wrong ones
-            self.breaks_[label] = np.inf
+        alike = threshold is not None and (pair_m is None or _pieces_alike(cut, pair_m, weight_m))
+        by_class = None if pair_m is None else class_cut(gap, busy_end, pair_m, weight_m, threshold, alike, self.min_jump, self.min_steps,
+                                                         span_ns=span)
+        if by_class is not None:
+            # cut at the optimizer's pause between layers' or micro-batches' gaps: each piece is a whole step, and
+            # the bursts between cut gaps are not collectives, so none of the burst rules below applies
+            self.breaks_[label] = by_class.tau
+            return self._last_step(by_class.ends, busy_end, float(np.max(gap)), capture_end, o_start)
+        self.breaks_[label] = tau if alike else np.inf
+        if threshold is not None and not alike:
+            # the most regular cut's "steps" carry different traffic, and no class of gaps isolates the steps
+            # either: no steps, rather than wrong ones
             self.unlike_.add(label)
+        if not alike:
             return np.zeros(0, dtype=np.int64)
         ends = busy_end[cut]
         # control traffic: flows far smaller than a DP message (the grad-norm all-reduce)
@@ -832,6 +933,19 @@ class StepTimeline:
             ends = np.append(ends, last)
         if light.any():
             ends = control_tails(ends, o_start[light], o_end[light], o_start[~light], s, tau)
+        return ends.astype(np.int64)
+
+    @staticmethod
+    def _last_step(ends: np.ndarray, busy_end: np.ndarray, quiet: float, capture_end: int, o_start: np.ndarray) -> np.ndarray:
+        """``ends`` and, if the job's traffic after the last of them is a whole step, its end.
+
+        Whole when the job then went quiet for longer than any gap of its
+        (``quiet``: it ended; a capture cut in the middle of a step leaves
+        the step's rest unseen) or its other traffic went on.
+        """
+        last = busy_end[-1]
+        if capture_end - last > quiet or (o_start > last).any():
+            ends = np.append(ends, last)
         return ends.astype(np.int64)
 
     @staticmethod
