@@ -1,7 +1,11 @@
 """Step timelines and diagnosis against the SYNTHETIC generator's ground truth."""
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps
 from prism.analysis.timeline import StepTimeline, busy_gaps, natural_break
@@ -310,6 +314,45 @@ def test_natural_break_periodic_slow_steps_prefix_agrees():
     taus = [natural_break(g, b, pair=np.arange(len(b)) % 8) for g, b in cuts]
     ends = [b[:-1][g >= t] for (g, b), t in zip(cuts, taus)]
     assert np.array_equal(ends[0], ends[1][: len(ends[0])])
+
+
+def _ring_steps(every, n, pause, seed):
+    """:func:`_bursts` of a 100 ms step as a job's flows, with each step's true end (its burst's last flow's end)."""
+    s, e = _bursts(100_000_000, n, every, int(pause * 100_000_000), seed)
+    return s, e, e.reshape(-1, 8).max(axis=1)
+
+
+@settings(max_examples=int(os.environ.get("PRISM_HYPOTHESIS_EXAMPLES", 40)), deadline=None, derandomize=True)
+@given(shape=st.sampled_from(["ring", "layered"]), every=st.integers(10, 1000), checkpoints=st.integers(1, 20),
+       pause=st.floats(0.3, 2.0), prefix=st.floats(0.05, 0.95), seed=st.integers(0, 1000))
+def test_a_prefix_of_a_capture_says_what_the_whole_says(shape, every, checkpoints, pause, prefix, seed):
+    """Property (SYNTHETIC arrays): a job with a checkpoint every N steps (N from 10 to 1,000; the checkpoint adds
+    30% to 200% of a step), captures holding 1 to 20 checkpoints. The whole capture finds every step (all but the
+    first, which has no boundary before it, and the last); any prefix of it finds the same steps, each where the
+    whole capture puts it, up to the prefix's last step or two (cut by its end). Two shapes: one collective a step
+    (DDP, ZeRO) and a collective per layer in both passes (FSDP: the optimizer's pause shorter than a layer's)."""
+    if shape == "layered":
+        every = min(every, 60)  # 24 collectives a step: a capture of at most ~1,200 steps
+        s, e, truth = _layered(every * checkpoints + 5, every=every, pause=pause * 340.0, seed=seed)
+        period = 345e6
+    else:
+        s, e, truth = _ring_steps(every, every * checkpoints + 5, pause, seed)
+        period = 100e6
+    pair = np.arange(len(s)) % 8
+
+    def ends(m):
+        tl = StepTimeline().fit(np.zeros(int(m.sum()), int), s[m], e[m], np.ones(int(m.sum()), bool), size=np.ones(int(m.sum()), int),
+                                capture_end=int(s[m].max()), pair=pair[m])
+        return tl.steps_["end_ns"].to_numpy()
+
+    whole = ends(np.ones(len(s), bool))
+    assert np.array_equal(whole, truth[1:-1])
+    cut = s[0] + prefix * (s[-1] - s[0])
+    part = s < cut
+    assume(truth[truth < cut].size >= 8)  # a few steps in view, as the timeline needs
+    found = ends(part)
+    assert np.array_equal(found, whole[: len(found)])
+    assert found[-1] >= cut - 2 * period * (1 + pause)  # at most the steps around the prefix's end missing
 
 
 def test_natural_break_keeps_the_flush_of_a_pipeline():

@@ -198,26 +198,35 @@ def _threshold_cut(gap, busy_end, min_jump, min_steps, floor_ns, tie, min_cover,
 
 def class_cut(gap: np.ndarray, busy_end: np.ndarray, pair: np.ndarray, weight: np.ndarray | None, threshold: "_Cut | None",
               alike: bool, min_jump: float = 1.2, min_steps: int = 3, floor_ns: int = 1, min_cover: float = 0.4,
-              span_ns: float | None = None, max_score: float = 0.1) -> "_Cut | None":
+              span_ns: float | None = None, max_score: float = 0.1, margin: float = 0.25, tie: float = 0.02) -> "_Cut | None":
     """A cut at one class of gaps (:func:`_class_cuts`) that is the step's rather than the threshold cut, or None.
 
     ``threshold`` is :func:`natural_break`'s cut (None: it found none) and
     ``alike`` whether its pieces carry alike traffic (:func:`_pieces_alike`).
     A class cut whose pieces are alike and regular (a score under
     ``max_score``: durations within a few percent, where the other class
-    cuts of the same jobs score 0.3 or more; the most regular first) is
-    the step's cut when
+    cuts of the same jobs score 0.3 or more; the most regular first, but
+    before it a near-tie, within ``tie``, that cuts wherever it does and
+    more) is the step's cut when
 
-    - the threshold cut's pieces are unlike or it found none: no gap
-      threshold isolates the steps (FSDP, HSDP, ZeRO-2: see
-      :func:`_class_cuts`);
+    - the threshold cut's pieces are unlike, or it found none, or it is
+      far less regular (a score ``margin`` higher: durations a quarter
+      apart, pieces of layers and passes): no gap threshold isolates the
+      steps (FSDP, HSDP, ZeRO-2: see :func:`_class_cuts`);
     - or the threshold cut merely groups whole steps of it (a checkpoint
       every N steps of such a job: see :func:`_groups_whole_steps`).
     """
-    classes = sorted((c for c in _class_cuts(gap, busy_end, min_jump, min_steps, floor_ns, min_cover, span_ns) if c.score <= max_score),
-                     key=lambda c: c.score)
-    for c in classes:
-        if (not alike or threshold is None or _groups_whole_steps(c, threshold)) and _pieces_alike(c.cut, pair, weight):
+    classes = [c for c in _class_cuts(gap, busy_end, min_jump, min_steps, floor_ns, min_cover, span_ns) if c.score <= max_score]
+    if not classes:
+        return None
+    # a near-tie (within ``tie``) that cuts wherever the best does and more is preferred: the step is the shortest
+    # period, and a long step the best keeps is a checkpoint's pause it did not cut at
+    classes.sort(key=lambda c: c.score)
+    finer = [c for c in classes[1:] if c.score <= classes[0].score + tie and len(c.cut) > len(classes[0].cut)
+             and np.isin(classes[0].cut, c.cut).all()]
+    for c in sorted(finer, key=lambda c: -len(c.cut)) + classes:
+        if ((not alike or threshold is None or threshold.score >= c.score + margin or _groups_whole_steps(c, threshold))
+                and _pieces_alike(c.cut, pair, weight)):
             return c
     return None
 
@@ -232,6 +241,7 @@ class _Cut(NamedTuple):
     ends: np.ndarray  # the step boundaries (busy ends of the cut gaps)
     dur: np.ndarray  # the steps' durations
     cut: np.ndarray  # the cut gaps' indices
+    lead: np.ndarray  # the cut gaps' lengths: each step opens with one, then its traffic's burst
     band: bool = False  # cut at a class of gaps between others (:func:`_class_cuts`), not at every gap above ``tau``
 
 
@@ -249,13 +259,13 @@ def _scored_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_ste
     scored = []
     for i in jumps:
         tau = float(np.sqrt(u[i] * u[i + 1]))
-        c = _score_cut(np.flatnonzero(g >= tau), tau, busy_end, min_steps, min_cover, span, traffic)
+        c = _score_cut(g, np.flatnonzero(g >= tau), tau, busy_end, min_steps, min_cover, span, traffic)
         if c is not None:
             scored.append(c)
     return scored
 
 
-def _score_cut(cut: np.ndarray, tau: float, busy_end: np.ndarray, min_steps: int, min_cover: float, span: float,
+def _score_cut(g: np.ndarray, cut: np.ndarray, tau: float, busy_end: np.ndarray, min_steps: int, min_cover: float, span: float,
                traffic: float, band: bool = False) -> _Cut | None:
     """The cut at gaps ``cut`` scored as :func:`natural_break` scores its candidates; None if inadmissible."""
     b = busy_end[cut]
@@ -267,14 +277,24 @@ def _score_cut(cut: np.ndarray, tau: float, busy_end: np.ndarray, min_steps: int
     if covered < min_cover * traffic or (dur.max() > min_cover * covered and med < 0.01 * covered):
         return None
     spread = np.median(np.abs(dur - med)) / med
-    merged = dur[dur >= 1.9 * med].sum() / dur.sum()  # time in what look like merged steps
+    long = dur >= 1.9 * med
+    if band:
+        # a class cut finds each boundary at its own pause, so a long step
+        # that recurs every N steps (or comes once) and adds little time is a
+        # checkpoint's, not steps merged at a missed boundary (the backward
+        # pieces of a cut at the forward's layers recur too, but are most of
+        # the time)
+        idx = np.flatnonzero(long)
+        if (len(idx) <= 1 or np.ptp(np.diff(idx)) <= 1) and float(np.sum(dur[long] - med)) <= 0.25 * float(dur.sum()):
+            long = np.zeros(len(dur), dtype=bool)
+    merged = dur[long].sum() / dur.sum()  # time in what look like merged steps
     split = _fragments(dur, med)  # steps in what look like split ones
     # time left outside any step beyond a partial step at each edge: a
     # threshold that cuts only the slower half of a job (a straggler
     # appeared) is regular too, but leaves the faster half uncut
     outside = max(0.0, b[0] - busy_end[0] - 1.5 * med) + max(0.0, busy_end[-1] - b[-1] - 1.5 * med)
     edge = float(max(b[0] - busy_end[0], busy_end[-1] - b[-1]))
-    return _Cut(float(spread + merged + split + outside / span), tau, outside == 0, edge, b, dur, cut, band)
+    return _Cut(float(spread + merged + split + outside / span), tau, outside == 0, edge, b, dur, cut, g[cut], band)
 
 
 def _class_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_steps: int, floor_ns: int, min_cover: float,
@@ -311,7 +331,7 @@ def _class_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_step
     for a in range(len(taus) - 2):  # the top class alone is the top threshold
         in_class = (g >= taus[a]) & (g < taus[a + 1])
         for b in above[above > taus[a + 1]]:
-            c = _score_cut(np.flatnonzero(in_class | (g >= b)), float(taus[a]), busy_end, min_steps, min_cover, span, traffic, band=True)
+            c = _score_cut(g, np.flatnonzero(in_class | (g >= b)), float(taus[a]), busy_end, min_steps, min_cover, span, traffic, band=True)
             if c is not None:
                 out.append(c)
     return out
@@ -351,7 +371,14 @@ def _groups_whole_steps(fine: _Cut, coarse: _Cut, tol: float = 0.1, odd_share: f
        step's collectives is most of a step (DDP's gradient buckets, each
        all-reduced as the backward releases it, are as regular as steps,
        and the forward pass before them is one long gap per micro-batch,
-       35% of its time in the matrix's DDP jobs).
+       35% of its time in the matrix's DDP jobs);
+    6. the traffic after each long gap lasts about as long as the other
+       pieces' (within 2x): a checkpoint pauses between two steps' alike
+       collectives, while ZeRO-2's optimizer, after the reduce-scatters
+       that each micro-batch's backward spreads out, is followed by the
+       parameters' all-gather at once (a DDP job that all-reduces every
+       micro-batch, without ``no_sync``, is cut at its micro-batches: on
+       the wire its optimizer is a checkpoint every micro-batches steps).
     """
     pos = np.searchsorted(fine.ends, coarse.ends)
     if pos[-1] >= len(fine.ends) or not np.array_equal(fine.ends[pos], coarse.ends):
@@ -371,7 +398,14 @@ def _groups_whole_steps(fine: _Cut, coarse: _Cut, tol: float = 0.1, odd_share: f
     rest = (k - 1) * med  # the regular part of each whole coarse step
     longest = max(1.5 * med, (1 + tol) * float(first.max()))
     paused = float(np.sum(first - med)) / float(fine.dur.sum())  # the share of the time the long gaps add
-    return bool(first.min() >= (1 - tol) * med and (first[: len(rest)] <= rest).all() and fine.edge <= longest and paused <= max_pause)
+    # the traffic after each long gap is a burst like the others: a checkpoint pauses between two steps' same
+    # collectives, while ZeRO-2's optimizer, after its micro-batches' gradient reduce-scatters (each spread over
+    # a backward), is followed by the parameters' all-gather, at once
+    burst = fine.dur - fine.lead[: len(fine.dur)]
+    b_in, b_first = float(np.median(burst[~opens])), float(np.median(burst[opens]))
+    alike_bursts = b_in <= 0 or 0.5 <= b_first / b_in <= 2.0
+    return bool(first.min() >= (1 - tol) * med and (first[: len(rest)] <= rest).all() and fine.edge <= longest and paused <= max_pause
+                and alike_bursts)
 
 
 def _pieces_alike(cut: np.ndarray, pair: np.ndarray, weight: np.ndarray | None, min_sim: float = 0.8, odd_share: float = 0.1,
