@@ -21,8 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import scrape_total as _scrape_total
 from support import stop_process, wait_for
 
-from prism.analysis.evaluation import job_name_map
-from prism.ingest.messages import JSONL_CONTENT_TYPE, encode_arrow
+from prism.analysis.diagnosis import ANOMALY_COLUMNS
+from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps
+from prism.ingest.messages import JSONL_CONTENT_TYPE, encode_arrow, pair_keys
 from prism.ingest.topology import Topology
 from prism.serve.broker import LocalBroker, free_port
 from prism.serve.build import build_daemon
@@ -63,16 +64,21 @@ class RunningDaemon:
 
     def __init__(self, broker, topic, cluster, group=None, replica="r0", summary=None, max_message_bytes=1 << 20, **settings):
         self.events = []
+        self.from_incomplete = []  # per event: was it raised by a window the daemon knew incomplete (late input)?
         self.service = build_daemon(
             DaemonSettings(monitor=MonitorSettings(**{**SETTINGS, **settings}), web_listen_address="127.0.0.1:0", max_poll_interval_s=3.0,
                            kafka=KafkaSettings(broker.bootstrap, topic, group or f"g-{topic}", summary or f"sum-{topic}", replica_id=replica,
                                                session_timeout_s=3.0, max_message_bytes=max_message_bytes)),
-            Topology.from_frame(cluster.topology), on_event=lambda k, e: self.events.append((k, e)),
+            Topology.from_frame(cluster.topology), on_event=self._on_event,
             warm=False,  # many daemons in one process: the kernels load in the first one's first window
         )
         s = self.service
         self.monitor, self.health, self.registry, self.server, self.source, self.daemon = s.monitor, s.health, s.registry, s.server, s.source, s.daemon
         self.thread = s.start()
+
+    def _on_event(self, kind, event):  # on the daemon's loop, right after the window that raised it
+        self.events.append((kind, event))
+        self.from_incomplete.append(self.monitor.view.incomplete)
 
     def value(self, name, **labels):
         return self.registry.get_sample_value(name, labels) or 0.0
@@ -172,6 +178,89 @@ def test_stream_gives_jobs_steps_and_anomalies(broker, topic, cluster):
         # bigger polls): more than the final one, and the steps above are the check
         assert d.value("prism_windows_total") >= 2
         assert d.value("prism_consumer_lag_records") == 0
+    finally:
+        d.stop()
+
+
+def produce_as_ordered(broker, topic, flows, chunk=2000):
+    """Send ``flows`` in the order given, ``chunk`` rows a call (one message per GPU pair and call)."""
+    p = FlowProducer(broker.bootstrap, topic, fmt="arrow")
+    for i in range(0, len(flows), chunk):
+        p.send(flows.iloc[i : i + chunk])
+    p.flush()
+    p.close()
+    return len(flows)
+
+
+def pair_by_pair(flows):
+    """A dump re-imported in key order: each pair's whole capture, pair after pair (each partition out of time order by the capture)."""
+    key = pd.Series(pair_keys(flows["src"].astype(str), flows["dst"].astype(str)), index=flows.index)
+    return flows.assign(_key=key).sort_values(["_key", "start_ns"], kind="stable").drop(columns="_key").reset_index(drop=True)
+
+
+def late_input_counts_add_up(d, n, cluster):
+    """Every record counted once: produced = ingested (valid, no re-delivery); ingested = windowed + ignored by reason;
+    the late GPU flows = those dropped + those kept after their window, each counted against one window."""
+    ingested, windowed = d.total("prism_flows_ingested_total"), d.total("prism_flows_windowed_total")
+    ignored = {r: d.total("prism_flows_ignored_total", reason=r) for r in ("late", "non_gpu_address", "self_flow")}
+    assert ingested == n and d.total("prism_flows_duplicate_total") == 0 and d.total("prism_flows_rejected_total") == 0
+    assert windowed + sum(ignored.values()) == ingested, (windowed, ignored, ingested)
+    late = d.total("prism_window_late_flows_total")
+    m = d.monitor
+    assert late == m.late_flows == sum(w.late for w in m.windows) + m._late_next
+    gpu = n - non_gpu_count(cluster)  # the SYNTHETIC flows have no self flows
+    dropped = gpu - windowed
+    assert dropped <= ignored["late"] and dropped <= late <= gpu
+    return late, dropped
+
+
+def test_input_more_out_of_order_than_the_window_waits_raises_nothing(broker, topic, cluster, caplog):
+    """A backlog sent pair by pair (each partition out of time order by the whole 8 s, the lateness cap 1.5 s): the
+    windows it cannot fill report no step and no anomaly; the daemon says it is degraded; the late counts add up."""
+    import logging
+
+    flows = pair_by_pair(cluster.flows)
+    n = produce_as_ordered(broker, topic, flows)
+    with caplog.at_level(logging.WARNING, logger="prism.monitor"):
+        d = RunningDaemon(broker, topic, cluster)
+        try:
+            wait_for(lambda: d.settled(n), 120, "every record ingested and analysed", progress=d.progress)
+            # the loop hands the count to /readyz after the last window
+            wait_for(lambda: d.health.incomplete_windows == d.monitor.recent_incomplete() >= 1, 60, "/readyz to say degraded")
+            status, body = d.scrape("/readyz")
+            incomplete = d.value("prism_windows_incomplete")
+            assert status == 200 and f"{int(incomplete)} window" in body and "incomplete (late input)" in body, body
+            assert d.value("prism_windows_incomplete_total") >= incomplete >= 1
+            # nothing from the windows it could not fill; what the last (complete) window may find is true
+            assert not any(d.from_incomplete)
+            names = job_name_map(d.monitor.jobs_, cluster.jobs)
+            anomalies = pd.DataFrame([e for k, e in d.events if k == "anomaly"], columns=ANOMALY_COLUMNS)
+            _, judged = score_anomalies(anomalies, cluster.faults, names, cluster.steps)
+            assert judged["matched"].all(), judged
+            steps = d.monitor.steps_frame()
+            if len(steps):  # from complete windows only: each a true step
+                scores = score_steps(steps, cluster.steps, names)
+                assert scores["spurious"].sum() == 0, scores
+            late, dropped = late_input_counts_add_up(d, n, cluster)
+            assert dropped > 0 and late > dropped  # some dropped, some kept but after their window
+        finally:
+            d.stop()
+    warned = [r for r in caplog.records if r.getMessage().startswith("window incomplete (late input)")]
+    assert warned and all(set(r.fields) >= {"from", "to", "late_flows"} for r in warned)  # type: ignore[attr-defined]
+
+
+def test_the_same_flows_in_time_order_are_whole(broker, topic, cluster):
+    """The twin of the test above: the same flows in time order give the true steps, and no window is incomplete."""
+    n = produce_as_ordered(broker, topic, cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True))
+    d = RunningDaemon(broker, topic, cluster)
+    try:
+        wait_for(lambda: d.settled(n), 120, "every record ingested and analysed", progress=d.progress)
+        scores = score_steps(d.monitor.steps_frame(), cluster.steps, job_name_map(d.monitor.jobs_, cluster.jobs))
+        assert len(scores) == cluster.jobs["job_id"].nunique() and scores["spurious"].sum() == 0, scores
+        assert (scores["found_share"] >= 0.9).all(), scores
+        assert d.value("prism_windows_incomplete_total") == 0 and d.value("prism_windows_incomplete") == 0
+        assert d.scrape("/readyz") == (200, "ready\n")
+        assert late_input_counts_add_up(d, n, cluster) == (0, 0)
     finally:
         d.stop()
 

@@ -196,3 +196,50 @@ def test_the_monitor_defaults_are_the_daemon_defaults():
     for key, seconds in pairs.items():
         assert parse_duration(DAEMON_DEFAULTS[key]) == seconds, key
     assert DAEMON_DEFAULTS["window_max_flows"] == m.max_window_flows
+
+
+def test_flows_that_come_after_their_window_are_counted_against_it(cluster, caplog):
+    """A GPU flow that comes after the window of its time is counted once, against that window, which turns incomplete;
+    one too old to keep, of time no window has reached, makes the next window incomplete: it reports nothing."""
+    import logging
+
+    flows = cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    t0 = int(flows["start_ns"].iloc[0])
+    ips = set(cluster.topology["ip"])
+    gpu = flows["src"].astype(str).isin(ips) & flows["dst"].astype(str).isin(ips)
+    at = (flows["start_ns"] - t0) / 1e9
+    kept_late = flows[gpu & (at >= 1.5) & (at < 2.0)].iloc[:50]
+    dropped = flows[gpu & (at >= 4.2) & (at < 4.5)].iloc[:40]
+    rest = flows.drop(kept_late.index).drop(dropped.index)
+    m = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
+    m.ingest(rest[rest["start_ns"] < t0 + 4e9].reset_index(drop=True))
+    assert m.tick() is not None and m.view.incomplete is False
+    assert m.windows_incomplete == 0 and m.late_flows == 0 and m.analysed_to > kept_late["start_ns"].max()
+    with caplog.at_level(logging.WARNING, logger="prism.monitor"):
+        m.ingest(kept_late.reset_index(drop=True))  # within the window's reach: kept for the next windows, but late for this one
+        assert m.late_flows == 50 and m.windows_incomplete == 1
+        assert [(w.late, w.incomplete) for w in m.windows] == [(50, True)]
+        m.ingest(kept_late.reset_index(drop=True))  # a re-delivery: a duplicate, not late twice
+        assert m.late_flows == 50 and m.windows_incomplete == 1
+        steps = {j: st.view.steps for j, st in m._jobs.items()}
+        # read on to 8 s without a window, then the held flows of 4.2-4.5 s: older than the window reaches (3 s), dropped
+        m.ingest(rest[rest["start_ns"] >= t0 + 4e9].reset_index(drop=True))
+        m.ingest(dropped.reset_index(drop=True))
+        assert m.late_flows == 90 and m.windows_incomplete == 1  # the next window's, not yet analysed
+        view = m.tick()
+    assert view is not None and view.incomplete and m.windows_incomplete == 2 and m.windows[-1].late == 40
+    assert {j: st.view.steps for j, st in m._jobs.items()} == steps and not [e for k, e in m.events if k == "anomaly" and e["start_ns"] > t0 + 4e9]
+    assert m.recent_incomplete() == 2 and m.late_flows == sum(w.late for w in m.windows)
+    c = m.counters_snapshot()["0"]
+    assert c["ingested"] == len(flows) and c["duplicate"] == 50
+    assert c["windowed"] + c["ignored:late"] + c["ignored:non_gpu_address"] + c.get("ignored:self_flow", 0) == c["ingested"]
+    assert c["ignored:late"] == 40
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(t.startswith("window analysed before GPU flows of its time came") for t in messages)
+    assert any(t.startswith("window incomplete (late input)") and "40 GPU flows of its time came too late" in t for t in messages)
+
+
+def test_in_order_input_leaves_no_window_incomplete(cluster):
+    flows = cluster.flows.sort_values("start_ns", kind="stable")
+    _, m = steps_by_job(cluster, messages(flows), ())
+    assert m.windows_incomplete == 0 and m.late_flows == 0 and m.recent_incomplete() == 0 and len(m.windows) > 3

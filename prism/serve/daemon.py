@@ -83,6 +83,7 @@ class Daemon:
                 self.health.reason = "ok" if self.health.ready else "waiting for partition assignment"
                 self.health.bad_files = list(getattr(self.source, "bad_files", ()))
                 self.health.source_resets = getattr(self.source, "resets", 0)
+                self.health.incomplete_windows = m.recent_incomplete()
                 now = time.monotonic()
                 if got:
                     last_input = now
@@ -139,6 +140,7 @@ class Daemon:
 
     def _tick(self, final: bool, force: bool = False) -> None:
         view = self._analyse(final, force)
+        self.health.incomplete_windows = self.monitor.recent_incomplete()
         self._check_topology()
         if view is None:
             return

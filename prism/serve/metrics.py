@@ -87,6 +87,7 @@ class Health:
         self.consumer_lag: int | None = None  # Kafka records behind, when known
         self.bad_files: list = []  # (file, error): the directory source's last skipped files
         self.source_resets = 0  # times the Kafka topic was found re-created (its log lost)
+        self.incomplete_windows = 0  # windows incomplete (late input) among those of the last --jobs.ttl of event time
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()
@@ -103,21 +104,32 @@ class Health:
         could read, and routing scrapes away from it (another replica reads
         the same directory) or restarting it would not bring the skipped rows
         back; the body then says ``degraded`` and names the files, as
-        ``prism_source_bad_file_info`` does.
+        ``prism_source_bad_file_info`` does. Likewise when windows of the
+        last ``--jobs.ttl`` of event time were incomplete (late input: no
+        steps or anomalies from them, see ``prism_windows_incomplete``):
+        another replica would get the same input.
 
         >>> h = Health(); h.ready = True; h.bad_files = [("a.parquet", "not a parquet file")]
         >>> print(h.readiness()[1], end="")
         ready, degraded: 1 dump file skipped as unreadable (its flows are missing from the metrics):
           a.parquet: not a parquet file
+        >>> h.bad_files = []; h.incomplete_windows = 3
+        >>> print(h.readiness()[1], end="")
+        ready, degraded: 3 windows incomplete (late input): no steps or anomalies reported from them
         """
         if not self.ready:
             return 503, f"not ready: {printable(self.reason, 500)}\n"
-        bad = list(self.bad_files)
-        if not bad:
+        bad, late = list(self.bad_files), self.incomplete_windows
+        if not bad and not late:
             return 200, "ready\n"
-        n = len(bad)
-        lines = [f"ready, degraded: {n} dump file{'s' if n > 1 else ''} skipped as unreadable ({'their' if n > 1 else 'its'} flows are missing from the metrics):"]
-        lines += [f"  {printable(name)}: {printable(err)}" for name, err in bad]
+        lines = []
+        if late:
+            lines.append(f"ready, degraded: {late} window{'s' if late > 1 else ''} incomplete (late input): "
+                         f"no steps or anomalies reported from {'them' if late > 1 else 'it'}")
+        if bad:
+            n = len(bad)
+            lines.append(f"ready, degraded: {n} dump file{'s' if n > 1 else ''} skipped as unreadable ({'their' if n > 1 else 'its'} flows are missing from the metrics):")
+            lines += [f"  {printable(name)}: {printable(err)}" for name, err in bad]
         return 200, "\n".join(lines) + "\n"
 
 
@@ -160,14 +172,17 @@ class PrismCollector:
         dup = CounterMetricFamily("prism_flows_duplicate_total", "Re-delivered flow records recognised and not counted again.", labels=["partition"])
         rej = CounterMetricFamily("prism_flows_rejected_total", "Malformed flow records (or whole messages) skipped, by reason.", labels=["partition", "reason"])
         ign = CounterMetricFamily("prism_flows_ignored_total", "Valid flow records that are not GPU-to-GPU training traffic, or arrived too late, by reason.", labels=["partition", "reason"])
+        win = CounterMetricFamily("prism_flows_windowed_total", "GPU-to-GPU flow records taken into the analysis window (ingested = windowed + ignored).",
+                                  labels=["partition"])
         for p, c in sorted(counts.items()):
             ing.add_metric([p], c.get("ingested", 0))
+            win.add_metric([p], c.get("windowed", 0))
             dup.add_metric([p], c.get("duplicate", 0))
             for r in REJECT_REASONS:
                 rej.add_metric([p, r], c.get(f"rejected:{r}", 0))
             for r in IGNORE_REASONS:
                 ign.add_metric([p, r], c.get(f"ignored:{r}", 0))
-        yield from (ing, dup, rej, ign)
+        yield from (ing, dup, rej, ign, win)
         shed = CounterMetricFamily("prism_flows_shed_total", "GPU flows dropped from the analysis window because it was full (--window.max-flows).")
         shed.add_metric([], m.window.shed)
         yield shed
@@ -230,6 +245,15 @@ class PrismCollector:
         ticks = CounterMetricFamily("prism_windows_total", "Windows analysed.")
         ticks.add_metric([], view.ticks)
         yield ticks
+        inc = CounterMetricFamily("prism_windows_incomplete_total", "Windows with GPU flows of their time missing (late input): not analysed "
+                                  "(no steps, no anomalies), or analysed before the late flows came.")
+        inc.add_metric([], m.windows_incomplete)
+        recent = GaugeMetricFamily("prism_windows_incomplete", "Incomplete windows among those of the last --jobs.ttl of event time (/readyz degraded).")
+        recent.add_metric([], m.recent_incomplete())
+        late_flows = CounterMetricFamily("prism_window_late_flows_total", "GPU flows that came after the window of their time was analysed, "
+                                         "or too late to be kept (counted once, against that window).")
+        late_flows.add_metric([], m.late_flows)
+        yield from (inc, recent, late_flows)
         if view.analysed_to_ns is not None:
             wm = GaugeMetricFamily("prism_analysed_until_timestamp_seconds", "Event time up to which flows have been analysed.")
             wm.add_metric([], view.analysed_to_ns / 1e9)

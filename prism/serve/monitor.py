@@ -13,7 +13,9 @@ What is kept, and why it is bounded:
 * per job, the last ``step_history`` steps and the step-time histogram;
   a job gone for ``pair_ttl_s`` is dropped;
 * the switch bandwidth sums of the windows still in the analysis window;
-* the hashes of the records of the window, to drop re-deliveries.
+* the hashes of the records of the window, to drop re-deliveries;
+* per window analysed in the last ``pair_ttl_s``, its span and how many
+  GPU flows of its time came late (see :meth:`Monitor.tick`).
 
 Each tick runs :func:`prism.analysis.analyse.analyse` (the same analyses as ``prism
 replay``) over the window, then merges: steps already reported are not
@@ -21,6 +23,13 @@ reported again (the rule of :mod:`prism.analysis.stitch`, which the
 replay's time slices share), the cross-step diagnosis runs over each
 job's step history (so its baseline outlives the window), and each
 anomaly is counted once.
+
+A window known to be incomplete is not analysed: GPU flows of its time were
+dropped as too old for the window (they came later than the window can
+wait), or the input is more out of order than the window waits for
+(records older than its end are still to come). Its jobs' steps are not
+reported from it and no anomaly is raised from it; it is counted, logged
+and shown by ``/readyz`` (see :meth:`Monitor.tick`).
 """
 from __future__ import annotations
 
@@ -47,7 +56,7 @@ from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_ha
 
 log = logging.getLogger("prism.monitor")
 
-__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "STEP_BUCKETS_S", "bucket_index"]
+__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "WindowSpan", "STEP_BUCKETS_S", "bucket_index"]
 
 #: Step-duration histogram buckets (seconds): LLM steps run from tenths of
 #: a second (small models) to minutes.
@@ -124,6 +133,21 @@ class MonitorView:
     analysed_to_ns: int | None = None
     lateness_ns: int = 0  # the wait for out-of-order records the last window used
     ticks: int = 0
+    incomplete: bool = False  # the last window was incomplete (not analysed)
+
+
+@dataclass
+class WindowSpan:
+    """An analysed window: its event-time span, and the GPU flows of its time that came late.
+
+    A late flow is counted against the window whose ``(previous end, end]``
+    holds its start, so each is counted once though windows overlap.
+    """
+
+    begin: int
+    end: int
+    late: int = 0  # GPU flows of (previous end, end] that came after the window, or were dropped before it
+    incomplete: bool = False  # not analysed (see Monitor.tick), or late flows of its time came after it
 
 
 class _JobState:
@@ -183,6 +207,11 @@ class Monitor:
         self.tick_seconds: list[float] = []  # processing time of each tick (drained by the metrics)
         self._ticks = 0
         self.jobs_ = pd.DataFrame(columns=["job_id", "ip", "server"])  # the last window's job membership
+        self.windows: deque[WindowSpan] = deque()  # the windows analysed in the last pair_ttl_s of event time
+        self.late_flows = 0  # GPU flows late for their window (counted against it), ever
+        self.windows_incomplete = 0  # windows incomplete, ever (not analysed, or late flows came after them)
+        self._late_next = 0  # late GPU flows of the time past the last window (dropped before a window reached them)
+        self._dropped_to: int | None = None  # the latest start of a GPU flow dropped as too old for the window
 
     # -- input ---------------------------------------------------------------
     def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
@@ -209,6 +238,8 @@ class Monitor:
         with self.lock:
             for reason, k in traffic.ignored.items():
                 c[f"ignored:{reason}"] += k
+            c["windowed"] += int(gpu.sum())
+        self._note_late(late, a, b, start)
         if not late.all():
             self._note_disorder(start[~late], partition)
             m = int(start[~late].max())
@@ -225,6 +256,54 @@ class Monitor:
         self.window.add(a, b, start, duration, size)
         self._see_pairs(a, b, start)
         self.switch_bw.partial_fit(start, duration, size, flows["switches"].array[gpu], src=a, dst=b)  # stays categorical: no re-factorising
+
+    def _note_late(self, dropped: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
+        """Count the GPU flows that came late, each against the window of its time.
+
+        Late: dropped as older than the window reaches (``dropped``), or
+        kept but started no later than the end of the last window analysed
+        (it was analysed without them; the next windows, which reach back,
+        hold them). A flow past the last window is the next window's; one
+        before it is the analysed window's whose ``(previous end, end]``
+        holds its start (the oldest window kept, for older ones), and that
+        window turns incomplete (its steps and anomalies were reported
+        without them; reported steps are never revised).
+        """
+        to = self.analysed_to
+        if to is None and not dropped.any():
+            return
+        gpu_pair = (a >= 0) & (b >= 0) & (a != b)
+        late = gpu_pair & (dropped | (start <= to)) if to is not None else gpu_pair & dropped
+        if not late.any():
+            return
+        s = start[late]
+        gone = s[dropped[late]]
+        if len(gone):
+            self._dropped_to = int(gone.max()) if self._dropped_to is None else max(self._dropped_to, int(gone.max()))
+        self.late_flows += len(s)
+        past = s[s <= to] if to is not None else s[:0]
+        self._late_next += len(s) - len(past)
+        if not len(past) or not self.windows:
+            return
+        ends = np.fromiter((w.end for w in self.windows), dtype=np.int64, count=len(self.windows))
+        at, n = np.unique(np.minimum(np.searchsorted(ends, past, side="left"), len(ends) - 1), return_counts=True)
+        for i, k in zip(at.tolist(), n.tolist()):
+            w = self.windows[i]
+            w.late += k
+            if not w.incomplete:
+                w.incomplete = True
+                self.windows_incomplete += 1
+                log.warning("window analysed before GPU flows of its time came: its steps and anomalies were reported without them",
+                            extra={"fields": {"from": _iso(w.begin), "to": _iso(w.end), "late_flows": w.late}})
+
+    def recent_incomplete(self) -> int:
+        """Incomplete windows among those analysed in the last ``pair_ttl_s`` of event time (``/readyz``'s degraded)."""
+        return sum(w.incomplete for w in list(self.windows))
+
+    def disorder_ns(self) -> int:
+        """How far behind its partition's latest a record arrived, at most, over the last window (event ns; uncapped)."""
+        self.lateness_ns()  # forgets what is older than the window
+        return self._disorder[0][1] if self._disorder else 0
 
     def _note_disorder(self, start: np.ndarray, partition: str) -> None:
         # A collector batches records per GPU pair and per export interval, so
@@ -394,6 +473,19 @@ class Monitor:
         live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
         self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
 
+        span = self._log_window(begin, end, lateness, final)
+        if span.incomplete:
+            self.analysed_to = end
+            self._ticks += 1
+            self.view = MonitorView(
+                jobs={j: copy.deepcopy(st.view) for j, st in self._jobs.items()}, switches=self.view.switches,
+                window_flows=len(self.window), pairs=len(self._pair_keys), analysed_to_ns=end, lateness_ns=lateness, ticks=self._ticks,
+                incomplete=True,
+            )
+            with self.lock:
+                self.tick_seconds.append(time.perf_counter() - t0)
+            return self.view
+
         rec = self._recogniser()
         labels, jobs = rec.labels(), self._stable_ids(rec.predict())
         self.jobs_ = jobs
@@ -427,6 +519,54 @@ class Monitor:
             log.debug("window analysed", extra={"fields": {"from": _iso(begin), "to": _iso(end), "flows": cut, "jobs": len(self._jobs),
                                                            "final": final, "seconds": round(seconds, 3)}})
         return view
+
+    def _log_window(self, begin: int, end: int, lateness: int, final: bool) -> WindowSpan:
+        """Log the window about to be analysed; is it incomplete?
+
+        Incomplete when GPU flows of its time are missing from it (any one:
+        a step boundary is a gap in a job's traffic, and one missing flow
+        can make or close a gap, so no share of late flows is harmless),
+        known before its analysis as
+
+        * flows dropped as older than the window reaches, of its span
+          (counted against it, or against an earlier window whose span
+          it overlaps); or
+        * input more out of order than the window waits for: records
+          arrived further behind their partition's latest (the disorder
+          measured over the last window) than the lateness it used, which
+          is capped at half a window, so records of its time may still
+          come. A ``final`` window (the input went quiet) waits for none.
+
+        Such a window is not analysed: no steps, no anomalies, no job
+        changes; it is counted (:attr:`windows_incomplete`) and logged.
+        """
+        late, self._late_next = self._late_next, 0
+        dropped = self._dropped_to is not None and self._dropped_to >= begin
+        disorder = 0 if final else self.disorder_ns()
+        incomplete = bool(late) or dropped or disorder > lateness
+        if self.windows and self.windows[-1].end == end:  # the last window re-run (force)
+            span = self.windows[-1]
+            span.late += late
+            incomplete = incomplete and not span.incomplete  # counted once
+            span.incomplete = span.incomplete or incomplete
+        else:
+            span = WindowSpan(begin, end, late, incomplete)
+            self.windows.append(span)
+            horizon = end - int(self.s.pair_ttl_s * 1e9)
+            while len(self.windows) > 1 and self.windows[0].end < horizon:
+                self.windows.popleft()
+        if incomplete:
+            self.windows_incomplete += 1
+            why = [f"{late} GPU flows of its time came too late to be kept"] if late else []
+            if dropped and not late:
+                why.append("GPU flows of its time were dropped as too late for an earlier window")
+            if disorder > lateness:
+                why.append(f"records arrive up to {disorder / 1e9:.1f} s behind their partition's latest, "
+                           f"the window waits {lateness / 1e9:.1f} s (at most half a window)")
+            log.warning("window incomplete (late input): no steps or anomalies reported from it; %s", "; ".join(why),
+                        extra={"fields": {"from": _iso(begin), "to": _iso(end), "late_flows": late, "disorder_s": round(disorder / 1e9, 3),
+                                          "lateness_s": round(lateness / 1e9, 3)}})
+        return span
 
     def _merge_jobs(self, jobs: pd.DataFrame, an: Analysis, end: int) -> None:
         # the job map is the live pairs' (pairs expire after pair_ttl_s): a job
