@@ -25,6 +25,13 @@ cut would make a longer capture contradict its own first part (which holds
 too few pauses to cut at). :func:`natural_break` drops a coarser cut that
 merely groups whole steps of a finer regular one.
 
+Where data parallelism reduces every micro-batch, as FSDP, HSDP and ZeRO-2
+do, each layer's (or forward's) gap is longer than the optimizer's pause
+between steps, so a threshold that cuts at the pause cuts at every layer.
+The pause is then a class of gaps of its own, once a step: :func:`class_cut`
+cuts at one class alone (and at a checkpoint's longer gaps), where that
+gives regular steps that carry alike traffic and the threshold does not.
+
 Steps cut by the capture's edges are not whole and are not reported: a
 step needs a boundary on both sides, and the last boundary is trusted only
 if the capture went on for a full break after it (otherwise the burst may
