@@ -8,7 +8,11 @@ job's last burst of collective traffic lacks some members, who sent
 their last collective traffic a whole step earlier.
 
 Per job, a **silence** is a pause in all its traffic of at least
-``max(min_silence_s, silence_steps x its median step)``. Before each one
+``max(min_silence_s, silence_steps x its median step)``; at the end of the
+traffic, inside a collective that lacks members, one of
+``max(min_silence_s, hang_steps x its median step)`` (a hang is reported
+within seconds of the floor for steps of a few seconds, a step for long
+ones). Before each one
 (and at the capture's or window's end) the job's last collective burst
 (its collective flows within ``burst_steps`` median steps of its last) is
 checked against the members that sent collective traffic since the
@@ -77,6 +81,12 @@ class HangDiagnoser:
     light_share : float, default 0.01
         Flows under this share of the job's median collective flow are
         control traffic (the grad-norm all-reduce), not a step's transfers.
+    hang_steps : float, default 1.0
+        A job silent at the end inside an incomplete collective (some
+        members never joined its last burst) is judged hung after a silence
+        of ``max(min_silence_s, hang_steps x its median step)`` rather than
+        ``silence_steps``: a healthy collective waits a whole step for none
+        of its members, while a straggler's lag is a fraction of a step.
 
     Attributes (after :meth:`fit`)
     ------------------------------
@@ -100,9 +110,11 @@ class HangDiagnoser:
         per job with steps to judge by.
     """
 
-    def __init__(self, min_silence_s: float = 8.0, silence_steps: float = 5.0, burst_steps: float = 0.5, light_share: float = 0.01):
+    def __init__(self, min_silence_s: float = 8.0, silence_steps: float = 5.0, burst_steps: float = 0.5, light_share: float = 0.01,
+                 hang_steps: float = 1.0):
         self.min_silence_s = float(min_silence_s)
         self.silence_steps = float(silence_steps)
+        self.hang_steps = float(hang_steps)
         self.burst_steps = float(burst_steps)
         self.light_share = float(light_share)
 
@@ -159,8 +171,6 @@ class HangDiagnoser:
         kind, g_job, g_start, g_end, last_end, last_mark, mark_mean, nic_last, nic_job = _sums(
             order, job, np.asarray(src, np.int64), start, end, np.asarray(size, np.int64), is_dp, collective, thr.astype(np.float64), n_jobs, n_nic)
         seen = last_end > _LO
-        silent = np.where(seen, capture_end - np.where(seen, last_end, 0), 0)
-        tail = seen & np.isfinite(median) & (silent >= thr)
 
         # every job's tail: is its last collective burst complete? (one compiled pass over all jobs)
         cut = np.where(np.isfinite(median) & (last_mark > _LO), last_mark - self.burst_steps * np.nan_to_num(median, nan=0.0), -np.inf)
@@ -170,6 +180,13 @@ class HangDiagnoser:
         nics, nj = nics[judged_nic], nj[judged_nic]
         # a member that never joined the last burst, but sent since the job's last silence (not a replaced server)
         lost = (nic_last[nics] <= cut[nj]) & (nic_last[nics] > last_mark[nj] - thr[nj])
+        # a job silent inside an incomplete collective is judged after hang_steps of its steps (a collective waits
+        # that long for no healthy member), one silent after a whole step after silence_steps (a checkpoint's pause)
+        incomplete = np.zeros(n_jobs, dtype=bool)
+        incomplete[nj[lost]] = True
+        wait = np.where(incomplete, np.maximum(floor, self.hang_steps * np.nan_to_num(median, nan=0.0)), thr)
+        silent = np.where(seen, capture_end - np.where(seen, last_end, 0), 0)
+        tail = seen & np.isfinite(median) & (silent >= wait)
         if lost.any() or tail.any():  # when the last burst began, and what followed it: only where it matters
             first, after = _tails(job, start, end, np.asarray(size, np.int64), is_dp, collective, kind, cut, self.light_share * mark_mean)
         else:
