@@ -45,9 +45,22 @@ all-gather) and any checkpoint (``checkpoint_every``). Ground-truth pairs are al
 shape is in the manifest's jobs (``meta["jobs"][name]["shape"]``) and
 :data:`FAMILY` names its family (ring, sharded, hybrid) for a scorer.
 
+Collective timing: every server runs its own compute clock (per-server
+jitter, and a fault's factor), so the members issue a collective at
+different times. A member enters the collective when it has issued it and
+its communication stream is free; as NCCL's ranks do, it posts its first
+ring message to its peer then, and that message completes only once the
+ring moves: when the last member is in. So each member's first message of
+the collective starts at its own entry and lasts until the ring's first
+step is done, the ring's other messages follow from the last entry, and
+the collective ends at once for all members. The flows thus hold who
+arrives last (:mod:`prism.analysis.diagnosis.arrival`); in a fault-free
+run it is whoever the jitter left behind (which persists within a step,
+until the ranks next wait for one another).
+
 A :class:`~synthetic.faults.SlowServer` makes the ranks of one server
 compute slower: at every collective it arrives last and the others wait
-(a collective starts when all its members are ready).
+(their first messages start earlier and last longer).
 
 :func:`dp_cluster` builds one cluster of the DP-shapes matrix: one shape at
 one step length (:data:`DP_SHAPES`, :data:`STEP_LENGTHS`), faulty or its
@@ -143,11 +156,14 @@ class DPJob(JobSpec):
 class DPShapeSimulation(JobSimulation):
     """One DP-only job, step by step (:class:`DPJob`).
 
-    Per-server clocks: compute advances each server's clock; a collective
-    starts when all its members have issued it and their communication
-    stream is free (one stream per rank: collectives run in issue order),
-    takes ``phases * (k - 1)`` ring steps of its slowest edge per rail, and
-    ends at once for all members.
+    Per-server clocks: compute advances each server's clock; a member
+    enters a collective when it has issued it and its communication stream
+    is free (one stream per rank: collectives run in issue order), and
+    sends its first ring message from then on; the ring moves once all its
+    members are in, takes ``phases * (k - 1)`` ring steps of its slowest
+    edge per rail, and ends at once for all members. (A member's first
+    message thus starts at its own entry and ends where it would if all had
+    entered together.)
     """
 
     spec: DPJob
@@ -193,7 +209,8 @@ class DPShapeSimulation(JobSimulation):
         fab, T = self.fab, self.spec.tp
         mem, a, b, paths, net = self.rings[ring]
         nr, k = mem.shape
-        start = np.maximum(issue[mem].max(axis=1), self.comm_free[mem].max(axis=1))  # (nr,)
+        ready = np.maximum(issue, self.comm_free)  # (S,) each server enters the collective
+        start = ready[mem].max(axis=1)  # (nr,) the ring moves once all its members are in
         chunk = max(1, -(-int(nbytes) // (T * k)))
         n_full, rem = divmod(chunk, self.spec.message_bytes)
         sizes = np.array([self.spec.message_bytes] * n_full + ([rem] if rem else []), dtype=np.int64)
@@ -206,7 +223,12 @@ class DPShapeSimulation(JobSimulation):
             offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
             bwe = bw[ti, ri, ki][:, None, None]
             st = start[ri][:, None, None] + np.arange(R)[None, :, None] * step_t[ti, ri][:, None, None] + offs[None, None, :] / bwe
-            du = np.broadcast_to(fab.latency_ns + sizes[None, None, :] / bwe, st.shape)
+            du = np.broadcast_to(fab.latency_ns + sizes[None, None, :] / bwe, st.shape).copy()
+            # each sender's first message is posted when its server enters the collective and
+            # completes only when the ring moves: it starts at the sender's ready time, ends as before
+            wait = start[ri] - ready[mem[ri, ki]]
+            st[:, 0, 0] -= wait
+            du[:, 0, 0] += wait
             shape = st.shape
             cols.add(st.ravel(), du.ravel(), np.broadcast_to(a[ti, ri, ki][:, None, None], shape).ravel(),
                      np.broadcast_to(b[ti, ri, ki][:, None, None], shape).ravel(), np.broadcast_to(sizes[None, None, :], shape).ravel(),
@@ -309,12 +331,8 @@ class DPShapeSimulation(JobSimulation):
             step_end, next_t = step_fn(cols, t, F, B)
             if sim_step > 0 and prev_end >= 0 and step_end <= window:
                 whole += 1
-                truth_steps.append((spec.name, whole, prev_end, step_end))
-                for f in faults:
-                    if isinstance(f, SlowStep) and f.step == whole:
-                        truth_faults.append(("slow_step", spec.name, whole, prev_end, step_end, "", f.factor))
-                    if isinstance(f, SlowServer) and f.from_step == whole:
-                        truth_faults.append(("slow_group", spec.name, whole, prev_end, window, fab.server_name(int(self.servers[f.server])), f.factor))
+                self._record_step(truth_steps, truth_faults, faults, whole, prev_end, step_end,
+                                  lambda f: fab.server_name(int(self.servers[f.server])))
             elif sim_step > 0 and prev_end >= 0:
                 break  # ends past the window
             prev_end = step_end

@@ -11,6 +11,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -522,13 +523,8 @@ class JobSimulation:
                 fresh = False
             elif sim_step > 0 and prev_end >= 0 and step_end <= window:
                 whole += 1
-                truth_steps.append((spec.name, whole, prev_end, step_end))
-                for f in faults:
-                    if isinstance(f, SlowStep) and f.step == whole:
-                        truth_faults.append(("slow_step", spec.name, whole, prev_end, step_end, "", f.factor))
-                    if isinstance(f, SlowServer) and f.from_step == whole:
-                        servers = "|".join(sorted({fab.server_name(s) for s in np.unique(self.gpu[:, slow_cells] // fab.gpus_per_server)}))
-                        truth_faults.append(("slow_group", spec.name, whole, prev_end, window, servers, f.factor))
+                self._record_step(truth_steps, truth_faults, faults, whole, prev_end, step_end, lambda f: "|".join(
+                    sorted({fab.server_name(s) for s in np.unique(self.gpu[:, slow_cells] // fab.gpus_per_server)})))
             elif sim_step > 0 and prev_end >= 0:
                 break  # ends past the window
             prev_end = step_end
@@ -537,6 +533,22 @@ class JobSimulation:
             # the checkpoint if one is due
             t = max(step_end, float(eB.max())) + spec.optimizer_ms * 1e6 + spec.checkpoint_ns(sim_step)
             sim_step += 1
+
+    def _record_step(self, truth_steps: list[_StepRow], truth_faults: list[_FaultRow], faults: list, step: int, start: float,
+                     end: float, slow_group: Callable[[SlowServer], str]) -> None:
+        """Truth of whole step ``step`` (``start`` to ``end``): its row, and those of the faults beginning with it.
+
+        A :class:`SlowStep` of this step lasts the step; a :class:`SlowServer`
+        from this step on lasts to the window's end, its subject (the slow
+        group's servers) ``slow_group(fault)``.
+        """
+        name = self.spec.name
+        truth_steps.append((name, step, start, end))
+        for f in faults:
+            if isinstance(f, SlowStep) and f.step == step:
+                truth_faults.append(("slow_step", name, step, start, end, "", f.factor))
+            if isinstance(f, SlowServer) and f.from_step == step:
+                truth_faults.append(("slow_group", name, step, start, self.gen.duration_ns, slow_group(f), f.factor))
 
     def _hang(self, cols: FlowColumns, first_chunk: int, f: Hang, step: int, truth_faults: list[_FaultRow]) -> None:
         """Of the collective's flows (``cols`` from chunk ``first_chunk``), keep each ring edge's first message, but none from the hung server."""
