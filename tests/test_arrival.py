@@ -154,6 +154,26 @@ def test_random_order_and_small_leads_name_no_one():
     assert ArrivalDiagnoser().diagnose(burst_table(two)).predict().empty
 
 
+def test_a_steps_collectives_are_one_draw():
+    """A fault-free job whose laggard changes from step to step, but within a step stays the same for all 20 of its
+    collectives (a rank behind in a backward stays behind until the ranks next wait): the last two steps happen to
+    share one. Counted per collective, 40 wins in a row look like a straggler (p < 1e-20); counted per step (the
+    step's collectives are one draw), nobody. A real straggler, last in every step from step 30 on, is still named."""
+    rng = np.random.default_rng(3)
+    servers = ["srv0004", "srv0005", "srv0006", "srv0007"]
+    laggard = list(rng.choice(servers, 58)) + ["srv0006", "srv0006"]
+    last = [s for s in laggard for _ in range(20)]
+    table = burst_table(last)
+    steps = pd.DataFrame({"job_id": "j", "step": np.arange(60), "start_ns": np.arange(60) * 200_000_000,
+                          "end_ns": np.arange(1, 61) * 200_000_000})
+    assert list(ArrivalDiagnoser().diagnose(table).predict()["subject"]) == ["srv0006"]  # per collective: a false alarm
+    assert ArrivalDiagnoser().diagnose(table, steps).predict().empty
+    straggler = laggard[:30] + ["srv0005"] * 30
+    found = ArrivalDiagnoser().diagnose(burst_table([s for s in straggler for _ in range(20)]), steps).predict()
+    assert list(found["subject"]) == ["srv0005"] and "of 30 steps" in found["explanation"].iloc[0]
+    assert found["step"].iloc[0] == 30
+
+
 def test_sliced_job_counts_each_collective_once(tmp_path):
     from prism.analysis.analyse import Settings
 

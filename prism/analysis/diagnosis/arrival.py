@@ -23,6 +23,11 @@ started at; an effect size (last in ``min_share`` of those bursts, at least
 ``clear_factor`` times as often as the runner-up); and a median lead of at
 least ``min_lead_ns`` (far above collector clock offsets of microseconds).
 
+Where the job has steps, the test counts steps rather than collectives:
+each step's last arrival is the server last in most of its collectives
+(:func:`per_step`), since a rank that falls behind stays behind until the
+ranks next wait for one another, and a step's collectives are one draw.
+
 Raised as ``slow_group`` naming the server, so scoring and alerts treat it
 as the pipeline diagnosis's stragglers. The burst table (``arrivals_``) is
 per burst, so the tables of consecutive time slices of a job, concatenated,
@@ -37,7 +42,7 @@ from scipy.stats import binom
 
 from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies
 
-__all__ = ["ARRIVAL_COLUMNS", "ArrivalDiagnoser"]
+__all__ = ["ARRIVAL_COLUMNS", "ArrivalDiagnoser", "per_step"]
 
 #: one row per complete collective burst: its job, group of servers, start, size (servers), the server whose first
 #: send started last ("" on an exact tie) and by how much it trailed the runner-up
@@ -155,11 +160,17 @@ class ArrivalDiagnoser:
         self.arrivals_ = arrivals if arrivals is not None else empty_arrivals()
         rows = []
         for job_id, jb in (self.arrivals_.groupby("job_id", sort=True) if len(self.arrivals_) else ()):
-            rows += self._job(job_id, jb.sort_values("start_ns", kind="stable"), steps)
+            jb = jb.sort_values("start_ns", kind="stable")
+            st = None if steps is None or not len(steps) else steps[steps["job_id"] == job_id]
+            if st is not None and len(st) >= self.min_bursts:
+                jb, unit = per_step(jb, st["start_ns"].to_numpy(np.int64), st["end_ns"].to_numpy(np.int64)), "steps"
+            else:
+                unit = "collectives"
+            rows += self._job(job_id, jb, steps, unit)
         self.anomalies_ = pd.DataFrame(rows, columns=ANOMALY_COLUMNS) if rows else empty_anomalies()
         return self
 
-    def _job(self, job_id, jb: pd.DataFrame, steps: pd.DataFrame | None) -> list:
+    def _job(self, job_id, jb: pd.DataFrame, steps: pd.DataFrame | None, unit: str = "collectives") -> list:
         last = jb["last"].to_numpy()
         groups = jb["group"].to_numpy()
         chance = 1.0 / jb["servers"].to_numpy()
@@ -203,13 +214,46 @@ class ArrivalDiagnoser:
                 if j >= 0:
                     step, at = int(st["step"].to_numpy()[j]), int(st["start_ns"].to_numpy()[j])
             out.append(("slow_group", job_id, step, at, srv, round(k / n, 4),
-                        f"{srv} sent last at {k} of {n} collectives (chance {p:.0%}, p={max(pval, 1e-300):.1e}; runner-up {runner}), "
+                        f"{srv} sent last at {k} of {n} {unit} (chance {p:.0%}, p={max(pval, 1e-300):.1e}; runner-up {runner}), "
                         f"by a median {lead / 1e6:.3g} ms: every rank waits for it (data-parallel straggler)"))
         return out
 
     def predict(self) -> pd.DataFrame:
         """Anomaly rows (:data:`prism.analysis.diagnosis.ANOMALY_COLUMNS`)."""
         return self.anomalies_
+
+
+def per_step(bursts: pd.DataFrame, step_start: np.ndarray, step_end: np.ndarray) -> pd.DataFrame:
+    """The burst table of one job, one row per group and step: each step's last arrival.
+
+    The collectives of one step are not independent draws: a rank that
+    falls behind in a backward (its gradient buckets, each a collective)
+    stays behind until the ranks next wait for one another, so a step's
+    dozens of collectives share their last server, and counted one by one
+    they make a fault-free job's chance laggard look significant. Per
+    group and step (bursts starting in ``[step_start, step_end)``), the
+    server last in most of its bursts (none on a tie), by the median lead
+    of those bursts; bursts outside every step are left out.
+    """
+    s = np.argsort(step_start, kind="stable")
+    s0, s1 = np.asarray(step_start)[s], np.asarray(step_end)[s]
+    t = bursts["start_ns"].to_numpy(np.int64)
+    k = np.searchsorted(s0, t, side="right") - 1
+    inside = (k >= 0) & (t < s1[np.maximum(k, 0)]) & (bursts["last"].to_numpy() != "")
+    b = bursts[inside].assign(step=k[inside])
+    if b.empty:
+        return empty_arrivals()
+    wins = b.groupby(["group", "step", "last"], sort=True).agg(n=("lead_ns", "size"), lead_ns=("lead_ns", "median"),
+                                                               start_ns=("start_ns", "min"), servers=("servers", "first")).reset_index()
+    top = wins.groupby(["group", "step"])["n"].transform("max")
+    best = wins[wins["n"] == top]
+    tied = best.groupby(["group", "step"])["last"].transform("size") > 1
+    best = best.assign(last=np.where(tied, "", best["last"]))
+    out = best.groupby(["group", "step"], sort=True).agg(start_ns=("start_ns", "min"), servers=("servers", "first"), last=("last", "first"),
+                                                         lead_ns=("lead_ns", "max")).reset_index()
+    out["job_id"] = bursts["job_id"].iloc[0]
+    out["lead_ns"] = out["lead_ns"].astype(np.int64)
+    return out.sort_values("start_ns", kind="stable")[ARRIVAL_COLUMNS].reset_index(drop=True)
 
 
 @numba.njit(cache=True)
