@@ -199,6 +199,25 @@ def test_daemon_reports_the_hang_within_30_s_of_stream_time(faulty):
     assert new in servers and old not in servers  # the TTL ran out for the replaced server
 
 
+def test_a_job_with_long_steps_is_reported_hung_within_30_s():
+    """A job of about 7 s steps (SYNTHETIC) hangs at step 6: its collective lacks a member from then on. A silence
+    after a whole step waits five steps (36 s here) before the job counts as ended, as a checkpoint's pause may last
+    that long; inside an incomplete collective it waits one step (8 s at least): the daemon reports the hang within
+    30 s of stream time (21 s; when every silence waited five steps, not within the 47 s of capture after it), and
+    nothing else."""
+    job = JobSpec("slow-steps", tp=8, pp=1, dp=4, microbatches=2, fwd_ms=1200, grad_bytes=64 * MiB, bucket_bytes=32 * MiB)
+    fabric = Fabric(servers=8, servers_per_group=4, spines=2)
+    c = ClusterGenerator(fabric, [job], duration_s=90.0, faults=[Hang("slow-steps", step=6, member=2)], seed=1,
+                         storage_flows_per_s=20).generate()
+    m, anomalies, _, _ = run_stream(c, MonitorSettings(step_history=4096))
+    truth = c.faults.set_index("kind").loc["hang"]
+    h = hangs(anomalies)
+    assert len(h) == 1 and h["subject"].iloc[0] == truth["subject"], anomalies
+    delay_s = (h["detected_ns"].iloc[0] - truth["start_ns"]) / 1e9
+    assert 0 < delay_s <= 30, delay_s
+    assert len(anomalies) == 1, anomalies
+
+
 def test_daemon_raises_nothing_for_a_clean_end(clean_end):
     m, anomalies, _, states = run_stream(clean_end, MonitorSettings(step_history=4096))
     assert anomalies.empty, anomalies
