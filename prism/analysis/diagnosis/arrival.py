@@ -23,7 +23,7 @@ started at; an effect size (last in ``min_share`` of those bursts, at least
 ``clear_factor`` times as often as the runner-up); and a median lead of at
 least ``min_lead_ns`` (far above collector clock offsets of microseconds).
 
-Where the job has steps, the test counts steps rather than collectives:
+Where the job has steps (any), the test counts steps rather than collectives:
 each step's last arrival is the server last in most of its collectives
 (:func:`per_step`), since a rank that falls behind stays behind until the
 ranks next wait for one another, and a step's collectives are one draw.
@@ -162,7 +162,7 @@ class ArrivalDiagnoser:
         for job_id, jb in (self.arrivals_.groupby("job_id", sort=True) if len(self.arrivals_) else ()):
             jb = jb.sort_values("start_ns", kind="stable")
             st = None if steps is None or not len(steps) else steps[steps["job_id"] == job_id]
-            if st is not None and len(st) >= self.min_bursts:
+            if st is not None and len(st):  # a job with too few steps to judge is not judged by its collectives either
                 jb, unit = per_step(jb, st["start_ns"].to_numpy(np.int64), st["end_ns"].to_numpy(np.int64)), "steps"
             else:
                 unit = "collectives"
