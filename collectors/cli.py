@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--web.config.file", dest="web_config", default=None, metavar="YAML",
                    help="TLS and basic auth for --web.listen-address, in the Prometheus exporter-toolkit format")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
-    add_output_flags(p)
+    add_output_flags(p, "packets read but no RoCEv2 message became a flow")
     from prism.serve.kafkaconf import add_security_flags
 
     add_security_flags(p)  # for --out kafka://

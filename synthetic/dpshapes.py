@@ -47,20 +47,20 @@ shape is in the manifest's jobs (``meta["jobs"][name]["shape"]``) and
 
 Collective timing: every server runs its own compute clock (per-server
 jitter, and a fault's factor), so the members issue a collective at
-different times. A member enters the collective when it has issued it and
-its communication stream is free; as NCCL's ranks do, it posts its first
-ring message to its peer then, and that message completes only once the
-ring moves: when the last member is in. So each member's first message of
-the collective starts at its own entry and lasts until the ring's first
-step is done, the ring's other messages follow from the last entry, and
-the collective ends at once for all members. The flows thus hold who
-arrives last (:mod:`prism.analysis.diagnosis.arrival`); in a fault-free
-run it is whoever the jitter left behind (which persists within a step,
-until the ranks next wait for one another).
+different times; the ring moves once the last member is in, and every
+member's ring sends start then, together, and the collective ends at once
+for all members. The flows thus hold no arrival order (every collective's
+opening sends tie): the arrival diagnosis is tested on flows re-timed as
+ranks that enter early and wait show on the wire (``tests/test_arrival.py``).
+A model where each member's first message starts at its own entry and is
+recorded as lasting until the ring moves (a record that spans the wait)
+was tried and named the slow servers, but such records also make the
+early ranks' flows look slow to the switch and host diagnosis (false
+``slow_host`` on 3-minute steps).
 
 A :class:`~synthetic.faults.SlowServer` makes the ranks of one server
 compute slower: at every collective it arrives last and the others wait
-(their first messages start earlier and last longer).
+(a collective starts when all its members are ready).
 
 :func:`dp_cluster` builds one cluster of the DP-shapes matrix: one shape at
 one step length (:data:`DP_SHAPES`, :data:`STEP_LENGTHS`), faulty or its
@@ -156,14 +156,11 @@ class DPJob(JobSpec):
 class DPShapeSimulation(JobSimulation):
     """One DP-only job, step by step (:class:`DPJob`).
 
-    Per-server clocks: compute advances each server's clock; a member
-    enters a collective when it has issued it and its communication stream
-    is free (one stream per rank: collectives run in issue order), and
-    sends its first ring message from then on; the ring moves once all its
-    members are in, takes ``phases * (k - 1)`` ring steps of its slowest
-    edge per rail, and ends at once for all members. (A member's first
-    message thus starts at its own entry and ends where it would if all had
-    entered together.)
+    Per-server clocks: compute advances each server's clock; a collective
+    starts when all its members have issued it and their communication
+    stream is free (one stream per rank: collectives run in issue order),
+    takes ``phases * (k - 1)`` ring steps of its slowest edge per rail, and
+    ends at once for all members.
     """
 
     spec: DPJob
@@ -223,12 +220,7 @@ class DPShapeSimulation(JobSimulation):
             offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
             bwe = bw[ti, ri, ki][:, None, None]
             st = start[ri][:, None, None] + np.arange(R)[None, :, None] * step_t[ti, ri][:, None, None] + offs[None, None, :] / bwe
-            du = np.broadcast_to(fab.latency_ns + sizes[None, None, :] / bwe, st.shape).copy()
-            # each sender's first message is posted when its server enters the collective and
-            # completes only when the ring moves: it starts at the sender's ready time, ends as before
-            wait = start[ri] - ready[mem[ri, ki]]
-            st[:, 0, 0] -= wait
-            du[:, 0, 0] += wait
+            du = np.broadcast_to(fab.latency_ns + sizes[None, None, :] / bwe, st.shape)
             shape = st.shape
             cols.add(st.ravel(), du.ravel(), np.broadcast_to(a[ti, ri, ki][:, None, None], shape).ravel(),
                      np.broadcast_to(b[ti, ri, ki][:, None, None], shape).ravel(), np.broadcast_to(sizes[None, None, :], shape).ravel(),

@@ -25,11 +25,11 @@ EXIT_FAILED = 1  # findings or failed checks (demo: results differ from the trut
 EXIT_BAD_INPUT = 2  # usage or input error: a bad flag, a file that cannot be read or parsed
 
 
-def add_output_flags(p: argparse.ArgumentParser) -> None:
-    """``-o text|json`` and ``--strict``, for the commands scripts run."""
+def add_output_flags(p: argparse.ArgumentParser, warning_example: str = "a topology that matches no flow") -> None:
+    """``-o text|json`` and ``--strict``, for the commands scripts run; ``warning_example`` is one of the command's warnings."""
     p.add_argument("-o", "--output", choices=["text", "json"], default="text",
                    help="text (default) or json: the summary as one JSON document on stdout, for scripts")
-    p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings (e.g. a topology that matches no flow)")
+    p.add_argument("--strict", action="store_true", help=f"exit 1 when there are warnings (e.g. {warning_example})")
 
 
 def finish(args: argparse.Namespace, command: str, summary: dict, warnings: list[str], text: Callable[[], str] | None = None) -> int:
