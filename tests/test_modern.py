@@ -130,3 +130,23 @@ def test_faulty_and_fault_free_twins_share_their_draws():
     pd.testing.assert_frame_equal(a.flows, b.flows)
     f = modern_cluster("cp", seed=3, duration_s=12.0, with_faults=True)
     assert (f.faults["kind"] == "slow_group").sum() == 1
+
+
+@pytest.mark.parametrize("kind", ["moe", "cp"])
+def test_the_classifier_types_ep_and_cp_pairs(kind, moe, cp):
+    from prism.analysis.evaluation import gpu_flow_arrays, gpu_flow_ends
+    from prism.analysis.parallelism import ParallelismClassifier
+
+    c = moe if kind == "moe" else cp
+    topo = Topology.from_frame(c.topology)
+    a, b, s, z = gpu_flow_arrays(c.flows, topo)
+    job_of = np.zeros(len(topo), dtype=np.int64)
+    p = ParallelismClassifier().fit(a, b, s, z, job_of, end=gpu_flow_ends(c.flows, topo), server_of=topo.server_codes).pairs_
+    truth = pair_type_truth(p["a"].to_numpy(), p["b"].to_numpy(), topo, c.pairs)
+    assert (p["type"].to_numpy() == truth).all()
+    modern = p["type"].isin(["EP", "CP"]).to_numpy()
+    assert modern.sum() == (c.pairs["type"] == ("EP" if kind == "moe" else "CP")).sum()
+    assert (p.loc[modern, "confidence"] >= 0.7).all() and not p.loc[modern, "dp"].any()
+    # without the signals they rest on, no pair is called EP or CP
+    q = ParallelismClassifier(without=("structure", "timing")).fit(a, b, s, z, job_of, end=gpu_flow_ends(c.flows, topo)).pairs_
+    assert not q["type"].isin(["EP", "CP"]).any()
