@@ -287,22 +287,24 @@ class CPSimulation(JobSimulation):
 # the modern shapes' clusters
 
 #: kinds of :func:`modern_cluster`
-MODERN_KINDS = ("moe", "cp")
+MODERN_KINDS = ("moe", "moe-flat", "cp")
 
 
 def modern_job(kind: str, name: str | None = None, **changes) -> JobSpec:
-    """The job of ``kind``: a DeepSeek-V3-like MoE job (EP=8 over 8 servers, 2 domains, PP=2; 256 GPUs) or ring attention (CP=4, TP=8, DP=2, PP=2; 128 GPUs).
+    """The job of ``kind``: a DeepSeek-V3-like MoE job (EP=8 over 8 servers, 2 domains, PP=2; 256 GPUs), the same with one
+    domain a stage (``moe-flat``: 128 GPUs, its dense DP ring wholly on EP pairs) or ring attention (CP=4, TP=8, DP=2, PP=2; 128 GPUs).
 
-    Steps of about 1.5 s (MoE) and 0.9 s (CP).
+    Steps of about 1.2 s (MoE) and 0.9 s (CP).
 
     >>> j = modern_job("cp"); (j.world, j.cp, j.dp, j.pp)
     (128, 4, 2, 2)
     """
-    if kind == "moe":
-        kw: dict = dict(tp=8, dp=16, pp=2, ep=8, microbatches=4, fwd_ms=80.0, moe_layers=2, a2a_bytes=2 * MiB, activation_bytes=8 * MiB,
+    if kind in ("moe", "moe-flat"):
+        # moe-flat: one EP domain a stage (128 GPUs), so every edge of the dense DP ring rides an EP pair
+        kw: dict = dict(tp=8, dp=16 if kind == "moe" else 8, pp=2, ep=8, microbatches=4, fwd_ms=80.0, moe_layers=2, a2a_bytes=2 * MiB, activation_bytes=8 * MiB,
                         grad_bytes=64 * MiB, bucket_bytes=64 * MiB, message_bytes=16 * MiB, optimizer_ms=20.0, jitter=0.01)
         kw.update(changes)
-        return MoEJob(name or "moe-ep8", **kw)
+        return MoEJob(name or ("moe-ep8" if kind == "moe" else "moe-flat-ep8"), **kw)
     if kind == "cp":
         kw = dict(tp=8, dp=2, pp=2, cp=4, microbatches=4, fwd_ms=60.0, attn_layers=4, kv_bytes=8 * MiB, activation_bytes=16 * MiB,
                   grad_bytes=256 * MiB, bucket_bytes=128 * MiB, message_bytes=16 * MiB, optimizer_ms=10.0, jitter=0.01)
@@ -315,7 +317,7 @@ def modern_generator(kind: str, seed: int = 0, duration_s: float = 60.0, with_fa
     """The job of ``kind`` alone on a fabric of groups of 8 servers, with storage noise; the fault: a slow server from a third of the window on."""
     job = modern_job(kind)
     n = job.n_servers()
-    step_s = 1.5 if kind == "moe" else 0.9
+    step_s = 0.9 if kind == "cp" else 1.2
     faults = [SlowServer(job.name, server=1, from_step=max(2, int(duration_s / step_s) // 3), factor=slow_factor)]
     fabric = Fabric(servers=n + 4, servers_per_group=8, spines=8)
     return ClusterGenerator(fabric, [job], duration_s=duration_s, faults=faults, seed=seed, with_faults=with_faults,

@@ -150,3 +150,31 @@ def test_the_classifier_types_ep_and_cp_pairs(kind, moe, cp):
     # without the signals they rest on, no pair is called EP or CP
     q = ParallelismClassifier(without=("structure", "timing")).fit(a, b, s, z, job_of, end=gpu_flow_ends(c.flows, topo)).pairs_
     assert not q["type"].isin(["EP", "CP"]).any()
+
+
+def test_ring_bursts_on_all_to_all_pairs_are_one_way_runs():
+    from prism.analysis.analyse import ring_bursts_on
+
+    # pair 0 (nodes 0-1): an all-to-all both ways at t=0, then a 3-chunk ring burst 0 -> 1 at t=1 ms; pair 1 (2-3): 2 one-way flows
+    a = np.array([0, 1, 0, 0, 0, 2, 2])
+    b = np.array([1, 0, 1, 1, 1, 3, 3])
+    start = np.array([0, 0, 1_000_000, 1_010_000, 1_020_000, 0, 10_000], dtype=np.int64)
+    end = start + 9_000
+    pair = np.array([0, 0, 0, 0, 0, 1, 1])
+    got = ring_bursts_on(np.ones(7, dtype=bool), pair, a, b, start, end)
+    assert got.tolist() == [False, False, True, True, True, False, False]
+    assert not ring_bursts_on(np.zeros(7, dtype=bool), pair, a, b, start, end).any()
+
+
+def test_flat_moe_steps_end_at_the_dense_ring_on_ep_pairs(tmp_path):
+    from prism.analysis.evaluation import score_cluster
+    from prism.offline.replay import replay
+
+    c = modern_cluster("moe-flat", seed=0, duration_s=8.0, with_faults=False)
+    assert c.pairs["type"].value_counts().to_dict() == {"EP": 448, "PP": 64}  # no pair is DP only
+    c.write(tmp_path)
+    r = replay([str(tmp_path / "flows.parquet")], Topology.from_csv(tmp_path / "topology.csv"), progress=False)
+    row = score_cluster(r, c)
+    assert row["pair_acc"] == 1.0
+    assert row["steps_found"] == row["true_steps"] >= 4 and row["steps_spurious"] == 0
+    assert row["anomalies"] == 0

@@ -27,7 +27,7 @@ from prism.analysis.diagnosis import (
     in_time_order,
     not_named_by,
 )
-from prism.analysis.parallelism import ParallelismClassifier, pair_ids
+from prism.analysis.parallelism import ParallelismClassifier, pair_episodes, pair_ids
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
 from prism.common.ordering import rank_keys, stable_order
 from prism.ingest.topology import Topology
@@ -159,6 +159,14 @@ def analyse(
     collective = p["collective"].to_numpy()[o][flow_pair] if "collective" in p else None
     job = labels[a]
     end = start + duration
+    if "type" in p:
+        # a DP ring whose edges ride all-to-all pairs (an MoE job's dense ring inside its EP groups): its bursts
+        # are the DP marker, the all-to-alls are not
+        ring = ring_bursts_on(np.asarray(ptype[o] == "EP")[flow_pair], flow_pair, a, b, start, end)
+        if ring.any():
+            is_dp = is_dp | ring
+            if collective is not None:
+                collective = collective | ring
     stage("steps")
     tl = s.timeline.fit(job, start, end, is_dp, size=size, capture_end=capture_end, job_names=label_name, pair=flow_pair, collective=collective)
     server_of = topology.nics["server"].to_numpy()
@@ -229,6 +237,28 @@ def _runs_and_hangs(s: Settings, tl: StepTimeline, job, a, start, end, is_dp, si
         # the runs' steps numbered on, per job in time order (the rows stay where flow_step points)
         steps["step"] = steps.groupby("job")["start_ns"].rank(method="first").astype(np.int64) - 1
     return steps, fs, hd
+
+
+def ring_bursts_on(mask: np.ndarray, flow_pair: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray, end: np.ndarray,
+                   merge_ns: int = 20_000, min_flows: int = 3) -> np.ndarray:
+    """Per flow: among the flows ``mask`` marks, those of one-way bursts of ``min_flows`` or more (ring collective steps).
+
+    An all-to-all goes every way at once (an episode of its pair carries
+    both directions); a ring collective's steps go one way round the ring,
+    several chunks back to back. Episodes as :func:`prism.analysis.parallelism.pair_episodes`
+    cuts them; one sort of the marked flows.
+    """
+    out = np.zeros(len(a), dtype=bool)
+    idx = np.flatnonzero(mask)
+    if len(idx) == 0:
+        return out
+    o = idx[np.lexsort((start[idx], flow_pair[idx]))]
+    ep = np.cumsum(pair_episodes(flow_pair[o], start[o], end[o], merge_ns)) - 1
+    n = np.bincount(ep)
+    fwd = np.bincount(ep, weights=(a[o] < b[o]).astype(np.float64))
+    burst = ((fwd == 0) | (fwd == n)) & (n >= min_flows)
+    out[o] = burst[ep]
+    return out
 
 
 def add_anomalies(out: Analysis, found: list[pd.DataFrame], switch_bw: SwitchBandwidth | None, s: Settings) -> None:
