@@ -548,7 +548,7 @@ def pair_episodes(pair_id: np.ndarray, start: np.ndarray, end: np.ndarray, merge
 
 
 class ParallelismClassifier:
-    """Type each communicating GPU pair DP or PP from several independent signals.
+    """Type each communicating GPU pair DP, PP, EP or CP from several independent signals.
 
     Signals, each robust to what real Megatron traffic adds (collectives on
     pipeline pairs, messages of varied sizes, NVLink-hidden ring edges):
