@@ -346,9 +346,15 @@ class FlowColumns:
 
 
 def _simulation(spec: JobSpec) -> type:
-    """The simulation of a job: a Megatron-style 3D job, or a data-parallel-only shape (:mod:`synthetic.dpshapes`)."""
-    if getattr(spec, "shape", "3d") == "3d":
+    """The simulation of a job: a Megatron-style 3D job, a data-parallel-only shape (:mod:`synthetic.dpshapes`),
+    or a mixture-of-experts or context-parallel job (:mod:`synthetic.modern`)."""
+    shape = getattr(spec, "shape", "3d")
+    if shape == "3d":
         return JobSimulation
+    if shape in ("moe", "cp"):
+        from .modern import CPSimulation, MoESimulation
+
+        return MoESimulation if shape == "moe" else CPSimulation
     from .dpshapes import DPShapeSimulation
 
     return DPShapeSimulation

@@ -27,7 +27,7 @@ from prism.analysis.diagnosis import (
     in_time_order,
     not_named_by,
 )
-from prism.analysis.parallelism import ParallelismClassifier, pair_ids
+from prism.analysis.parallelism import ParallelismClassifier, pair_episodes, pair_ids
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, parallel_groups
 from prism.common.ordering import rank_keys, stable_order
 from prism.ingest.topology import Topology
@@ -129,7 +129,8 @@ def analyse(
     p = clf.pairs_
     src_ip, dst_ip = topology.pair_addresses(p["a"], p["b"])
     ip_job = jobs.set_index("ip")["job_id"]
-    pairs = pd.DataFrame({"job_id": ip_job.reindex(src_ip).to_numpy(), "src": src_ip, "dst": dst_ip, "type": np.where(p["dp"], "DP", "PP")})
+    ptype = p["type"].to_numpy() if "type" in p else np.where(p["dp"], "DP", "PP")
+    pairs = pd.DataFrame({"job_id": ip_job.reindex(src_ip).to_numpy(), "src": src_ip, "dst": dst_ip, "type": ptype})
     # the size-rule baseline has no confidence: it is sure of everything
     pairs["confidence"] = p["confidence"].to_numpy() if "confidence" in p else 1.0
     pairs["evidence"] = p["evidence"].to_numpy() if "evidence" in p else "size rule"
@@ -137,10 +138,12 @@ def analyse(
     out = Analysis(pairs=pairs)
     # the DP rings and pipelines: components of the DP and of the PP pairs
     dp_mask = p["dp"].to_numpy()
+    # expert (all-to-all) and context (ring attention) parallel pairs are neither a DP ring nor a pipeline
+    pp_mask = ptype == "PP"
     pa, pb = p["a"].to_numpy(), p["b"].to_numpy()
-    comps = {"dp": parallel_groups(pa[dp_mask], pb[dp_mask], n), "pp": parallel_groups(pa[~dp_mask], pb[~dp_mask], n)}
+    comps = {"dp": parallel_groups(pa[dp_mask], pb[dp_mask], n), "pp": parallel_groups(pa[pp_mask], pb[pp_mask], n)}
     label_name = label_names(labels, jobs, topology)
-    out.shapes = _shapes(p, labels, comps, label_name, jobs)
+    out.shapes = _shapes(p, labels, comps, label_name, jobs, pp_mask)
     if stop_after == "pairs":
         return out
 
@@ -148,13 +151,22 @@ def analyse(
     # flows' pairs numbered in key order are their rows of the sorted table
     pk = _pair_key(pa, pb, n)
     o = np.argsort(pk)
-    pk, pdp = pk[o], dp_mask[o]
+    pk, pdp, ppp = pk[o], dp_mask[o], pp_mask[o]
     if n_pairs != len(pk):  # a classifier that left pairs out (or added some): look each flow's pair up
         flow_pair = np.searchsorted(pk, _pair_key(a, b, n))
     is_dp = pdp[flow_pair]
+    is_pp = ppp[flow_pair]
     collective = p["collective"].to_numpy()[o][flow_pair] if "collective" in p else None
     job = labels[a]
     end = start + duration
+    if "type" in p:
+        # a DP ring whose edges ride all-to-all pairs (an MoE job's dense ring inside its EP groups): its bursts
+        # are the DP marker, the all-to-alls are not
+        ring = ring_bursts_on(np.asarray(ptype[o] == "EP")[flow_pair], flow_pair, a, b, start, end)
+        if ring.any():
+            is_dp = is_dp | ring
+            if collective is not None:
+                collective = collective | ring
     stage("steps")
     tl = s.timeline.fit(job, start, end, is_dp, size=size, capture_end=capture_end, job_names=label_name, pair=flow_pair, collective=collective)
     server_of = topology.nics["server"].to_numpy()
@@ -173,7 +185,7 @@ def analyse(
     # (the grad-norm all-reduce): they would pose as a stage's first output
     pair_max = np.zeros(len(pk), dtype=np.int64)
     np.maximum.at(pair_max, flow_pair, size)
-    pp = inside & ~is_dp & (size >= 0.01 * pair_max[flow_pair])
+    pp = inside & is_pp & (size >= 0.01 * pair_max[flow_pair])
     if collective is not None:  # and not the embedding/grad-norm pair that closes a pipeline into a ring
         pp &= ~collective
     first = _first_flows(fs[pp], a[pp], b[pp], start[pp], end[pp], steps)
@@ -227,6 +239,28 @@ def _runs_and_hangs(s: Settings, tl: StepTimeline, job, a, start, end, is_dp, si
     return steps, fs, hd
 
 
+def ring_bursts_on(mask: np.ndarray, flow_pair: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray, end: np.ndarray,
+                   merge_ns: int = 20_000, min_flows: int = 3) -> np.ndarray:
+    """Per flow: among the flows ``mask`` marks, those of one-way bursts of ``min_flows`` or more (ring collective steps).
+
+    An all-to-all goes every way at once (an episode of its pair carries
+    both directions); a ring collective's steps go one way round the ring,
+    several chunks back to back. Episodes as :func:`prism.analysis.parallelism.pair_episodes`
+    cuts them; one sort of the marked flows.
+    """
+    out = np.zeros(len(a), dtype=bool)
+    idx = np.flatnonzero(mask)
+    if len(idx) == 0:
+        return out
+    o = idx[np.lexsort((start[idx], flow_pair[idx]))]
+    ep = np.cumsum(pair_episodes(flow_pair[o], start[o], end[o], merge_ns)) - 1
+    n = np.bincount(ep)
+    fwd = np.bincount(ep, weights=(a[o] < b[o]).astype(np.float64))
+    burst = ((fwd == 0) | (fwd == n)) & (n >= min_flows)
+    out[o] = burst[ep]
+    return out
+
+
 def add_anomalies(out: Analysis, found: list[pd.DataFrame], switch_bw: SwitchBandwidth | None, s: Settings) -> None:
     """The jobs' anomalies and the fabric's (one switch diagnosis over all flows) into ``out``."""
     if switch_bw is not None:
@@ -242,7 +276,7 @@ def label_names(labels: np.ndarray, jobs: pd.DataFrame, topology: Topology) -> d
     return dict(zip(labels[idx].tolist(), jobs["job_id"].tolist()))
 
 
-def _shapes(p: pd.DataFrame, labels, comps: dict, names: dict, jobs) -> pd.DataFrame:
+def _shapes(p: pd.DataFrame, labels, comps: dict, names: dict, jobs, pp_mask: np.ndarray | None = None) -> pd.DataFrame:
     """``job_id, dp, pp, gpus, nics_per_stage, dp_exact`` per job.
 
     PP is the usual pipeline length (the most common; of equally common
@@ -262,7 +296,7 @@ def _shapes(p: pd.DataFrame, labels, comps: dict, names: dict, jobs) -> pd.DataF
     dp, pp = np.ones(len(ids), dtype=np.int64), np.ones(len(ids), dtype=np.int64)
     dp_exact = np.ones(len(ids), dtype=bool)
     dp_mask = p["dp"].to_numpy()
-    for kind, m in (("dp", dp_mask), ("pp", ~dp_mask)):
+    for kind, m in (("dp", dp_mask), ("pp", ~dp_mask if pp_mask is None else pp_mask)):
         a, b = p["a"].to_numpy()[m], p["b"].to_numpy()[m]
         if len(a) == 0:
             continue

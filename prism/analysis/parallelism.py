@@ -1,4 +1,4 @@
-"""DP/PP identification per GPU pair.
+"""DP/PP (and EP/CP) identification per GPU pair.
 
 Two classifiers:
 
@@ -548,7 +548,7 @@ def pair_episodes(pair_id: np.ndarray, start: np.ndarray, end: np.ndarray, merge
 
 
 class ParallelismClassifier:
-    """Type each communicating GPU pair DP or PP from several independent signals.
+    """Type each communicating GPU pair DP, PP, EP or CP from several independent signals.
 
     Signals, each robust to what real Megatron traffic adds (collectives on
     pipeline pairs, messages of varied sizes, NVLink-hidden ring edges):
@@ -575,6 +575,34 @@ class ParallelismClassifier:
        the chain included; a pair inside one DP ring is DP (LLMPrism's
        refinement).
 
+    5. **expert and context parallelism** (EP, CP), typed first, and left
+       out of the job-level statistics the DP/PP signals above use:
+
+       - EP (a mixture-of-experts all-to-all): a two-way pair inside a
+         *clique* of two-way pairs (its two ends share at least
+         ``ep_min_common`` two-way partners: every member of an EP group
+         exchanges with every other; a pipeline is a chain, a two-member
+         ring a single pair), with at least one more vote of three: its
+         sizes skewed (coefficient of variation of its flow sizes at least
+         ``ep_size_cv``: hot experts), its episodes both ways at once
+         (``symmetric_share``: dispatch and combine go every way at once),
+         and more episodes than the job's other two-way pairs (``fast_ratio``
+         times their 90th percentile: an all-to-all per micro-batch and MoE
+         layer, where a pipeline pair exchanges once or twice per
+         micro-batch).
+       - CP (ring attention): a one-way pair (a ring edge, as a DP ring's)
+         that bursts many times per micro-batch: its episode rate at least
+         ``fast_ratio`` times the job's two-way pairs' (90th percentile;
+         a DP ring bursts once or twice a step), with few flows per episode
+         (at most ``cp_max_msgs``: a K/V block per round, rounds separated
+         by the block's attention compute; a ring collective's rounds run
+         back to back, ``2 (k - 1)`` chunks an episode), between GPUs that
+         also take part in a collective at least ``fast_ratio`` times
+         slower (their own DP ring, or a two-member DP pair: both ways at
+         once): a DP ring whose ring steps show apart, as in real traces,
+         bursts as often, but it is its GPUs' slowest collective. A job
+         with no two-way pair to compare with has no CP call.
+
     Every pair gets a ``confidence`` in [0, 1] from the margins of the
     signals that decided it; below ``uncertain_below`` it is reported as
     uncertain rather than a confident guess.
@@ -600,6 +628,16 @@ class ParallelismClassifier:
         A pair with fewer bytes than this share of its job's median pair is
         control traffic (e.g. the grad-norm ring's edge from the last stage
         back to the first): typed by timing and structure, not direction.
+    ep_min_common : int, default 2
+        Two-way partners the ends of a pair must share to be an EP clique
+        (an EP group of 4 or more).
+    ep_size_cv : float, default 0.25
+        Coefficient of variation of a pair's flow sizes that votes EP.
+    fast_ratio : float, default 2.5
+        Episode rate, over the job's other two-way pairs' 90th percentile,
+        that votes EP (two-way pairs) or CP (one-way pairs).
+    cp_max_msgs : float, default 2.5
+        Flows per episode at most, for a one-way pair to be CP.
     uncertain_below : float, default 0.6
     without : tuple of str
         Signals to switch off, for ablations: any of :data:`SIGNALS`.
@@ -609,7 +647,8 @@ class ParallelismClassifier:
     pairs_ : pandas.DataFrame
         After ``fit``, one row per unordered pair: ``a, b, job, flows,
         bytes, fwd_share, one_way, episodes, rate, rel_rate, msgs_per_episode,
-        evidence, dp, confidence``.
+        size_cv, common, evidence, dp, type, confidence`` (``type``: DP, PP,
+        EP or CP).
 
     Examples
     --------
@@ -628,6 +667,7 @@ class ParallelismClassifier:
 
     def __init__(self, one_way_share: float = 0.95, min_flows: int = 8, min_ring_pairs: int = 2, rate_ratio: float = 2.5,
                  merge_ns: int = 20_000, symmetric_share: float = 0.97, asymmetric_share: float = 0.9, light_share: float = 0.01,
+                 ep_min_common: int = 2, ep_size_cv: float = 0.25, fast_ratio: float = 2.5, cp_max_msgs: float = 2.5,
                  uncertain_below: float = UNCERTAIN_BELOW, without: tuple = ()):
         unknown = set(without) - set(SIGNALS)
         if unknown:
@@ -642,6 +682,10 @@ class ParallelismClassifier:
         self.symmetric_share = float(symmetric_share)
         self.asymmetric_share = float(asymmetric_share)
         self.uncertain_below = float(uncertain_below)
+        self.ep_min_common = int(ep_min_common)
+        self.ep_size_cv = float(ep_size_cv)
+        self.fast_ratio = float(fast_ratio)
+        self.cp_max_msgs = float(cp_max_msgs)
 
     def fit(self, src: np.ndarray, dst: np.ndarray, start: np.ndarray, size: np.ndarray, job_of: np.ndarray, end: np.ndarray | None = None,
             server_of: np.ndarray | None = None, pair_numbers: tuple[np.ndarray, int] | None = None) -> "ParallelismClassifier":
@@ -680,6 +724,7 @@ class ParallelismClassifier:
         pair, n_pairs = pair_ids(src, dst, n_nodes) if pair_numbers is None else pair_numbers
         lo_nic, hi_nic, flows, first, last, nbytes, fwd_bytes, episodes, both = _pair_sums(
             src, dst, start, end, size, in_time, pair, n_pairs, np.int64(self.merge_ns), "light" in self.without)
+        sq = np.bincount(pair, weights=size * size, minlength=n_pairs)
         del in_time, pair
         span_s = np.maximum(last - first, 1) / 1e9
         p = pd.DataFrame({"a": lo_nic, "b": hi_nic})
@@ -702,6 +747,8 @@ class ParallelismClassifier:
         self._job_steps = lambda jobs: _job_step_counts(jobs, np.asarray(job_of), src, dst, start, end)
         p["rate"] = episodes / span_s
         p["msgs_per_episode"] = flows / np.maximum(episodes, 1)
+        mean_size = nbytes / np.maximum(flows, 1)
+        p["size_cv"] = np.sqrt(np.maximum(sq / np.maximum(flows, 1) - mean_size * mean_size, 0.0)) / np.maximum(mean_size, 1.0)
         self._server_of = None if server_of is None else np.asarray(server_of)
         self.pairs_ = self._decide(p)
         del self._job_steps, self._server_of  # they hold the per-flow arrays
@@ -709,6 +756,80 @@ class ParallelismClassifier:
 
     # ------------------------------------------------------------------
     def _decide(self, p: pd.DataFrame) -> pd.DataFrame:
+        """EP and CP pairs first (:meth:`_modern`), then DP or PP for the rest (:meth:`_decide_dp_pp`), without them."""
+        kind, conf, evidence = self._modern(p)
+        rest = kind == ""
+        if rest.all():
+            out = self._decide_dp_pp(p)
+            out["type"] = np.where(out["dp"].to_numpy(), "DP", "PP")
+            return out
+        # the DP/PP signals compare pairs within a job: an all-to-all or a ring-attention ring is no pipeline or DP ring to compare with
+        dec = self._decide_dp_pp(p[rest].copy())
+        mod = p[~rest].copy()
+        mod["rel_rate"] = np.nan
+        mod["job_steps"] = 0
+        mod["evidence"] = evidence[~rest]
+        mod["collective"] = False
+        mod["dp"] = False
+        mod["confidence"] = np.round(conf[~rest], 3)
+        mod["uncertain"] = conf[~rest] < self.uncertain_below
+        out = pd.concat([dec, mod]).loc[p.index]
+        out["type"] = np.where(rest, np.where(out["dp"].to_numpy(), "DP", "PP"), kind)
+        return out
+
+    def _modern(self, p: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per pair: ``(type, confidence, evidence)``, type ``EP``, ``CP`` or ``""`` (neither: DP or PP, decided after)."""
+        n = len(p)
+        kind = np.full(n, "", dtype=object)
+        conf = np.zeros(n)
+        evidence = np.full(n, "", dtype=object)
+        if n == 0:
+            return kind, conf, evidence
+        job = p["job"].to_numpy()
+        one_way = p["one_way"].to_numpy()
+        light = p["light"].to_numpy()
+        two_way = ~one_way & ~light & (p["flows"].to_numpy() >= self.min_flows)
+        use_structure, use_timing, use_sym = ("structure" not in self.without), ("timing" not in self.without), ("symmetry" not in self.without)
+        common = _common_partners(p["a"].to_numpy(), p["b"].to_numpy(), job, two_way) if use_structure else np.zeros(n, np.int64)
+        p["common"] = common
+        clique = two_way & (common >= self.ep_min_common)
+        rate = p["rate"].to_numpy()
+        # the job's other two-way pairs (not in a clique) set the pace a pipeline pair keeps
+        ref = pd.Series(np.where(two_way & ~clique, rate, np.nan)).groupby(job).transform(lambda x: x.quantile(0.9)).to_numpy()
+        ok_ref = np.isfinite(ref) & (ref > 0)
+        fast = ok_ref & (rate >= self.fast_ratio * np.where(ok_ref, ref, 1.0)) & use_timing
+        skew = p["size_cv"].to_numpy() >= self.ep_size_cv
+        sym = (p["both_ways"].to_numpy() >= self.symmetric_share) & use_sym
+        votes = skew.astype(int) + sym.astype(int) + fast.astype(int)
+        ep = clique & (votes >= 1)
+        kind[ep] = "EP"
+        conf[ep] = np.select([votes[ep] >= 3, votes[ep] == 2], [0.95, 0.85], 0.7)
+        names = np.array(["", "sizes skewed", "both ways at once", "sizes skewed, both ways at once", "more episodes than the pipeline",
+                          "sizes skewed, more episodes than the pipeline", "both ways at once, more episodes than the pipeline",
+                          "sizes skewed, both ways at once, more episodes than the pipeline"], dtype=object)
+        code = skew.astype(int) + 2 * sym.astype(int) + 4 * fast.astype(int)
+        evidence[ep] = [f"all-to-all clique ({c + 2} members); {names[k]}" for c, k in zip(common[ep], code[ep])]
+        # CP: one-way ring edges bursting far more often than the job's two-way pairs, a block or two an episode
+        ref_all = pd.Series(np.where(two_way & ~ep, rate, np.nan)).groupby(job).transform(lambda x: x.quantile(0.9)).to_numpy()
+        ok_all = np.isfinite(ref_all) & (ref_all > 0)
+        msgs = p["msgs_per_episode"].to_numpy()
+        # ... on GPUs that also take part in a slower collective (their DP ring or two-member DP pair): a DP ring
+        # whose ring steps show apart (real traces) keeps pace with itself, not with a slower collective of its own ends
+        a, b = p["a"].to_numpy(), p["b"].to_numpy()
+        coll = (one_way | (two_way & ~ep & (p["both_ways"].to_numpy() >= self.symmetric_share))) & ~light
+        slowest = np.full(int(max(a.max(initial=0), b.max(initial=0))) + 1, np.inf)
+        np.minimum.at(slowest, a[coll], rate[coll])
+        np.minimum.at(slowest, b[coll], rate[coll])
+        beside = np.minimum(slowest[a], slowest[b]) * self.fast_ratio <= rate
+        cp = one_way & ok_all & (rate >= self.fast_ratio * np.where(ok_all, ref_all, 1.0)) & (msgs <= self.cp_max_msgs) & beside & use_timing
+        kind[cp] = "CP"
+        conf[cp] = np.where(msgs[cp] <= 2.0, 0.9, 0.7)
+        ratio = rate[cp] / np.where(ok_all, ref_all, 1.0)[cp]
+        evidence[cp] = [f"one-way ring edge bursting {r:.0f}x the pipeline's pace, {m:.1f} flows an episode, beside a slower collective"
+                        for r, m in zip(ratio, msgs[cp])]
+        return kind, conf, evidence
+
+    def _decide_dp_pp(self, p: pd.DataFrame) -> pd.DataFrame:
         a, b = p["a"].to_numpy(), p["b"].to_numpy()
         one_way = p["one_way"].to_numpy()
         ring_pairs = pd.Series(one_way).groupby(p["job"].to_numpy()).transform("sum").to_numpy()
@@ -791,9 +912,34 @@ class ParallelismClassifier:
         return p
 
     def predict(self) -> pd.DataFrame:
-        """``a, b, job, type, confidence`` per pair (NIC indices; ``type`` is ``DP`` or ``PP``)."""
+        """``a, b, job, type, confidence`` per pair (NIC indices; ``type`` is ``DP``, ``PP``, ``EP`` or ``CP``)."""
         p = self.pairs_
-        return pd.DataFrame({"a": p["a"], "b": p["b"], "job": p["job"], "type": np.where(p["dp"], "DP", "PP"), "confidence": p["confidence"]})
+        return pd.DataFrame({"a": p["a"], "b": p["b"], "job": p["job"], "type": p["type"], "confidence": p["confidence"]})
+
+
+def _common_partners(a: np.ndarray, b: np.ndarray, job: np.ndarray, edge: np.ndarray, max_degree: int = 64) -> np.ndarray:
+    """Per pair, how many nodes both its ends share an ``edge`` pair with, within its job (0 for pairs not ``edge``).
+
+    Wedges through nodes of more than ``max_degree`` edges are not counted
+    (an all-to-all group that large is not on one rail). One merge of the
+    edges with themselves: O(sum of squared degrees).
+    """
+    n = len(a)
+    out = np.zeros(n, np.int64)
+    if not edge.any():
+        return out
+    idx = np.flatnonzero(edge)
+    e = pd.DataFrame({"u": np.concatenate([a[idx], b[idx]]), "v": np.concatenate([b[idx], a[idx]]), "job": np.concatenate([job[idx], job[idx]])})
+    deg = e.groupby("u")["v"].transform("size")
+    e = e[deg.to_numpy() <= max_degree]
+    w = e.merge(e, left_on=["v", "job"], right_on=["u", "job"], suffixes=("", "_2"))  # u - v - v_2
+    w = w[w["u"].to_numpy() < w["v_2"].to_numpy()]
+    if w.empty:
+        return out
+    cnt = w.groupby(["u", "v_2"]).size()
+    lo, hi = np.minimum(a[idx], b[idx]), np.maximum(a[idx], b[idx])
+    out[idx] = cnt.reindex(pd.MultiIndex.from_arrays([lo, hi])).fillna(0).to_numpy().astype(np.int64)
+    return out
 
 
 def _job_has(job: np.ndarray, mask: np.ndarray) -> np.ndarray:
