@@ -173,6 +173,11 @@ def test_stream_gives_jobs_steps_and_anomalies(broker, topic, cluster):
         assert [e["subject"] for e in slow_group] == [cluster.faults.query("kind == 'slow_group'")["subject"].iloc[0]]
         lag = d.value("prism_group_lag_ratio", job_id=slow_group[0]["job_id"], group=slow_group[0]["subject"])
         assert lag > 1.2
+        # the current anomalies on /metrics, with their explanations: those the daemon logged (the tiny cluster has fewer
+        # than the bounds, so all of them)
+        info = {(s.labels["kind"], s.labels["job_id"], s.labels["subject"], s.labels["explanation"]) for s in fams["prism_anomaly_info"].samples}
+        logged = {(e["kind"], e["job_id"] if isinstance(e["job_id"], str) else "", str(e["subject"]), e["explanation"]) for k, e in d.events if k == "anomaly"}
+        assert info == logged and len(info) == len(fams["prism_anomaly_info"].samples)
         assert d.scrape("/healthz")[0] == 200 and d.scrape("/readyz")[0] == 200
         # windows follow how the backlog arrives (a loaded machine reads it in fewer,
         # bigger polls): more than the final one, and the steps above are the check
