@@ -12,7 +12,12 @@ from the IP/UDP lengths. Faults, per message with probability ``loss``:
 the packet k is lost between the two mirror points, and the sender goes
 back N: k..last are sent again ``rto_ns`` later (seen by both). ACKs and
 CNPs are sprinkled in. The pcap is labelled synthetic in its file name by
-the caller (``*.synthetic.pcap``).
+the caller (``*.synthetic.pcap``; ``prism synth --pcap`` writes one).
+
+The file is written in chunks of flows in start order, in time order
+overall, so memory does not grow with the flow count; ``max_packets`` caps
+the packets written per message (the collector then counts the skipped
+middle packets as lost, sizes stay exact).
 """
 from __future__ import annotations
 
