@@ -17,7 +17,9 @@ RUN pip install --no-cache-dir --no-deps . && rm -rf /src
 WORKDIR /
 # the chart runs it as nobody with a read-only root filesystem
 USER 65534:65534
-# numba caches compiled decoders beside the code; the image's code is read-only at run time
+# numba caches compiled decoders beside the code; the image's code is read-only at run time. The chart
+# mounts a volume at /cache/numba for it (numbaCache); compiled kernels are not baked in here: numba
+# keys them by the build host's CPU, and a node with another CPU model would compile them again anyway
 ENV NUMBA_CACHE_DIR=/tmp/numba MPLCONFIGDIR=/tmp
 ENTRYPOINT ["prism"]
 CMD ["--help"]

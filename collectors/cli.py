@@ -78,6 +78,11 @@ def run(args) -> int:
     except KafkaConnectError as e:
         print(f"prism collect: error: {e}", file=sys.stderr)
         return EXIT_FAILED
+    import logging
+
+    from prism.common.kernels import log_compile_state
+
+    log_compile_state(logging.getLogger("prism.collect"), "first capture")
     bar = None
     if not args.quiet and not args.follow and sys.stderr.isatty():
         from tqdm import tqdm

@@ -453,3 +453,59 @@ def test_follow_reads_new_captures_serves_metrics_and_stops_on_sigterm(synthetic
     assert proc.returncode == 0, err
     assert "rot-0001.pcap" in err
     assert len((tmp_path / "f.jsonl").read_text().splitlines()) == len(info["expected"])
+
+
+def test_synth_pcap_collects_back_to_the_clusters_flows(tmp_path, capsys):
+    """``prism synth --pcap`` then ``prism collect``: one flow per cluster flow, same endpoints, start, size and mirror points."""
+    from prism.cli import main
+
+    out, pcap = tmp_path / "cluster", tmp_path / "cluster" / "c.synthetic.pcap"  # the directory is made
+    assert main(["synth", "--preset", "tiny", "--duration", "0.5", "--out", str(out), "--pcap", str(pcap), "--pcap.max-packets", "4"]) == 0
+    err = capsys.readouterr().err
+    assert "SYNTHETIC RoCEv2-in-ERSPAN" in err and "(100%)" in err  # progress on stderr
+    assert main(["collect", str(pcap), "--switch-map", str(out / "switch_map.yaml"), "--out", str(tmp_path / "back.parquet"),
+                 "--stats", str(tmp_path / "stats.json"), "--quiet"]) == 0
+    flows = pd.read_parquet(out / "flows.parquet").astype({"src": str, "dst": str, "switches": str})
+    got = pd.read_parquet(tmp_path / "back.parquet").astype({"src": str, "dst": str, "switches": str})
+    assert len(got) == len(flows) > 10_000  # every flow has a switch on its path: each is one message, however many packets it lost
+    m = flows.merge(got, on=["src", "dst", "start_ns"], how="outer", indicator=True, suffixes=("_exp", ""))
+    assert (m["_merge"] == "both").all(), m["_merge"].value_counts()
+    assert (m["size"] == m["size_exp"]).all()  # exact, though at most 4 packets of each message were written
+    # the mirror points are the path's first two switches; the end is the last packet's last sighting (a mirror
+    # 1 us later, a retransmission later still)
+    assert (m["switches"] == m["switches_exp"].str.split("|").str[:2].str.join("|")).all()
+    assert (m["duration_ns"] >= m["duration_ns_exp"]).all()
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["incomplete_messages"] == 0 and stats["lost_packets"] > 0  # the middle packets not written count as lost
+
+
+@pytest.mark.parametrize("value, match", [("", "expected a file name"), (".", "is a directory"), ("f/x.pcap", "is a file, not a directory")])
+def test_synth_pcap_bad_paths_exit_2_before_any_work(tmp_path, monkeypatch, capsys, value, match):
+    from prism.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["synth", "--preset", "tiny", "--out", "o", "--pcap", value])
+    assert e.value.code == 2 and match in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_pcap_chunks_and_packet_cap_keep_the_flows_exact(tiny_cluster, tmp_path):
+    """Small chunks (many merges of held-over frames) and a cap of 3 packets: the collector's flows are the generator's."""
+    from synthetic.pcapgen import write_roce_pcap
+
+    flows = tiny_cluster.flows.iloc[:3000]
+    info = write_roce_pcap(flows, tmp_path / "c.pcap", seed=5, loss=0.05, max_packets=3, chunk_packets=777)
+    assert info["capped_messages"] > 0 and info["lossy_messages"] > 0
+    c = Collector(FileSink(tmp_path / "o.parquet"), SwitchMap(**info["switch_map"]))
+    c.add_file(tmp_path / "c.pcap")
+    c.close()
+    m = _match(pd.read_parquet(tmp_path / "o.parquet"), info["expected"])
+    assert (m["_merge"] == "both").all() and len(m) == len(flows)
+    assert (m["size"] == m["size_exp"]).all() and (m["switches"] == m["switches_exp"]).all()
+    assert (m["start_ns"] + m["duration_ns"] == m["end_ns"]).all()
+    assert c.stats.counts["lost_packets"] == info["skipped_packets"] and c.stats.counts["incomplete_messages"] == 0
+    assert (np.diff(read_capture(tmp_path / "c.pcap").ts_ns) >= 0).all()  # in time order across chunks
+    with pytest.raises(ValueError, match="at least 2"):
+        write_roce_pcap(flows, tmp_path / "d.pcap", max_packets=1)

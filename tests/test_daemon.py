@@ -173,6 +173,11 @@ def test_stream_gives_jobs_steps_and_anomalies(broker, topic, cluster):
         assert [e["subject"] for e in slow_group] == [cluster.faults.query("kind == 'slow_group'")["subject"].iloc[0]]
         lag = d.value("prism_group_lag_ratio", job_id=slow_group[0]["job_id"], group=slow_group[0]["subject"])
         assert lag > 1.2
+        # the current anomalies on /metrics, with their explanations: those the daemon logged (the tiny cluster has fewer
+        # than the bounds, so all of them)
+        info = {(s.labels["kind"], s.labels["job_id"], s.labels["subject"], s.labels["explanation"]) for s in fams["prism_anomaly_info"].samples}
+        logged = {(e["kind"], e["job_id"] if isinstance(e["job_id"], str) else "", str(e["subject"]), e["explanation"]) for k, e in d.events if k == "anomaly"}
+        assert info == logged and len(info) == len(fams["prism_anomaly_info"].samples)
         assert d.scrape("/healthz")[0] == 200 and d.scrape("/readyz")[0] == 200
         # windows follow how the backlog arrives (a loaded machine reads it in fewer,
         # bigger polls): more than the final one, and the steps above are the check
@@ -419,6 +424,111 @@ def test_durable_broker_killed_mid_stream_loses_nothing(cluster, s3):
         assert d.thread.is_alive()
     finally:
         d.stop()
+        b.stop()
+
+
+def _read_log(bootstrap, topic, timeout=60.0):
+    """Every record of ``topic`` as {partition: [(offset, value digest), ...]}, read to each partition's fetch high watermark.
+
+    (Tansu's ListOffsets answers a wrong end offset; the high watermark of a
+    fetch response is right.)
+    """
+    import hashlib
+
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
+    try:
+        wait_for(lambda: c.partitions_for_topic(topic), timeout, f"the partitions of {topic}")
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        out: dict = {tp.partition: [] for tp in tps}
+
+        def read_all():
+            for tp, recs in c.poll(timeout_ms=200).items():
+                out[tp.partition] += [(r.offset, hashlib.sha256(r.value).hexdigest()) for r in recs]
+            return all(c.highwater(tp) is not None and c.position(tp) >= c.highwater(tp) for tp in tps)
+
+        wait_for(read_all, timeout, f"every record of {topic}", progress=lambda: sum(map(len, out.values())))
+        return out
+    finally:
+        c.close(autocommit=False)
+
+
+def _committed(bootstrap, group, topic):
+    """The group's committed offsets, {partition: offset}, read without joining the group."""
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)  # never subscribes: not a member
+    try:
+        wait_for(lambda: c.partitions_for_topic(topic), 60, f"the partitions of {topic}")
+        got = {p: c.committed(TopicPartition(topic, p)) for p in sorted(c.partitions_for_topic(topic))}
+        return {p: off for p, off in got.items() if off is not None}
+    finally:
+        c.close(autocommit=False)
+
+
+def _log_ends(log):
+    return {p: recs[-1][0] + 1 for p, recs in log.items() if recs}
+
+
+def test_durable_broker_restart_keeps_records_and_committed_offsets(cluster, s3):
+    """Tansu on S3 storage stopped and started again: the log, the committed offsets and the daemon's place all survive.
+
+    A daemon consumes the first half and commits; it and the broker stop; the
+    broker starts on the same bucket. Every record is still in the log at its
+    offset, the group's committed offsets are the same, and a new daemon in
+    the same group resumes there: it reads only the second half, with the
+    first half's counts restored (nothing lost, nothing counted twice).
+    """
+    bucket = f"tansu-{uuid.uuid4().hex[:8]}"
+    urllib.request.urlopen(urllib.request.Request(f"{s3['AWS_ENDPOINT']}/{bucket}", method="PUT"), timeout=10).close()
+    b = LocalBroker(storage=f"s3://{bucket}/", env=s3).start()
+    topic, group = "flows", "g-durable"
+    flows = cluster.flows.sort_values("start_ns").reset_index(drop=True)
+    half = len(flows) // 2
+    try:
+        ensure_topic(b.bootstrap, topic, 4)
+        n1 = produce(b, topic, flows.iloc[:half])
+        a = RunningDaemon(b, topic, cluster, group=group)
+        try:
+            wait_for(lambda: a.settled(n1), 120, "daemon A to ingest and analyse the first half", progress=a.progress)
+            log1 = _read_log(b.bootstrap, topic)
+            assert sum(map(len, log1.values())) > 0
+            # A commits after it publishes each window: wait until its offsets reach every partition's end
+            wait_for(lambda: _committed(b.bootstrap, group, topic) == _log_ends(log1), 60, "daemon A's offsets at the log's end",
+                     progress=lambda: _committed(b.bootstrap, group, topic))
+            assert a.total("prism_flows_ingested_total") == n1
+        finally:
+            a.stop()
+        committed1 = _committed(b.bootstrap, group, topic)
+
+        b.stop(kill=True)  # no clean shutdown: what is in the bucket is all there is
+        b.start()
+
+        # the log and the group's offsets are as they were: nothing lost, nothing reset
+        assert _read_log(b.bootstrap, topic) == log1
+        assert _committed(b.bootstrap, group, topic) == committed1
+
+        n2 = produce(b, topic, flows.iloc[half:])
+        d = RunningDaemon(b, topic, cluster, group=group)
+        try:
+            wait_for(lambda: d.settled(n1 + n2), 120, "daemon B to ingest the second half", progress=d.progress)
+            # B resumed at A's committed offsets: it read the second half only, and its counts
+            # (the first half's, restored from the summaries topic, plus its own) are exact
+            assert d.total("prism_flows_ingested_total") == n1 + n2 == len(flows)
+            assert d.total("prism_flows_duplicate_total") == 0
+            assert d.total("prism_source_resets_total") == 0  # same topic ID: the log survived
+            log2 = _read_log(b.bootstrap, topic)
+            assert all(log2[p][: len(recs)] == recs for p, recs in log1.items())  # the first half still there, at the same offsets
+            wait_for(lambda: _committed(b.bootstrap, group, topic) == _log_ends(log2), 60, "daemon B's offsets at the log's end",
+                     progress=lambda: _committed(b.bootstrap, group, topic))
+        finally:
+            d.stop()
+    finally:
         b.stop()
 
 

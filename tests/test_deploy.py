@@ -257,6 +257,10 @@ def test_daemon_pod_is_locked_down_and_probed():
     assert res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"] and "cpu" not in res["limits"]
     tmp = next(v for v in pod["volumes"] if v["name"] == "tmp")
     assert tmp["emptyDir"]["sizeLimit"] == "256Mi"
+    # numba's cache: a scratch volume by default (see numbaCache for one that outlives the pod)
+    assert {"name": "NUMBA_CACHE_DIR", "value": "/cache/numba"} in c["env"]
+    assert {"name": "numba-cache", "mountPath": "/cache/numba"} in c["volumeMounts"]
+    assert next(v for v in pod["volumes"] if v["name"] == "numba-cache") == {"name": "numba-cache", "emptyDir": {"sizeLimit": "64Mi"}}
     assert "web-config" not in {v["name"] for v in pod["volumes"]} and not any(a.startswith("--kafka.") for a in c["args"])
     assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
 
@@ -307,9 +311,9 @@ def test_optional_features_are_off_by_default_and_render_when_enabled():
     ds = objs["DaemonSet/prism-collector"]
     (collector,) = ds["spec"]["template"]["spec"]["containers"]
     assert collector["args"][0] == "collect" and "--follow" in collector["args"]
-    # the read-only root filesystem: numba must cache under the writable /tmp
-    assert {"name": "NUMBA_CACHE_DIR", "value": "/tmp/numba"} in collector["env"]
-    assert any(m["mountPath"] == "/tmp" for m in collector["volumeMounts"])
+    # the read-only root filesystem: numba caches in its own volume
+    assert {"name": "NUMBA_CACHE_DIR", "value": "/cache/numba"} in collector["env"]
+    assert {"name": "numba-cache", "mountPath": "/cache/numba"} in collector["volumeMounts"]
     import kubernetes_validate
 
     for key in ("DaemonSet/prism-collector", "ConfigMap/prism-collector", "ConfigMap/prism-dashboard"):
@@ -340,7 +344,7 @@ SECURE = {
     "kafka": {"securityProtocol": "SASL_SSL", "tls": {"existingSecret": "kafka-client-tls", "clientCertificate": True},
               "sasl": {"mechanism": "SCRAM-SHA-512", "username": "prism", "existingSecret": "kafka-sasl"}},
     "web": {"existingSecret": "prism-web", "tls": True},
-    "networkPolicy": {"enabled": True},
+    "networkPolicy": {"enabled": True, "egress": {"brokers": [{"ipBlock": {"cidr": "10.0.5.0/24"}}], "brokerPorts": [9093]}},
     "podDisruptionBudget": {"enabled": True},
     "serviceMonitor": {"enabled": True, "tlsConfig": {"ca": {"secret": {"name": "prism-web", "key": "ca.crt"}}, "serverName": "prism"}},
     "collector": {"enabled": True},
@@ -372,6 +376,13 @@ def test_hardening_options_render_valid_kubernetes():
     assert np_["ingress"][0]["ports"] == [{"port": "http-metrics", "protocol": "TCP"}]
     assert np_["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
     assert np_["podSelector"]["matchLabels"].items() <= objs["Deployment/prism"]["spec"]["template"]["metadata"]["labels"].items()
+    # egress: the brokers on their port, and DNS, nothing else
+    assert np_["policyTypes"] == ["Ingress", "Egress"]
+    brokers, dns = np_["egress"]
+    assert brokers == {"to": [{"ipBlock": {"cidr": "10.0.5.0/24"}}], "ports": [{"port": 9093, "protocol": "TCP"}]}
+    assert dns["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    assert dns["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                          "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
     assert objs["PodDisruptionBudget/prism"]["spec"]["maxUnavailable"] == 1
     (coll,) = objs["DaemonSet/prism-collector"]["spec"]["template"]["spec"]["containers"]
     assert "--kafka.security-protocol=SASL_SSL" in coll["args"] and any(e["name"] == "PRISM_KAFKA_SASL_PASSWORD" for e in coll["env"])
@@ -461,3 +472,46 @@ def test_image_installs_from_the_lock_on_a_pinned_base():
     assert "@sha256:" in base and len(base.split("@sha256:")[1]) == 64
     assert "--require-hashes -r requirements.lock" in text and "--no-deps ." in text
     assert "--require-hashes -r requirements-test.lock" in (ROOT / "Makefile").read_text()
+
+
+def test_network_policy_egress_needs_the_brokers_and_can_be_left_open():
+    import kubernetes_validate
+
+    chart = helm_chart.Chart.load(str(CHART))
+    # restricting egress without naming the brokers would cut the daemon off from Kafka: refused, saying what to set
+    with pytest.raises(Exception, match="networkPolicy.egress.brokers is empty"):
+        chart.render({"topology": {"csv": TOPOLOGY}, "networkPolicy": {"enabled": True}}, name="prism", namespace="monitoring")
+    # brokers in the cluster by selector, several ports, no DNS rule
+    egress = {"brokers": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kafka"}}}], "brokerPorts": [9092, 9093],
+              "dns": {"enabled": False}}
+    pol = objects(render({"networkPolicy": {"enabled": True, "egress": egress}}))["NetworkPolicy/prism"]
+    kubernetes_validate.validate(pol, KUBE_VERSION, strict=True)
+    assert pol["spec"]["egress"] == [{"to": egress["brokers"], "ports": [{"port": 9092, "protocol": "TCP"}, {"port": 9093, "protocol": "TCP"}]}]
+    # ingress only, as before, when asked
+    pol = objects(render({"networkPolicy": {"enabled": True, "egress": {"enabled": False}}}))["NetworkPolicy/prism"]
+    assert pol["spec"]["policyTypes"] == ["Ingress"] and "egress" not in pol["spec"]
+    with pytest.raises(helm_errors.HelmValuesError):
+        chart.validate_schema({"topology": {"csv": TOPOLOGY}, "networkPolicy": {"egress": {"brokerPorts": [70000]}}})
+
+
+@pytest.mark.parametrize("cache, volume", [
+    ({"volume": "hostPath", "hostPath": "/var/cache/prism-numba"}, {"hostPath": {"path": "/var/cache/prism-numba", "type": "DirectoryOrCreate"}}),
+    ({"volume": "persistentVolumeClaim", "claimName": "prism-numba"}, {"persistentVolumeClaim": {"claimName": "prism-numba"}}),
+])
+def test_numba_cache_can_outlive_the_pod(cache, volume):
+    """The compiled kernels on a node directory or a claim, in the daemon's and the collectors' pods alike."""
+    import kubernetes_validate
+
+    objs = objects(render({"numbaCache": cache, "collector": {"enabled": True}}))
+    for key in ("Deployment/prism", "DaemonSet/prism-collector"):
+        kubernetes_validate.validate(objs[key], KUBE_VERSION, strict=True)
+        pod = objs[key]["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert {"name": "NUMBA_CACHE_DIR", "value": "/cache/numba"} in c["env"]
+        assert {"name": "numba-cache", "mountPath": "/cache/numba"} in c["volumeMounts"]
+        assert next(v for v in pod["volumes"] if v["name"] == "numba-cache") == {"name": "numba-cache", **volume}
+    chart = helm_chart.Chart.load(str(CHART))
+    with pytest.raises(Exception, match="numbaCache.claimName is required"):
+        chart.render({"topology": {"csv": TOPOLOGY}, "numbaCache": {"volume": "persistentVolumeClaim"}}, name="prism", namespace="monitoring")
+    with pytest.raises(helm_errors.HelmValuesError):
+        chart.validate_schema({"topology": {"csv": TOPOLOGY}, "numbaCache": {"volume": "image"}})

@@ -243,3 +243,51 @@ def test_in_order_input_leaves_no_window_incomplete(cluster):
     flows = cluster.flows.sort_values("start_ns", kind="stable")
     _, m = steps_by_job(cluster, messages(flows), ())
     assert m.windows_incomplete == 0 and m.late_flows == 0 and m.recent_incomplete() == 0 and len(m.windows) > 3
+
+
+def test_current_anomalies_are_exported_with_their_explanations(cluster):
+    """``prism_anomaly_info``: one series per anomaly the monitor raised and still keeps, its explanation in a label."""
+    from prometheus_client import CollectorRegistry
+
+    from prism.serve.metrics import ANOMALY_EXPLANATION_CHARS, PrismCollector
+
+    _, m = steps_by_job(cluster, messages(cluster.flows), ())
+    raised = [e for kind, e in m.events if kind == "anomaly"]
+    assert raised, "the tiny cluster has faults: some anomalies are expected"
+    reg = CollectorRegistry()
+    reg.register(PrismCollector(m))
+    got = [s.labels for f in reg.collect() for s in f.samples if s.name == "prism_anomaly_info" and s.value == 1]
+    assert len(got) == len({tuple(sorted(x.items())) for x in got}) == len(m.view.anomalies) > 0
+    for labels, row in zip(got, m.view.anomalies):
+        assert labels["kind"] == row["kind"] and labels["job_id"] == (row["job_id"] if isinstance(row["job_id"], str) else "")
+        assert labels["explanation"] == row["explanation"][:ANOMALY_EXPLANATION_CHARS] and labels["explanation"]
+        assert labels["step"] == (str(int(row["step"])) if row["step"] >= 0 else "")
+    # the newest of each job are the ones kept, and only those of jobs still recognised
+    assert {x["job_id"] for x in got} <= set(m._jobs) | {""}
+    newest = {(e["kind"], str(e["subject"]), e["explanation"]) for e in raised[-len(got):]}
+    assert {(x["kind"], x["subject"], x["explanation"]) for x in got} & newest
+
+
+def test_the_anomalies_kept_are_bounded(cluster, monkeypatch):
+    import prism.serve.monitor as monitor_mod
+    from prism.serve.metrics import ANOMALY_SUBJECT_CHARS, anomaly_info
+
+    monkeypatch.setattr(monitor_mod, "RECENT_ANOMALIES_PER_JOB", 3)
+    monkeypatch.setattr(monitor_mod, "RECENT_ANOMALIES", 7)
+    m = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
+    m._jobs = {f"job-{j}": None for j in range(4)}  # recognised jobs (the pruning only looks at the keys)
+    for i in range(100):
+        job = f"job-{i % 5}"  # job-4 is not (or no longer) recognised
+        m._note_anomaly({"kind": "slow_step", "job_id": job, "subject": "s" * 1000, "step": i, "start_ns": i, "score": 2.0,
+                         "explanation": f"anomaly {i}\x1b[31m"})
+    m._note_anomaly({"kind": "slow_switch", "job_id": float("nan"), "subject": "spine-0", "step": -1, "start_ns": 100, "score": 0.2,
+                     "explanation": "fabric"})
+    rows = m.recent_anomalies()
+    assert len(rows) == 7
+    assert [r["step"] for r in rows] == [92, 93, 95, 96, 97, 98, -1]  # the newest 7 of the last 3 of each recognised job and the fabric
+    assert "job-4" not in m._recent  # forgotten with its job
+    fam = anomaly_info(rows)
+    assert len(fam.samples) == 7
+    assert all(len(s.labels["subject"]) == ANOMALY_SUBJECT_CHARS for s in fam.samples[:-1])
+    assert fam.samples[0].labels["explanation"] == "anomaly 92\\x1b[31m"  # control characters escaped
+    assert fam.samples[-1].labels == {"job_id": "", "kind": "slow_switch", "subject": "spine-0", "step": "", "explanation": "fabric"}

@@ -57,3 +57,39 @@ def test_the_fixture_is_training_traffic_the_monitor_finds_steps_in():
     (job,) = view.jobs.values()
     assert job.gpus == 8 and job.servers == 4 and job.steps >= 20
     assert (job.dp, job.pp) == (2, 2) and {t for t, _ in job.pairs} == {"DP", "PP"}
+
+
+def test_an_empty_numba_cache_is_logged_before_compiling(tmp_path, monkeypatch, caplog):
+    """A new pod whose cache volume is empty says that it compiles, and where the cache is; a warm one says nothing."""
+    import logging
+
+    from prism.common.kernels import cached_kernels, log_compile_state
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    log = logging.getLogger("prism.test")
+    with caplog.at_level(logging.INFO, logger="prism.test"):
+        assert cached_kernels() == 0 and log_compile_state(log, "first capture") is True
+    assert "no compiled kernels in numba's cache (" + str(tmp_path) + ")" in caplog.text and "first capture" in caplog.text
+    caplog.clear()
+    (tmp_path / "prism" / "ingest").mkdir(parents=True)
+    (tmp_path / "prism" / "ingest" / "records.decode-415.py311.nbi").write_bytes(b"")
+    with caplog.at_level(logging.INFO, logger="prism.test"):
+        assert cached_kernels() == 1 and log_compile_state(log, "first capture") is False
+    assert caplog.text == ""
+
+
+def test_an_unwritable_numba_cache_falls_back_to_a_scratch_directory(tmp_path):
+    """numba raises at import when it has nowhere to cache: Prism moves NUMBA_CACHE_DIR before it imports numba, and says so."""
+    import os
+    import subprocess
+    import sys
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    code = "import os, prism, prism.ingest.records; print(os.environ['NUMBA_CACHE_DIR']); print(prism.NUMBA_CACHE_NOTE)"
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "NUMBA_CACHE_DIR": str(blocked / "numba")},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    where, note = r.stdout.splitlines()
+    assert where != str(blocked / "numba") and "prism-numba" in where
+    assert note.startswith(f"NUMBA_CACHE_DIR {blocked / 'numba'} cannot be written") and where in note

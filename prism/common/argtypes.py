@@ -14,7 +14,7 @@ import os
 
 __all__ = [
     "positive_int", "non_negative_int", "bounded_int", "positive_float", "non_negative_float", "seconds", "MAX_DURATION_S",
-    "existing_directory", "output_directory", "slice_size",
+    "existing_directory", "output_directory", "output_file", "slice_size",
 ]
 
 
@@ -89,6 +89,31 @@ def output_directory(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} cannot be made: {parent!r} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{text!r} cannot be made: {parent!r} is not writable")
+    return text
+
+
+def output_file(text: str) -> str:
+    """argparse type: a file to write (made or replaced; missing directories made): not empty text, not a directory, under a writable directory.
+
+    >>> output_file("/")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: '/' is a directory, not a file
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a file name, got {text!r}")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file")
+    if os.path.exists(text) and not os.access(text, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} is not writable")
+    # missing directories are made: the nearest existing ancestor must be a writable directory
+    parent = os.path.dirname(os.path.abspath(text))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be written: {parent!r} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be written: {parent!r} is not writable")
     return text
 
 

@@ -15,6 +15,7 @@ unreachable); what was started before it is stopped again.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from prism import __version__
+from prism.common.kernels import log_compile_state
 from prism.common.output import EXIT_BAD_INPUT, EXIT_FAILED
 from prism.ingest.records import FlowFormatError
 from prism.ingest.topology import Topology
@@ -132,7 +134,10 @@ def build_daemon(
     monitor = Monitor(topology, settings.monitor)
     # the compiled kernels load now, not inside the first window; before any
     # other thread runs, as the warm-up silences the prism loggers meanwhile
+    compiling = log_compile_state(log, "daemon's start") if warm and log_startup else False
     warmed = warm_up() if warm else 0.0
+    if compiling:
+        log.info("kernels compiled", extra={"fields": {"seconds": round(warmed, 1), "cache": os.environ.get("NUMBA_CACHE_DIR", "beside the code")}})
     health = Health(stall_s=settings.health_stall_s)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(PrismCollector(monitor, health))

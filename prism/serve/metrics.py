@@ -38,11 +38,14 @@ from prism.ingest.gpu_traffic import IGNORE_REASONS
 from prism.ingest.records import REJECT_REASONS
 from prism.serve.monitor import STEP_BUCKETS_S, Monitor, bucket_index
 
-__all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address", "printable"]
+__all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address", "printable", "anomaly_info"]
 
 log = logging.getLogger("prism.web")
 
 _WINDOW_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+#: ``prism_anomaly_info``: longest explanation and subject label (characters, escaped; a longer one ends in ``…``)
+ANOMALY_EXPLANATION_CHARS = 200
+ANOMALY_SUBJECT_CHARS = 120
 
 
 def printable(text: object, limit: int = 200) -> str:
@@ -225,6 +228,7 @@ class PrismCollector:
         for kind, n in sorted(m.fabric_anomalies.items()):
             anomalies.add_metric([kind, ""], n)
         yield from (info, state, pairs, last, hist, slowdown, slow, steps, anomalies, lag)
+        yield anomaly_info(view.anomalies)
 
         bw = GaugeMetricFamily("prism_switch_bandwidth_bytes_per_second", "Effective bandwidth (bytes over busy time) of GPU traffic through the switch, last window.", labels=["switch"])
         ratio = GaugeMetricFamily("prism_switch_bandwidth_ratio", "Switch bandwidth over its tier's median (1 = like its peers).", labels=["switch"])
@@ -278,6 +282,38 @@ class PrismCollector:
                 cl = GaugeMetricFamily("prism_consumer_lag_records", "Kafka records (messages) behind the partitions' high watermarks.")
                 cl.add_metric([], self.health.consumer_lag)
                 yield cl
+
+
+def anomaly_info(rows: Sequence[dict]) -> GaugeMetricFamily:
+    """``prism_anomaly_info``: 1 per current anomaly (the monitor keeps a bounded few), its explanation in a label.
+
+    Labels are escaped and cut (:func:`printable`); ``step`` is empty when the
+    anomaly is not tied to a step, ``job_id`` for switches and links. Two
+    anomalies with the same labels are one series.
+
+    >>> fam = anomaly_info([{"kind": "slow_step", "job_id": "job-1", "subject": "step 7", "step": 7, "explanation": "step 7 took\\n2x"},
+    ...                     {"kind": "slow_switch", "job_id": "", "subject": "spine-0", "step": -1, "explanation": "x" * 500}])
+    >>> [(s.labels["step"], s.labels["explanation"][-6:], len(s.labels["explanation"])) for s in fam.samples]
+    [('7', '\\\\x0a2x', 17), ('', 'xxxxx…', 200)]
+    """
+    fam = GaugeMetricFamily("prism_anomaly_info", "A current anomaly (value 1): the last few of each job and of the fabric, with its "
+                            "explanation (job_id empty for switches and links, step empty when not tied to a step).",
+                            labels=["job_id", "kind", "subject", "step", "explanation"])
+    seen: set = set()
+    for r in rows:
+        step = r.get("step")
+        try:
+            step_label = str(int(step)) if step is not None and int(step) >= 0 else ""
+        except (TypeError, ValueError):  # NaN
+            step_label = ""
+        job = r.get("job_id")
+        labels = (printable(job if isinstance(job, str) else "", 100), printable(r.get("kind") or "", 50),
+                  printable(r.get("subject") or "", ANOMALY_SUBJECT_CHARS), step_label,
+                  printable(r.get("explanation") or "", ANOMALY_EXPLANATION_CHARS))
+        if labels not in seen:
+            seen.add(labels)
+            fam.add_metric(list(labels), 1)
+    return fam
 
 
 def cumulative_buckets(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:

@@ -56,12 +56,19 @@ from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_ha
 
 log = logging.getLogger("prism.monitor")
 
-__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "WindowSpan", "STEP_BUCKETS_S", "bucket_index"]
+__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "WindowSpan", "STEP_BUCKETS_S", "bucket_index",
+           "RECENT_ANOMALIES_PER_JOB", "RECENT_ANOMALIES"]
 
 #: Step-duration histogram buckets (seconds): LLM steps run from tenths of
 #: a second (small models) to minutes.
 STEP_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 _CROSS_STEP_KINDS = ("slow_step", "regime_change")
+#: the current anomalies the view keeps (``prism_anomaly_info``): the last this many of each job (and of the fabric,
+#: switches and links) ...
+RECENT_ANOMALIES_PER_JOB = 5
+#: ... and of those, the newest this many in all
+RECENT_ANOMALIES = 50
+_RECENT_FIELDS = ("kind", "job_id", "subject", "step", "start_ns", "score", "explanation")
 
 
 def _iso(ns: int) -> str:
@@ -134,6 +141,7 @@ class MonitorView:
     lateness_ns: int = 0  # the wait for out-of-order records the last window used
     ticks: int = 0
     incomplete: bool = False  # the last window was incomplete (not analysed)
+    anomalies: tuple = ()  # the current anomalies, oldest first: dicts of kind, job_id, subject, step, start_ns, score, explanation
 
 
 @dataclass
@@ -195,6 +203,8 @@ class Monitor:
         self._switch_last: dict[tuple, int] = {}  # (kind, subject) -> last switch window flagged
         self._links_pending: set[tuple] = set()  # (kind, subject) of new slow links flagged by the last window, not yet reported
         self._fabric_anomalies: Counter = Counter()
+        self._recent: dict[str, deque] = {}  # job_id ("" for the fabric) -> (sequence, anomaly) of its last RECENT_ANOMALIES_PER_JOB
+        self._anomaly_seq = 0
         self.min_start: int | None = None  # earliest record start (for the first window)
         self.max_start: int | None = None  # latest record start over all partitions
         self._part_max: dict[str, int] = {}  # latest record start per partition
@@ -480,7 +490,7 @@ class Monitor:
             self.view = MonitorView(
                 jobs={j: copy.deepcopy(st.view) for j, st in self._jobs.items()}, switches=self.view.switches,
                 window_flows=len(self.window), pairs=len(self._pair_keys), analysed_to_ns=end, lateness_ns=lateness, ticks=self._ticks,
-                incomplete=True,
+                incomplete=True, anomalies=self.recent_anomalies(),
             )
             with self.lock:
                 self.tick_seconds.append(time.perf_counter() - t0)
@@ -509,7 +519,7 @@ class Monitor:
         view = MonitorView(
             jobs={j: copy.deepcopy(st.view) for j, st in self._jobs.items()},
             switches=switches, window_flows=len(self.window), pairs=len(self._pair_keys),
-            analysed_to_ns=end, lateness_ns=lateness, ticks=self._ticks,
+            analysed_to_ns=end, lateness_ns=lateness, ticks=self._ticks, anomalies=self.recent_anomalies(),
         )
         self.view = view
         seconds = time.perf_counter() - t0
@@ -709,7 +719,26 @@ class Monitor:
             for k in sorted(st.reported, key=st.reported.__getitem__)[: len(st.reported) // 2]:
                 del st.reported[k]
         st.view.anomalies[row["kind"]] += 1
+        self._note_anomaly(row)
+
+    def _note_anomaly(self, row: dict) -> None:
+        """An anomaly found: an event for the caller, and one of its job's (or the fabric's) recent ones for the view."""
         self.events.append(("anomaly", row))
+        self._anomaly_seq += 1
+        job = row.get("job_id")
+        job = job if isinstance(job, str) else ""  # switches and links: no job
+        q = self._recent.get(job)
+        if q is None:
+            q = self._recent[job] = deque(maxlen=RECENT_ANOMALIES_PER_JOB)
+        q.append((self._anomaly_seq, {k: row.get(k) for k in _RECENT_FIELDS}))
+
+    def recent_anomalies(self) -> tuple[dict, ...]:
+        """The current anomalies, oldest first: the last :data:`RECENT_ANOMALIES_PER_JOB` of each job still
+        recognised and of the fabric, and of those the newest :data:`RECENT_ANOMALIES`."""
+        for job in [j for j in self._recent if j and j not in self._jobs]:
+            del self._recent[job]  # the job ended, or was absorbed into a bigger one
+        rows = sorted((x for q in self._recent.values() for x in q), key=lambda x: x[0])[-RECENT_ANOMALIES:]
+        return tuple(dict(r) for _, r in rows)
 
     def _merge_groups(self, lag: pd.DataFrame | None, anomalies: pd.DataFrame | None, steps: pd.DataFrame | None) -> None:
         for js in self._jobs.values():
@@ -773,7 +802,7 @@ class Monitor:
                     continue
             if new:
                 self._fabric_anomalies[r.kind] += 1
-                self.events.append(("anomaly", r._asdict()))
+                self._note_anomaly(r._asdict())
             self._switch_last[key] = max(w, last if last is not None else w)
         self._links_pending = flagged_links
         bw = sd.bandwidth_

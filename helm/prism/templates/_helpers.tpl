@@ -120,3 +120,30 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "prism.webScheme" -}}
 {{- if .Values.web.tls }}HTTPS{{ else }}HTTP{{ end }}
 {{- end }}
+
+{{/* numba's compiled-code cache: the environment variable, the mount and the volume (numbaCache.volume) */}}
+{{- define "prism.numbaCacheEnv" -}}
+# numba caches compiled kernels here (the code's own directory is read-only); kept across pods unless emptyDir
+- name: NUMBA_CACHE_DIR
+  value: /cache/numba
+{{- end }}
+
+{{- define "prism.numbaCacheMount" -}}
+- name: numba-cache
+  mountPath: /cache/numba
+{{- end }}
+
+{{- define "prism.numbaCacheVolume" -}}
+- name: numba-cache
+{{- if eq .Values.numbaCache.volume "hostPath" }}
+  hostPath:
+    path: {{ required "numbaCache.hostPath is required with numbaCache.volume=hostPath" .Values.numbaCache.hostPath }}
+    type: DirectoryOrCreate
+{{- else if eq .Values.numbaCache.volume "persistentVolumeClaim" }}
+  persistentVolumeClaim:
+    claimName: {{ required "numbaCache.claimName is required with numbaCache.volume=persistentVolumeClaim" .Values.numbaCache.claimName }}
+{{- else }}
+  emptyDir:
+    sizeLimit: {{ .Values.numbaCache.sizeLimit }}
+{{- end }}
+{{- end }}
