@@ -178,3 +178,15 @@ def test_flat_moe_steps_end_at_the_dense_ring_on_ep_pairs(tmp_path):
     assert row["pair_acc"] == 1.0
     assert row["steps_found"] == row["true_steps"] >= 4 and row["steps_spurious"] == 0
     assert row["anomalies"] == 0
+
+
+def test_the_replay_summary_counts_ep_and_cp_pairs(tmp_path, cp):
+    """The summary's per-job pair counts name the expert and context parallel pairs (keys only where a job has them)."""
+    from prism.offline.replay import format_summary, replay
+
+    cp.write(tmp_path)
+    r = replay([str(tmp_path / "flows.parquet")], Topology.from_csv(tmp_path / "topology.csv"), progress=False)
+    job = r.summary()["jobs"][0]
+    truth = cp.pairs["type"].value_counts()
+    assert job["cp_pairs"] == truth["CP"] and job["dp_pairs"] == truth["DP"] and "ep_pairs" not in job
+    assert f"/ {truth['CP']} CP pairs" in format_summary(r)

@@ -96,6 +96,8 @@ class ReplayResult:
                 if self.pairs is not None:
                     types = self.pairs.loc[self.pairs["job_id"] == job_id, "type"].value_counts()
                     row.update(dp_pairs=int(types.get("DP", 0)), pp_pairs=int(types.get("PP", 0)))
+                    # expert and context parallel pairs, where a job has them (a key only then: the usual summary stays as it was)
+                    row.update({f"{k.lower()}_pairs": int(types[k]) for k in ("EP", "CP") if types.get(k, 0)})
                     if "confidence" in self.pairs:
                         row.update(uncertain_pairs=int(((self.pairs["job_id"] == job_id) & (self.pairs["confidence"] < UNCERTAIN_BELOW)).sum()))
                 an = self.analysis
@@ -539,7 +541,7 @@ def format_summary(res: ReplayResult) -> str:
         srv_txt = srv[0] if len(srv) == 1 else f"{srv[0]}..{srv[-1]}"
         extra = f", {j['flows']:,} flows" if "flows" in j else ""
         if "dp_pairs" in j:
-            extra += f", {j['dp_pairs']} DP / {j['pp_pairs']} PP pairs"
+            extra += f", {j['dp_pairs']} DP / {j['pp_pairs']} PP" + "".join(f" / {j[k]} {k[:2].upper()}" for k in ("ep_pairs", "cp_pairs") if k in j) + " pairs"
         lines.append(f"  {j['job_id']}  {j['gpus']:>5} GPUs on {len(srv):>4} servers ({srv_txt}){extra}")
         if "dp" in j:
             shape = f"DP{j['dp']} x PP{j['pp']}, {j['nics_per_stage']} NICs per stage of a replica" if j["dp_exact"] else f"DP>={j['dp']} x PP{j['pp']} (a DP ring runs partly inside servers)"
