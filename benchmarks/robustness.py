@@ -25,6 +25,7 @@ found, spurious, the median step duration error, faults found, anomalies
 no fault explains.
 
     python benchmarks/robustness.py [--scenarios clip,all] [--seeds 0,1,2] [--windows 60,180,600] [--no-traces]
+    python benchmarks/robustness.py --scenarios moe,moe-flat,cp --seeds 0 --windows 60 --no-traces  (the modern shapes, by name only)
                                     [--stream [--window 120] [--window-step 15]] [--slice-flows N]
     python benchmarks/robustness.py --matrix dp [--shapes ddp,fsdp] [--lengths 0.3s,5s] [--windows 60,180] [--stream]
 """
@@ -261,7 +262,9 @@ def main() -> int:
     from synthetic.scenarios import SCENARIOS, scenario_cluster
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: every one; 'all' is the scenario with every confounder), or 'none' for the real-trace rows only")
+    ap.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: every one; 'all' is the scenario with every confounder), "
+                    "or 'none' for the real-trace rows only; also, by name only, the modern shapes moe, moe-flat and cp (synthetic.modern: "
+                    "MoE all-to-all, ring attention)")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; the DP matrix: 0)")
     ap.add_argument("--windows", default=None, help="capture windows in seconds (default 60,180,600; the DP matrix: 60,180, and a window of 8 steps for a step too long for them)")
     ap.add_argument("--matrix", choices=("scenarios", "dp"), default="scenarios",
@@ -282,10 +285,12 @@ def main() -> int:
     args.seeds = args.seeds or "0,1,2"
     args.windows = args.windows or "60,180,600"
     stream = MonitorSettings(window_s=args.window, step_s=args.window_step)
+    from synthetic.modern import MODERN_KINDS, modern_cluster
+
     names = [*SCENARIOS, HANG_RESTART] if args.scenarios is None else ([] if args.scenarios == "none" else args.scenarios.split(","))
-    unknown = set(names) - set(SCENARIOS) - {HANG_RESTART}
+    unknown = set(names) - set(SCENARIOS) - {HANG_RESTART} - set(MODERN_KINDS)
     if unknown:
-        ap.error(f"unknown scenario(s) {', '.join(sorted(unknown))}; choose from {', '.join([*SCENARIOS, HANG_RESTART])}")
+        ap.error(f"unknown scenario(s) {', '.join(sorted(unknown))}; choose from {', '.join([*SCENARIOS, HANG_RESTART, *MODERN_KINDS])}")
     print("| scenario | seed | window | run | jobs ARI | pair types | steps found | spurious | mean step error | faults found | unexplained anomalies |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     t0 = time.perf_counter()
@@ -322,6 +327,7 @@ def main() -> int:
                 for window in map(float, args.windows.split(",")):
                     for faulty in (True, False):
                         c = (hang_restart_cluster(seed, window, faulty) if name == HANG_RESTART
+                             else modern_cluster(name, seed=seed, duration_s=window, with_faults=faulty) if name in MODERN_KINDS
                              else scenario_cluster(name, seed=seed, duration_s=window, with_faults=faulty))
                         report(name, seed, f"{window:g} s", faulty, run(c, tmp, f"{name}-{seed}-{window}-{faulty}"))
     print("\nSummary (worst case over seeds, totals):\n")
