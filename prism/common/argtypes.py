@@ -82,13 +82,7 @@ def output_directory(text: str) -> str:
             raise argparse.ArgumentTypeError(f"{text!r} is not writable")
         return text
     # the nearest existing ancestor is where the missing directories are made: it must be a writable directory
-    parent = os.path.dirname(os.path.abspath(text))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"{text!r} cannot be made: {parent!r} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text!r} cannot be made: {parent!r} is not writable")
+    _check_writable_ancestor(text, "made")
     return text
 
 
@@ -107,14 +101,19 @@ def output_file(text: str) -> str:
     if os.path.exists(text) and not os.access(text, os.W_OK):
         raise argparse.ArgumentTypeError(f"{text!r} is not writable")
     # missing directories are made: the nearest existing ancestor must be a writable directory
+    _check_writable_ancestor(text, "written")
+    return text
+
+
+def _check_writable_ancestor(text: str, verb: str) -> None:
+    """Raise unless the nearest existing ancestor of ``text`` is a writable directory ("``text`` cannot be ``verb``: ...")."""
     parent = os.path.dirname(os.path.abspath(text))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"{text!r} cannot be written: {parent!r} is a file, not a directory")
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be {verb}: {parent!r} is a file, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text!r} cannot be written: {parent!r} is not writable")
-    return text
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be {verb}: {parent!r} is not writable")
 
 
 def existing_directory(text: str) -> str:

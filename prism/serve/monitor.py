@@ -485,16 +485,7 @@ class Monitor:
 
         span = self._log_window(begin, end, lateness, final)
         if span.incomplete:
-            self.analysed_to = end
-            self._ticks += 1
-            self.view = MonitorView(
-                jobs={j: copy.deepcopy(st.view) for j, st in self._jobs.items()}, switches=self.view.switches,
-                window_flows=len(self.window), pairs=len(self._pair_keys), analysed_to_ns=end, lateness_ns=lateness, ticks=self._ticks,
-                incomplete=True, anomalies=self.recent_anomalies(),
-            )
-            with self.lock:
-                self.tick_seconds.append(time.perf_counter() - t0)
-            return self.view
+            return self._publish(end, lateness, self.view.switches, t0, incomplete=True)
 
         rec = self._recogniser()
         labels, jobs = rec.labels(), self._stable_ids(rec.predict())
@@ -513,22 +504,24 @@ class Monitor:
         self._merge_steps(an.steps[~an.steps["job_id"].isin(young)] if an.steps is not None else None, final, end)
         self._warn_stepless(job_first.index[end - job_first >= win_ns - int(self.s.step_s * 1e9)], an.steps)
         self._merge_groups(an.group_lag, an.anomalies, an.steps)
-        switches = self._merge_switches(final)
-        self.analysed_to = end
-        self._ticks += 1
-        view = MonitorView(
-            jobs={j: copy.deepcopy(st.view) for j, st in self._jobs.items()},
-            switches=switches, window_flows=len(self.window), pairs=len(self._pair_keys),
-            analysed_to_ns=end, lateness_ns=lateness, ticks=self._ticks, anomalies=self.recent_anomalies(),
-        )
-        self.view = view
-        seconds = time.perf_counter() - t0
-        with self.lock:
-            self.tick_seconds.append(seconds)
+        view = self._publish(end, lateness, self._merge_switches(final), t0)
         if log.isEnabledFor(logging.DEBUG):  # what each window covered: how far a backlog's windows stride
             log.debug("window analysed", extra={"fields": {"from": _iso(begin), "to": _iso(end), "flows": cut, "jobs": len(self._jobs),
-                                                           "final": final, "seconds": round(seconds, 3)}})
+                                                           "final": final, "seconds": round(time.perf_counter() - t0, 3)}})
         return view
+
+    def _publish(self, end: int, lateness: int, switches, t0: float, incomplete: bool = False) -> MonitorView:
+        """The window up to ``end`` is done (analysed, or not for being ``incomplete``): its view, and the tick's time."""
+        self.analysed_to = end
+        self._ticks += 1
+        self.view = MonitorView(
+            jobs={j: copy.deepcopy(st.view) for j, st in self._jobs.items()}, switches=switches, window_flows=len(self.window),
+            pairs=len(self._pair_keys), analysed_to_ns=end, lateness_ns=lateness, ticks=self._ticks, incomplete=incomplete,
+            anomalies=self.recent_anomalies(),
+        )
+        with self.lock:
+            self.tick_seconds.append(time.perf_counter() - t0)
+        return self.view
 
     def _log_window(self, begin: int, end: int, lateness: int, final: bool) -> WindowSpan:
         """Log the window about to be analysed; is it incomplete?
