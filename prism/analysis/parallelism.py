@@ -569,7 +569,11 @@ class ParallelismClassifier:
        (episodes, :func:`pair_episodes`, per second compared *within the
        job*, or per step where all its pairs keep one pace); and every step
        of a two-member ring goes both ways at once, while a pipeline's
-       warm-up forwards and cool-down backwards go one way.
+       warm-up forwards and cool-down backwards go one way. A job none of
+       whose two-way pairs has a one-way episode has no pipeline to set the
+       pace, so there a pair as busy as the busiest is no pipeline vote
+       (HSDP, a two-server fine-tuning job: a collective per layer bursts
+       as often as a pipeline exchanges).
     4. **structure**: a pair inside one pipeline (a connected chain of
        pipeline pairs) is pipeline traffic, the embedding pair that closes
        the chain included; a pair inside one DP ring is DP (LLMPrism's
@@ -851,22 +855,30 @@ class ParallelismClassifier:
         per_step = p["episodes"].to_numpy() / np.maximum(p["job_steps"].to_numpy(), 1)
         rel = np.where(one_pace & (p["job_steps"].to_numpy() > 0), per_step / 3.0, rel)  # 3 episodes a step: the middle of the band
         p["rel_rate"] = rel
-        use_timing = "timing" not in self.without
-        bursty = two_way & (rel <= lo) & use_timing
-        spread = two_way & (rel >= hi) & use_timing
         # symmetry: every episode both ways (a two-member ring) or not (a
         # pipeline's warm-up and cool-down go one way)
         both = p["both_ways"].to_numpy()
         use_sym = "symmetry" not in self.without
         sym = two_way & (both >= self.symmetric_share) & use_sym
         asym = two_way & (both <= self.asymmetric_share) & use_sym
+        # the pace is measured against the job's pipeline; where every
+        # two-way pair goes both ways at once, the busiest pairs are rings
+        # too (a collective per layer) and there is none to measure against
+        job = p["job"].to_numpy()
+        pipeline_like = pd.Series(two_way & ~sym).groupby(job).transform("sum").to_numpy()
+        all_rings = ~ring_job & (pipeline_like == 0) & use_sym
+        use_timing = "timing" not in self.without
+        bursty = two_way & (rel <= lo) & use_timing
+        paced = two_way & (rel >= hi) & use_timing
+        spread = paced & ~all_rings
         vote = bursty.astype(int) - spread.astype(int) + sym.astype(int) - asym.astype(int)
         timed_dp = (vote > 0) | ((vote == 0) & sym)
         bursty = bursty | (timed_dp & ~spread)  # what the timeline treats as collective bursts
         dp = np.where(ring_job, one_way, one_way | (two_way & timed_dp))
         evidence = np.where(one_way, "one-way", np.where(ring_job, "two-way in a ring job",
+                            np.where(all_rings & paced & sym, "both ways at once, as every two-way pair of the job",
                             np.where(vote >= 2, "collective-like timing, both ways at once", np.where(vote <= -2, "pipeline-like timing, warm-up one way",
-                                     np.where(timed_dp, "collective-like (signals disagree)", "pipeline-like (signals disagree)")))))
+                                     np.where(timed_dp, "collective-like (signals disagree)", "pipeline-like (signals disagree)"))))))
         conf = np.where(one_way, np.minimum(1.0, 0.6 + p["flows"].to_numpy() / 100.0), 0.9)
         conf = np.where(~ring_job & two_way, np.select([np.abs(vote) >= 2, np.abs(vote) == 1], [0.9, 0.7], 0.5), conf)
         # structure: a pair inside one pipeline is pipeline traffic (the
