@@ -130,6 +130,24 @@ def hang_restart_cluster(seed: int, duration_s: float, with_faults: bool):
     return c
 
 
+#: the row of a slow NIC, beside the scenarios: the baseline cluster and its faults (a degraded switch among them), plus
+#: one server whose transfers run 3x slower on every link it uses; the twin has no fault
+SLOW_NIC = "slow-nic"
+
+
+def slow_nic_cluster(seed: int, duration_s: float, with_faults: bool):
+    """The baseline scenario's cluster with a slow NIC added (a server of a 3D job, for the whole capture)."""
+    from synthetic import SlowNic
+    from synthetic.scenarios import scenario_generator
+
+    gen, _ = scenario_generator("baseline", seed=seed, duration_s=duration_s, with_faults=with_faults)
+    if with_faults:
+        gen.faults += [SlowNic("tp4-pp2-dp4", server=1, factor=3.0)]
+    c = gen.generate()
+    c.meta["scenario"] = SLOW_NIC
+    return c
+
+
 def fmt(name, seed, window, faulty, row) -> str:
     steps = f"{row.get('steps_found', 0)}/{row.get('true_steps', 0)}"
     recall = row.get("steps_found", 0) / max(row.get("true_steps", 0), 1)
@@ -287,10 +305,10 @@ def main() -> int:
     stream = MonitorSettings(window_s=args.window, step_s=args.window_step)
     from synthetic.modern import MODERN_KINDS, modern_cluster
 
-    names = [*SCENARIOS, HANG_RESTART] if args.scenarios is None else ([] if args.scenarios == "none" else args.scenarios.split(","))
-    unknown = set(names) - set(SCENARIOS) - {HANG_RESTART} - set(MODERN_KINDS)
+    names = [*SCENARIOS, HANG_RESTART, SLOW_NIC] if args.scenarios is None else ([] if args.scenarios == "none" else args.scenarios.split(","))
+    unknown = set(names) - set(SCENARIOS) - {HANG_RESTART, SLOW_NIC} - set(MODERN_KINDS)
     if unknown:
-        ap.error(f"unknown scenario(s) {', '.join(sorted(unknown))}; choose from {', '.join([*SCENARIOS, HANG_RESTART, *MODERN_KINDS])}")
+        ap.error(f"unknown scenario(s) {', '.join(sorted(unknown))}; choose from {', '.join([*SCENARIOS, HANG_RESTART, SLOW_NIC, *MODERN_KINDS])}")
     print("| scenario | seed | window | run | jobs ARI | pair types | steps found | spurious | mean step error | faults found | unexplained anomalies |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     t0 = time.perf_counter()
@@ -327,6 +345,7 @@ def main() -> int:
                 for window in map(float, args.windows.split(",")):
                     for faulty in (True, False):
                         c = (hang_restart_cluster(seed, window, faulty) if name == HANG_RESTART
+                             else slow_nic_cluster(seed, window, faulty) if name == SLOW_NIC
                              else modern_cluster(name, seed=seed, duration_s=window, with_faults=faulty) if name in MODERN_KINDS
                              else scenario_cluster(name, seed=seed, duration_s=window, with_faults=faulty))
                         report(name, seed, f"{window:g} s", faulty, run(c, tmp, f"{name}-{seed}-{window}-{faulty}"))

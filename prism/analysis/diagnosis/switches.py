@@ -562,7 +562,12 @@ class SwitchDiagnoser:
             for h, (med, spread) in refs.items():
                 net_slow = self._slow_units(~touches, row_u, unit_u, s_w, n_units, med)
                 via_net = np.bincount(row_u[net_slow[unit_u]], minlength=len(in_w)) > 0
-                cand_others = is_cand.copy()
+                # the other candidates that stay slow without this host's flows: a slow host's
+                # peers look slow through their flows with it, and are no evidence against it
+                rest = (h_s // 2 != h // 2) & (h_d // 2 != h // 2)
+                ref = self._host_stats(h_s[rest], h_d[rest], s_w[rest], n_hosts)
+                cand_others = np.zeros(n_hosts + 1, dtype=bool)
+                cand_others[:n_hosts] = is_cand[:n_hosts] & ref["judged"] & (ref["ratio"] <= self.max_ratio)
                 cand_others[h] = False
                 own = ((h_s == h) | (h_d == h)) & ~cand_others[h_s] & ~cand_others[h_d]
                 best = self._host_evidence(h, own, via_net, row_u, unit_u, s_w, n_units, med, spread, ~touches)
