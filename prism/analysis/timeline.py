@@ -48,11 +48,12 @@ from typing import Any, NamedTuple
 import numba
 import numpy as np
 import pandas as pd
+from scipy.stats import binom
 
 from prism.common.components import connected_components
 from prism.common.ordering import order_by
 
-__all__ = ["StepTimeline", "natural_break", "class_cut", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
+__all__ = ["StepTimeline", "natural_break", "class_cut", "accumulation_period", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
 
 STEP_COLUMNS = [
     "job_id", "step", "start_ns", "end_ns", "duration_ns",
@@ -235,6 +236,54 @@ def class_cut(gap: np.ndarray, busy_end: np.ndarray, pair: np.ndarray, weight: n
         if ((not alike or threshold is None or threshold.score >= c.score + margin or _groups_whole_steps(c, threshold))
                 and _pieces_alike(c.cut, pair, weight)):
             return c
+    return None
+
+
+def accumulation_period(lead: np.ndarray, max_pieces: int = 8, min_wins: float = 0.95, max_excess: float = 1.5,
+                        alpha: float = 1e-4) -> tuple[int, int] | None:
+    """Pieces that are micro-batches of a step: ``(M, phase)``, every ``M``-th gap (from ``phase``) a step's, or None.
+
+    DDP without ``no_sync`` (and any job that reduces its gradients every
+    micro-batch with no layer-wise traffic) sends a whole gradient
+    all-reduce per micro-batch: its pieces between the longest gaps are
+    micro-batches, each carrying what a step would, and a cut finds them
+    regular and alike. What shows the step is the optimizer: once every
+    ``M`` pieces the gap before the next forward is longer by the
+    optimizer's time. ``lead`` holds the gaps that open each piece, in
+    order; a period ``M`` (2 to ``max_pieces``) and phase are taken when,
+    period after period, the gap at that phase is the longest of its
+    period (in ``min_wins`` of them, against chance ``1 / M`` by a binomial
+    test at ``alpha``, Bonferroni-corrected over every period and phase
+    tried), and only a little longer (its median ratio to the period's
+    other gaps at most ``max_excess``: an optimizer's step, not a
+    checkpoint's pause). The smallest such ``M`` is the step.
+
+    A checkpoint (or an evaluation) every ``N`` steps is the same on the
+    wire: a longer gap every ``N`` pieces. It is told apart only by being
+    rarer (every 9 or more steps) or longer (over half a gap more): a
+    checkpoint every 2 to 8 steps that adds less than that would be taken
+    for accumulation.
+
+    >>> lead = np.tile([105.0, 100.0, 100.0, 100.0], 12) * np.random.default_rng(0).lognormal(0, 0.005, 48)
+    >>> accumulation_period(lead)
+    (4, 0)
+    >>> accumulation_period(np.random.default_rng(1).lognormal(0, 0.01, 48)) is None
+    True
+    """
+    g = np.asarray(lead, dtype=np.float64)
+    tests = sum(range(2, max_pieces + 1))
+    for m in range(2, max_pieces + 1):
+        k = len(g) // m
+        if k < 3:
+            break
+        x = g[: k * m].reshape(k, m)
+        for phase in range(m):
+            rest = np.delete(x, phase, axis=1)
+            wins = int(np.sum(x[:, phase] > rest.max(axis=1)))
+            if wins < min_wins * k or binom.sf(wins - 1, k, 1.0 / m) * tests > alpha:
+                continue
+            if float(np.median(x[:, phase] / np.median(rest, axis=1))) <= max_excess:
+                return m, phase
     return None
 
 
@@ -832,6 +881,9 @@ class StepTimeline:
         Job labels whose traffic has a regular cut but whose pieces carry
         different traffic (not steps: see :func:`_pieces_alike`); they get
         no steps.
+    accumulation_ : dict
+        Per job label cut at its micro-batches' gaps and grouped (see
+        :func:`accumulation_period`), the micro-batches of a step.
     """
 
     def __init__(self, min_jump: float = 1.2, min_steps: int = 3):
@@ -892,6 +944,7 @@ class StepTimeline:
         self.breaks_: dict[int, float] = {}
         self.unlike_: set[int] = set()
         self.optimizer_split_: dict[int, bool] = {}
+        self.accumulation_: dict[int, int] = {}
         n_steps = 0
         for f0, f1 in zip(firsts, lasts):
             label = int(js[f0]) if f1 > f0 else -1
@@ -946,6 +999,16 @@ class StepTimeline:
             self.unlike_.add(label)
         if not alike:
             return np.zeros(0, dtype=np.int64)
+        grouped = accumulation_period(gap[cut]) if dp.any() and len(cut) >= 2 * self.min_steps else None
+        if grouped is not None:
+            # micro-batches, each with its own all-reduce: a step ends at every M-th piece, where the optimizer ran
+            m, phase = grouped
+            self.accumulation_[label] = m
+            kept = cut[phase::m]
+            trailing = len(cut) - 1 - (phase + m * (len(kept) - 1))  # whole pieces after the last step's end
+            if trailing + 1 < m:
+                return busy_end[kept].astype(np.int64)
+            return self._last_step(busy_end[kept], busy_end, float(np.max(gap)), capture_end, o_start)
         ends = busy_end[cut]
         # control traffic: flows far smaller than a DP message (the grad-norm all-reduce)
         light = o_size < 0.01 * np.median(size[marker]) if size is not None and dp.any() else np.zeros(len(o_start), dtype=bool)
