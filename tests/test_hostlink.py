@@ -51,6 +51,23 @@ def test_slow_nic_is_the_host_not_its_links(tmp_path):
     assert row["faults_found"] == row["faults"] == 1 and row["anomalies_unexplained"] == 0, _show(r)
 
 
+def test_slow_nic_whose_peers_look_slow_is_the_host(tmp_path):
+    """A SYNTHETIC SlowNic 3x in a 3D job of the scenario cluster, beside a degraded spine: the slow host's ring and
+    pipeline peers look slow through their flows with it, and must not take its flows out of its own evidence (they
+    did: the host went unnamed and four of its links were blamed); the degraded spine is still the switch."""
+    from synthetic.scenarios import scenario_generator
+
+    gen, _ = scenario_generator("baseline", seed=0, duration_s=40.0)
+    gen.faults = [f for f in gen.faults if type(f).__name__ == "DegradedSwitch"] + [SlowNic("tp4-pp2-dp4", server=1, factor=3.0)]
+    c = gen.generate()
+    r, row = _replay(c, tmp_path)
+    an = r.analysis.anomalies
+    nic = c.faults[c.faults["kind"] == "slow_nic"]["subject"].tolist()
+    assert an[an["kind"] == "slow_host"]["subject"].tolist() == nic, _show(r)
+    assert (an["kind"] == "slow_link").sum() == 0, _show(r)
+    assert an[an["kind"] == "slow_switch"]["subject"].tolist() == c.faults[c.faults["kind"] == "slow_switch"]["subject"].tolist(), _show(r)
+
+
 def test_slow_nic_fault_free_twin_is_quiet():
     gen = preset("tiny", seed=0, with_faults=False)
     gen.faults = [SlowNic("tp8-pp2-dp2", server=1)]

@@ -121,6 +121,24 @@ def test_two_member_ring_and_pipeline_told_apart_by_symmetry():
     assert len(two) and two["dp"].all()
 
 
+@pytest.mark.parametrize("shape, length, seconds", [("hsdp", "0.3s", 6), ("finetune", "5s", 30)])
+def test_rings_of_two_members_in_a_job_without_pipeline_are_certain(shape, length, seconds):
+    """SYNTHETIC HSDP (sharded within two servers, replicated twice) and a two-server FSDP fine-tuning job: every
+    pair goes both ways at once, and the collectives per layer make the busiest pairs as busy as a pipeline's. With
+    no pipeline-like pair in the job the pace is no vote: every pair is DP at or above the uncertain bar (0.6). A
+    pace vote against symmetry had left HSDP's shard pairs at 0.5 (and the fine-tuning job's at 45 s steps)."""
+    from synthetic.dpshapes import dp_cluster
+
+    c = dp_cluster(shape, length, duration_s=seconds, with_faults=False)
+    topo = Topology.from_frame(c.topology)
+    a, b, start, size = gpu_flow_arrays(c.flows, topo)
+    end = gpu_flow_ends(c.flows, topo)
+    labels = JobRecogniser(topo).partial_fit_pairs(a, b).labels()
+    p = ParallelismClassifier().fit(a, b, start, size, labels, end=end).pairs_
+    assert len(p) == len(c.pairs) and p["dp"].all()
+    assert (p["confidence"] >= 0.6).all(), p[["both_ways", "rel_rate", "confidence", "evidence"]].to_string()
+
+
 def _pair_sums_by_sorting(src, dst, start, end, size, merge_ns, every_flow):
     """The per-pair sums as numpy gave them before the compiled pass: one sort by (pair, start), bincounts over it."""
     from prism.analysis.parallelism import pair_episodes

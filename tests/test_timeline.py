@@ -481,6 +481,40 @@ def test_sharded_steps_are_cut_at_the_optimizer_pause(tmp_path, shape):
     assert (off <= 1000).all()  # each step ends where the truth's does (within a microsecond)
 
 
+@pytest.mark.parametrize("length, seconds", [("0.3s", 8), ("5s", 60)])
+def test_micro_batches_that_each_all_reduce_are_grouped_into_steps(tmp_path, length, seconds):
+    """SYNTHETIC DDP without ``no_sync``: every micro-batch all-reduces the whole gradient, so the regular, alike
+    pieces between the longest gaps are micro-batches (2 a step at 0.3 s, 4 at 5 s). The optimizer makes every M-th
+    gap a little longer: the steps are found at their true ends, none at a micro-batch's."""
+    from prism.analysis.evaluation import score_cluster
+    from prism.ingest.topology import Topology
+    from prism.offline.replay import replay
+    from synthetic.dpshapes import dp_cluster
+
+    c = dp_cluster("ddp-sync", length, duration_s=seconds, with_faults=False)
+    c.write(tmp_path)
+    r = replay([str(tmp_path / "flows.parquet")], Topology.from_csv(tmp_path / "topology.csv"), progress=False)
+    score = score_cluster(r, c)
+    assert score["true_steps"] >= 10
+    assert score["steps_found"] >= score["true_steps"] - 1 and score["steps_spurious"] == 0 and score["anomalies"] == 0
+    found, truth = r.analysis.steps["end_ns"].to_numpy(), c.steps["end_ns"].to_numpy()
+    assert (np.abs(found[:, None] - truth[None, :]).min(axis=1) <= 1000).all()
+
+
+def test_accumulation_needs_a_recurring_longer_gap():
+    """The grouping of pieces into steps: a longer gap at one phase of every period, smallest period first; not
+    a period whose longer gap is a checkpoint's pause (over 1.5x), nor one that wins by chance, nor too few periods."""
+    from prism.analysis.timeline import accumulation_period
+
+    rng = np.random.default_rng(3)
+    noise = rng.lognormal(0, 0.005, 64)
+    assert accumulation_period(np.tile([100.0, 100.0, 106.0], 21) * noise[:63]) == (3, 2)
+    assert accumulation_period(np.tile([103.0, 100.0], 32) * noise) == (2, 0)
+    assert accumulation_period(np.tile([180.0, 100.0, 100.0, 100.0], 16) * noise) is None  # a checkpoint's pause
+    assert accumulation_period(rng.lognormal(0, 0.02, 64)) is None
+    assert accumulation_period(np.tile([103.0, 100.0], 4) * noise[:8]) is None  # 4 periods: could be chance
+
+
 def test_no_class_of_gaps_isolates_the_step_no_steps(tmp_path):
     """SYNTHETIC FSDP at 5 s steps: the optimizer's pause (50 ms) is as long as a layer's backward, so neither a
     threshold nor a class of gaps isolates the step: the job gets no steps and replay warns, rather than layers
