@@ -189,6 +189,13 @@ def _threshold_cut(gap, busy_end, min_jump, min_steps, floor_ns, tie, min_cover,
     # regular as its steps
     tied = sorted((c for c in scored if c.score <= best + tie), key=lambda c: c.tau)
     choice = tied[-1]
+    # ... but not one that merely leaves out a finer tied cut's boundaries
+    # at one end: a threshold between the gaps of a job's steps before and
+    # after it slowed (a straggler) cuts the slow ones only
+    for finer in reversed(tied[:-1]):
+        extra = np.setdiff1d(finer.cut, choice.cut)
+        if len(extra) and np.isin(choice.cut, finer.cut).all() and (extra.max() < choice.cut[0] or extra.min() > choice.cut[-1]):
+            choice = finer
     # ... unless the chosen cut merely groups whole steps of a finer cut
     # (a checkpoint every N steps): the step is the shortest period, and a
     # capture too short to hold four checkpoints is cut at the steps, so a
