@@ -190,3 +190,17 @@ def test_the_replay_summary_counts_ep_and_cp_pairs(tmp_path, cp):
     truth = cp.pairs["type"].value_counts()
     assert job["cp_pairs"] == truth["CP"] and job["dp_pairs"] == truth["DP"] and "ep_pairs" not in job
     assert f"/ {truth['CP']} CP pairs" in format_summary(r)
+    ring = modern_job("cp").cp
+    assert job["cp"] == ring and "ep" not in job  # GPUs per attention ring, from the CP pairs' components
+    assert f"context-parallel rings of {ring}" in format_summary(r)
+
+
+def test_the_replay_summary_names_the_expert_group_size(tmp_path, moe):
+    """The MoE job's all-to-all groups: their size (the generator's ``ep``) in the summary, beside DP x PP."""
+    from prism.offline.replay import format_summary, replay
+
+    moe.write(tmp_path)
+    r = replay([str(tmp_path / "flows.parquet")], Topology.from_csv(tmp_path / "topology.csv"), progress=False)
+    job = r.summary()["jobs"][0]
+    assert job["ep"] == modern_job("moe").ep and "cp" not in job
+    assert f"expert all-to-all groups of {job['ep']}" in format_summary(r)

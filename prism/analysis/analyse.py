@@ -144,6 +144,10 @@ def analyse(
     comps = {"dp": parallel_groups(pa[dp_mask], pb[dp_mask], n), "pp": parallel_groups(pa[pp_mask], pb[pp_mask], n)}
     label_name = label_names(labels, jobs, topology)
     out.shapes = _shapes(p, labels, comps, label_name, jobs, pp_mask)
+    for kind in ("EP", "CP"):  # the size of the all-to-all groups and the attention rings, where a job has them
+        m = ptype == kind
+        if m.any():
+            out.shapes[kind.lower()] = _largest_group(pa[m], pb[m], n, labels, label_name, out.shapes["job_id"])
     if stop_after == "pairs":
         return out
 
@@ -325,6 +329,18 @@ def _shapes(p: pd.DataFrame, labels, comps: dict, names: dict, jobs, pp_mask: np
     counts = gpus.to_numpy()
     return pd.DataFrame({"job_id": ids, "dp": dp, "pp": pp, "dp_exact": dp_exact, "gpus": counts,
                          "nics_per_stage": np.maximum(counts // (dp * pp), 1)})
+
+
+def _largest_group(a: np.ndarray, b: np.ndarray, n: int, labels, names: dict, job_ids: pd.Series) -> np.ndarray:
+    """Per job of ``job_ids``, the most GPUs in one connected group of the pairs ``a``-``b`` (0: none)."""
+    comp = parallel_groups(a, b, n)
+    nodes = np.unique(np.concatenate([a, b]))
+    _, node_comp, size = np.unique(comp[nodes], return_inverse=True, return_counts=True)
+    job = pd.Index(job_ids).get_indexer(pd.Series(labels[nodes]).map(names))
+    out = np.zeros(len(job_ids), dtype=np.int64)
+    keep = job >= 0
+    np.maximum.at(out, job[keep], size[node_comp[keep]])
+    return out
 
 
 def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -> pd.DataFrame:

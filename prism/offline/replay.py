@@ -104,6 +104,7 @@ class ReplayResult:
                 if an is not None and an.shapes is not None and job_id in set(an.shapes["job_id"]):
                     sh = an.shapes.set_index("job_id").loc[job_id]
                     row.update(dp=int(sh["dp"]), pp=int(sh["pp"]), nics_per_stage=int(sh["nics_per_stage"]), dp_exact=bool(sh["dp_exact"]))
+                    row.update({k: int(sh[k]) for k in ("ep", "cp") if sh.get(k, 0)})  # GPUs per all-to-all group, per attention ring
                 if an is not None and an.steps is not None:
                     d = an.steps.loc[an.steps["job_id"] == job_id, "duration_ns"]
                     row.update(steps=int(len(d)), median_step_ms=round(float(d.median()) / 1e6, 3) if len(d) else None)
@@ -545,7 +546,7 @@ def format_summary(res: ReplayResult) -> str:
         lines.append(f"  {j['job_id']}  {j['gpus']:>5} GPUs on {len(srv):>4} servers ({srv_txt}){extra}")
         if "dp" in j:
             shape = f"DP{j['dp']} x PP{j['pp']}, {j['nics_per_stage']} NICs per stage of a replica" if j["dp_exact"] else f"DP>={j['dp']} x PP{j['pp']} (a DP ring runs partly inside servers)"
-            parts = [shape]
+            parts = [shape + "".join(f", {what} of {j[k]}" for k, what in (("ep", "expert all-to-all groups"), ("cp", "context-parallel rings")) if k in j)]
             if "steps" in j:  # not with --stop-after pairs
                 parts.append(f"{j['steps']} steps, median {j['median_step_ms']:,.1f} ms" if j["steps"] else "no whole step")
             if "anomalies" in j:  # not with --stop-after pairs or steps
