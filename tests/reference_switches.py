@@ -109,7 +109,11 @@ class ReferenceSwitchDiagnoser(SwitchDiagnoser):
                 per = m.groupby("name").agg(flows=("flows", "sum"), bytes=("bytes", "sum"), busy=("busy_ns", "sum"))
                 net_slow = set(per.index[(per["flows"] >= self.min_sender_flows) & (per["busy"] > 0) & (per["bytes"] <= self.max_ratio * med * per["busy"])])
                 via_net = tw["path"].isin(set(inc_u.loc[inc_u["name"].isin(net_slow), "path"]))
-                others = set(refs) - {(h, role)}
+                # the other candidates that stay slow without this host's flows (its peers look slow through it)
+                rest, rest_med, _ = self._endpoints(tw[(tw["hs"] != h) & (tw["hd"] != h)])
+                still = {(x, r) for x, r, g, j in zip(rest["host"], rest["role"], rest["gbps"], rest["judged"])
+                         if j and np.isfinite(rest_med) and g / rest_med <= self.max_ratio}
+                others = (set(refs) - {(h, role)}) & still
                 mine = (tw["hs"] == h) if role == 0 else (tw["hd"] == h)
                 other_cand = pd.Series([(x, 0) in others or (y, 1) in others for x, y in zip(tw["hs"], tw["hd"])], index=tw.index, dtype=bool)
                 clean = tw[mine & ~other_cand & ~via_net]
