@@ -440,7 +440,9 @@ def test_each_scenario_matches_the_twin_without_its_fault(one_fault_twins):
 
 def test_attribution_names_the_straggler_server_and_the_rings_the_spine_slowed(one_fault_twins, tmp_path, capsys):
     t = one_fault_twins
-    assert main(["whatif", str(t["faulty"]), "--topology", str(t["topology"]), "--attribute", "--out", str(tmp_path / "o")]) == 0
+    sw = t["faults"].query("kind == 'slow_switch'")["subject"].iloc[0]
+    assert main(["whatif", str(t["faulty"]), "--topology", str(t["topology"]), "--attribute", "--scenario", f"heal-switch:{sw}",
+                 "--out", str(tmp_path / "o")]) == 0
     printed = capsys.readouterr().out
     assert "mean step" in printed and "median" not in printed
     table = pd.read_csv(tmp_path / "o" / "attribution.csv")
@@ -449,6 +451,14 @@ def test_attribution_names_the_straggler_server_and_the_rings_the_spine_slowed(o
     job = next(j["job_id"] for j in jobs if slow_server in j["servers"])
     servers = table[(table["job_id"] == job) & (table["level"] == "server")]
     assert servers.iloc[0]["key"] == slow_server and servers.iloc[0]["slowdown"] > servers.iloc[1]["slowdown"] + 0.01
+    # the job the switch slowed most: its ring ranked first is one that crosses the switch
+    summary = _jobs(tmp_path / "o")
+    hit = max(summary, key=lambda j: summary[j]["predicted_speedup"])
+    assert summary[hit]["predicted_speedup"] > 1.01
+    top = table[(table["job_id"] == hit) & (table["level"] == "ring")].iloc[0]["key"]
+    topo = pd.read_csv(t["topology"]).set_index("ip")
+    assert sw.startswith("leaf")  # the tiny fabric's slowed switch: a ring crosses it where a member sits on it
+    assert topo.loc[top.split("@", 1)[1], "leaf"] == sw, (top, sw)
 
 
 @pytest.fixture(scope="module")
