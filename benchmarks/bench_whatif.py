@@ -6,14 +6,15 @@ Prints Markdown tables:
    observed step time; the baseline (no launch delays) vs the authors'
    ``tori``, ``ideal`` vs their ``tideal``, ``remove-stragglers``; the
    attribution (S, per DP rank and stage, M_S, M_W) vs their results.
-2. **SYNTHETIC counterfactuals**: a cluster with faults and its
-   ``--no-faults`` twin (same seed), both through ``prism replay``;
-   ``remove-stragglers`` + ``heal-switch:<the slow switch>`` on the faulty
-   one vs the twin's observed median step time, per job.
+2. **SYNTHETIC counterfactuals**: a cluster with faults and, per fault, its
+   twin without that fault alone (same seed), all through ``prism replay``;
+   ``heal-switch:<the slow switch>`` on the faulty one vs the twin without
+   the switch fault, ``remove-stragglers`` vs the twin without the slow
+   server: mean step time per job.
 3. **Simulator speed**: a 1,024-GPU job (DP 128 x PP 8), 100 steps, 8
    micro-batches, built as an execution graph and simulated.
 
-    python benchmarks/bench_whatif.py [--presets tiny,demo]
+    python benchmarks/bench_whatif.py [--clusters tiny,demo,baseline,every-ring-crosses]
 """
 from __future__ import annotations
 
@@ -105,34 +106,78 @@ def trace_counterfactuals() -> None:
     print()
 
 
-def counterfactuals(presets: list[str]) -> None:
-    from synthetic import preset
+def _every_ring_crosses(with_faults: bool):
+    """A pure-DP job (TP 8 x DP 8, one server a leaf group) whose every DP ring crosses spine-00, at 0.41x for the
+    whole capture: no ring of the job is faster than another."""
+    from synthetic.fabric import Fabric
+    from synthetic.faults import DegradedSwitch
+    from synthetic.generator import ClusterGenerator
+    from synthetic.workload import JobSpec
 
-    print("### SYNTHETIC counterfactuals vs the fault-free twin\n")
-    print("| preset | job | observed (faulty) | twin (truth) | predicted | error | unchanged replay error |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for name in presets:
+    job = JobSpec("dp8", tp=8, pp=1, dp=8, microbatches=4, fwd_ms=20, grad_bytes=256 << 20, bucket_bytes=64 << 20)
+    return ClusterGenerator(Fabric(servers=10, servers_per_group=1, spines=4), [job], duration_s=5.0,
+                            faults=[DegradedSwitch("spine-00", 0.0, 1.0, 0.41)], seed=0, with_faults=with_faults, storage_flows_per_s=20)
+
+
+def _generator(name: str, duration_s: float | None):
+    from synthetic import preset
+    from synthetic.scenarios import SCENARIOS, scenario_generator
+
+    if name == "every-ring-crosses":
+        return _every_ring_crosses(True)
+    if name in SCENARIOS:
+        return scenario_generator(name, seed=0, duration_s=duration_s or 30.0)[0]
+    return preset(name, seed=0, duration_s=duration_s)
+
+
+def counterfactuals(clusters: list[str], duration_s: float | None = None) -> None:
+    """Each network scenario against the fault-free twin of its own fault alone (the same seed and random
+    draws, that one fault dropped): heal-switch against the twin without the slow switch, remove-stragglers
+    against the twin without the slow server. Mean step per job."""
+    from synthetic.faults import DegradedSwitch, SlowServer
+    from synthetic.fromtrace import CollectorNoise, collector_view
+    from synthetic.scenarios import SCENARIOS
+
+    print("### SYNTHETIC counterfactuals vs the twin of each fault alone (mean step)\n")
+    print("| cluster | job | observed (faulty) | heal-switch: twin without the switch fault, predicted, error | "
+          "remove-stragglers: twin without the slow server, predicted, error | unchanged replay error |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name in clusters:
         with tempfile.TemporaryDirectory() as d:
             d = Path(d)
-            for tag, faults in (("faulty", True), ("twin", False)):
-                cl = preset(name, seed=0, with_faults=faults).generate()
+            noisy = name in SCENARIOS and SCENARIOS[name][2]
+            for tag, drop in (("faulty", None), ("no-switch", DegradedSwitch), ("no-straggler", SlowServer)):
+                gen = _generator(name, duration_s)
+                if drop is not None and not any(isinstance(f, drop) for f in gen.faults):
+                    continue  # the cluster has no such fault
+                gen.faults = [f for f in gen.faults if drop is None or not isinstance(f, drop)]
+                cl = gen.generate()
+                if noisy:
+                    cl.flows = collector_view(cl.flows, CollectorNoise(), 0)
                 cl.write(d / tag)
                 prism(["replay", str(d / tag / "flows.parquet"), "--topology", str(d / tag / "topology.csv"), "--out", str(d / f"r-{tag}"), "--quiet"])
                 prism(["whatif", str(d / f"r-{tag}"), "--out", str(d / f"w-{tag}"), "--quiet"])
             faults = pd.read_csv(d / "faulty" / "truth" / "faults.csv")
-            sc = ["--scenario", "remove-stragglers"]
-            for sw in faults.loc[faults["kind"] == "slow_switch", "subject"]:
-                sc += ["--scenario", f"heal-switch:{sw}"]
-            prism(["whatif", str(d / "r-faulty"), "--topology", str(d / "faulty" / "topology.csv"), *sc, "--out", str(d / "w-fix"), "--quiet"])
+            topo = ["--topology", str(d / "faulty" / "topology.csv")]
+            runs = {"no-switch": [f"heal-switch:{sw}" for sw in faults.loc[faults["kind"] == "slow_switch", "subject"]],
+                    "no-straggler": ["remove-stragglers"]}
+            pred = {}
+            for twin, sc in runs.items():
+                if (d / f"w-{twin}").is_dir():
+                    prism(["whatif", str(d / "r-faulty"), *topo, *[a for x in sc for a in ("--scenario", x)], "--out", str(d / f"p-{twin}"), "--quiet"])
+                    pred[twin] = json.loads((d / f"p-{twin}" / "summary.json").read_text())["jobs"]
             base = json.loads((d / "w-faulty" / "summary.json").read_text())["jobs"]
-            twin = json.loads((d / "w-twin" / "summary.json").read_text())["jobs"]
-            fix = json.loads((d / "w-fix" / "summary.json").read_text())["jobs"]
-            for job in sorted(fix):
-                if job not in twin:
-                    continue
-                t = twin[job]["observed_step_s"]
-                print(f"| {name} | {job} | {base[job]['observed_step_s'] * 1e3:.1f} ms | {t * 1e3:.1f} ms | "
-                      f"{fix[job]['predicted_step_s'] * 1e3:.1f} ms | {fix[job]['predicted_step_s'] / t - 1:+.2%} | {base[job]['replay_error_mean_pct']:.3f}% |")
+            for job in sorted(base):
+                cells = []
+                for twin in runs:
+                    twin_jobs = json.loads((d / f"w-{twin}" / "summary.json").read_text())["jobs"] if twin in pred else {}
+                    if job not in twin_jobs:
+                        cells.append("-")
+                        continue
+                    t, p = twin_jobs[job]["observed_step_s"], pred[twin][job]["predicted_step_s"]
+                    cells.append(f"{t * 1e3:.1f} ms, {p * 1e3:.1f} ms, {p / t - 1:+.2%}")
+                print(f"| {name} | {job} | {base[job]['observed_step_s'] * 1e3:.1f} ms | {cells[0]} | {cells[1]} | "
+                      f"{base[job]['replay_error_mean_pct']:.3f}% |")
     print()
 
 
@@ -176,10 +221,11 @@ def speed() -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--presets", default="tiny,demo")
+    ap.add_argument("--clusters", default="tiny,demo,baseline,every-ring-crosses",
+                    help="presets, scenarios of the matrix (30 s) and every-ring-crosses")
     args = ap.parse_args()
     real_traces()
     if SA.is_dir():
         trace_counterfactuals()
     speed()
-    counterfactuals(args.presets.split(","))
+    counterfactuals(args.clusters.split(","))

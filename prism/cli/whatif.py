@@ -24,7 +24,8 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             "pairs and collectives as synchronisations all members join) and simulate it, unchanged and under "
             "--scenario. Input: a 'prism replay' output directory (network only), or an op-level trace with --ops "
             "(the StragglerAnalysis schema: dp_rank, stage, rank, step, optype, start_ts, duration, seq_id). "
-            "Writes OUT/summary.json (per job: observed, replayed, baseline and predicted median step time; "
+            "Writes OUT/summary.json (per job: observed, replayed, baseline and predicted mean step time and the "
+            "predicted speed-up, baseline over predicted; "
             "jobs that could not be modelled, with why), OUT/steps.csv, OUT/timeline.json (the predicted "
             "timeline, Chrome trace) and, with --attribute, OUT/attribution.csv. On op traces scenarios run "
             "without launch delays: compare 'predicted' with 'baseline', the observed work simulated the same way."
@@ -75,10 +76,11 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
     def text():
         label = ", ".join(args.scenario) or "no change"
-        lines = [f"{'job':<16} {'observed':>10} {'replayed':>10} {'baseline':>10} {'predicted':>10}  ({label}; median step, s)"]
+        lines = [f"{'job':<16} {'observed':>10} {'replayed':>10} {'baseline':>10} {'predicted':>10} {'speed-up':>9}  "
+                 f"(mean step over the steps modelled, s; {label})"]
         for job, j in result.jobs.items():
-            lines.append(f"{job:<16} {j['observed_step_s']:>10.4f} {j['replayed_step_s']:>10.4f} {j.get('baseline_step_s', j['replayed_step_s']):>10.4f} "
-                         f"{j['predicted_step_s']:>10.4f}  replay error {j['replay_error_mean_pct']:.3f}% mean")
+            lines.append(f"{job:<16} {j['observed_step_s']:>10.4f} {j['replayed_step_s']:>10.4f} {j['baseline_step_s']:>10.4f} "
+                         f"{j['predicted_step_s']:>10.4f} {j['predicted_speedup']:>8.3f}x  replay error {j['replay_error_mean_pct']:.3f}% mean")
         if result.attribution is not None:
             lines.append(_format_attribution(result))
         lines.append(f"wrote summary.json, steps.csv, timeline.json{', attribution.csv' if result.attribution is not None else ''} to {args.out}")

@@ -16,19 +16,30 @@ observed durations the replay gives back the observed step times.
 
 Scenarios:
 
-* ``remove-stragglers``: in the steps of a ``slow_group`` anomaly, each
-  ring's work task takes its median over the job's steps without one (its
-  own healthy baseline); with no such step, the work is divided by the
-  lagging server's ratio (the slowest stage paces every micro-batch).
-  ``slow_step`` steps are left as they are (they are not stragglers);
-* ``heal-switch:NAME``: in the switch windows where NAME ran slower than its
-  tier (``switches.csv`` ratio < 1), the collectives of rings whose traffic
-  crosses NAME (their servers' leaf on the ring's rail; spines: rings
-  spanning several leaves) that are clearly longer than the same step's
-  collectives of rings that do not cross it take their peers' median (all
-  rings cross it: ``ratio`` of their time); in those steps the job's work
-  phases (pipeline traffic between the same servers) take their median over
-  the steps without a slowed collective;
+* ``remove-stragglers``: each slow group's lag is taken out, measured
+  against its peers in the same step. A ``slow_group`` anomaly names a
+  server; in the steps it covers, the pipeline (``pp_traffic`` phases) that
+  server is in ends its pipeline traffic later than the job's other
+  pipelines; every ring's work in that step loses that lag (the slowest
+  pipeline delays every stage's gradient collective by it). A job with no
+  pipeline traffic (pure data parallel): the work of the anomaly's steps
+  takes the ring's median over the job's other steps (its own healthy
+  baseline), or with none, is divided by the anomaly's ratio. ``slow_step``
+  steps are left as they are (they are not stragglers);
+* ``heal-switch:NAME``: the transfers that crossed NAME are re-costed at the
+  bandwidth measured in the same capture. A collective's rate is its bytes
+  over its time (with the wait before its last member's arrival beyond the
+  ring's usual one: a slow transfer can delay that arrival). The rings
+  whose traffic may cross NAME (the leaves of the ring's members, from its
+  DP pairs, else its servers on its rail; a spine: several leaves) are
+  compared with a healthy reference rate: the median rate of the job's
+  rings that cannot cross it, else the rate the crossing rings reach in
+  their best steps (the switch was healthy part of the time). A collective
+  clearly below it takes its bytes at that rate. When no ring is faster
+  than another in any step, each ring's rate per DP pair is compared with
+  the tier's healthy median bandwidth per flow (``switches.csv``). Work
+  phases are otherwise left as observed; the dependencies carry the change
+  to the step. ``heal-link:A>B``: the same for a link;
 * ``scale-comm:X``: every collective X times as long.
 """
 from __future__ import annotations
@@ -43,6 +54,9 @@ import pandas as pd
 from prism.whatif.graph import ExecutionGraph, SimResult
 
 __all__ = ["ReplayGraph", "read_replay"]
+
+#: a collective this much below the healthy rate was slowed (rates of healthy rings vary by a few %)
+TOLERANCE = 0.15
 
 
 #: the columns the what-if reads from a replay directory
@@ -82,7 +96,7 @@ def read_replay(replay_dir: str | Path, topology: str | Path | None = None) -> d
     for name in REPLAY_COLUMNS:
         out[name] = out[name][~out[name]["job_id"].isin(list(invalid))].reset_index(drop=True)
     out["invalid"] = invalid
-    for opt in ("anomalies.csv", "switches.csv"):
+    for opt in ("anomalies.csv", "switches.csv", "pairs.csv"):
         out[opt[:-4]] = pd.read_csv(d / opt) if (d / opt).is_file() and (d / opt).stat().st_size else None
     out["topology"] = pd.read_csv(topology) if topology else None
     return out
@@ -115,14 +129,22 @@ def _checked_times(df: pd.DataFrame, file: str, invalid: dict) -> pd.DataFrame:
     return df
 
 
+def _ring_pairs(members: set, pairs: pd.DataFrame | None, job_id: str) -> list:
+    """The job's DP pairs between a ring's members."""
+    if pairs is None:
+        return []
+    dp = pairs[(pairs["job_id"].astype(str) == job_id) & (pairs["type"] == "DP")]
+    return [(a, b) for a, b in zip(dp["src"].astype(str), dp["dst"].astype(str)) if a in members and b in members]
+
+
 class ReplayGraph:
     """One job's step timeline from the network, as an :class:`ExecutionGraph`."""
 
     def __init__(self, job_id: str, steps: pd.DataFrame, phases: pd.DataFrame):
         self.job_id = job_id
         st = steps[steps["job_id"] == job_id].sort_values("step").reset_index(drop=True)
-        ph = phases[(phases["job_id"] == job_id) & (phases["kind"] == "dp_collective")]
-        ph = ph[ph["step"].isin(st["step"])]
+        mine = phases[phases["job_id"] == job_id]
+        ph = mine[(mine["kind"] == "dp_collective") & mine["step"].isin(st["step"])]
         self.steps_seen = len(st)
         if ph.empty:
             raise ValueError(f"no DP collective seen in its {len(st)} steps (a pipeline-only job, or its DP rings on "
@@ -146,6 +168,20 @@ class ReplayGraph:
         arrival = (ph["arrival_ns"] if "arrival_ns" in ph.columns else ph["start_ns"]).to_numpy(np.int64)
         self.work = (arrival - base) / 1e9
         self.coll = (ph["end_ns"].to_numpy(np.int64) - arrival) / 1e9
+        # from the ring's first flow of the collective to its last member's arrival: the members' wait
+        self.wait = np.maximum((arrival - ph["start_ns"].to_numpy(np.int64)) / 1e9, 0.0)
+        # bytes of each collective: its rate (bytes / time) is what heal-switch compares with a healthy one
+        self.bytes = pd.to_numeric(ph["bytes"], errors="coerce").to_numpy(np.float64) if "bytes" in ph.columns else None
+        # per step and pipeline (the servers of a pp_traffic group): when its pipeline traffic ended, from the
+        # step's start (NaN: not seen). A slow server's pipeline ends later than its peers in the same step.
+        pp = mine[(mine["kind"] == "pp_traffic") & mine["step"].isin(st["step"])]
+        if len(pp) and "servers" in pp.columns:
+            end = pp.assign(end=(pp["end_ns"].to_numpy(np.int64) - pp["step"].map(st.set_index("step")["start_ns"]).to_numpy(np.int64)) / 1e9)
+            m = end.groupby(["step", "servers"])["end"].max().unstack("servers")
+            self.pipelines = [str(c) for c in m.columns]
+            self.pipe_end = m.reindex(st["step"].to_numpy()).to_numpy(np.float64)
+        else:
+            self.pipelines, self.pipe_end = [], np.empty((len(st), 0))
         # what the step does after its last collective (grad-norm all-reduce, optimizer): the step-end
         # synchronisation's own time, as observed
         last_coll = ph["end_ns"].to_numpy(np.int64).reshape(n_s, n_r).max(axis=1)
@@ -204,71 +240,212 @@ class ReplayGraph:
         out[affected & ~have] = fallback[affected & ~have]
         return out
 
-    def remove_stragglers(self, anomalies: pd.DataFrame | None, work: np.ndarray) -> np.ndarray:
-        """Work of the steps a ``slow_group`` anomaly covers, as in the job's steps without one."""
+    def slow_groups(self, anomalies: pd.DataFrame | None) -> list[tuple[set, int, int, float]]:
+        """The job's ``slow_group`` anomalies: (servers named, first step, last step, ratio)."""
         if anomalies is None:
-            return work
-        a = anomalies[(anomalies["kind"] == "slow_group") & (anomalies["job_id"] == self.job_id)]
-        step = self.steps["step"].to_numpy()[self.step_i]
-        affected = np.zeros(len(work), bool)
-        divided = work.copy()
+            return []
+        a = anomalies[(anomalies["kind"] == "slow_group") & (anomalies["job_id"].astype(str) == self.job_id)]
+        out = []
         for r in a.itertuples(index=False):
             m = re.search(r"steps (\d+)-(\d+)", str(r.explanation))
             lo, hi = (int(m.group(1)), int(m.group(2))) if m else (int(r.step), int(r.step))
-            if float(r.score) > 1:
-                sel = (step >= lo) & (step <= hi)
-                affected |= sel
-                divided[sel] = work[sel] / float(r.score)
-        slow_steps = anomalies[(anomalies["kind"] == "slow_step") & (anomalies["job_id"] == self.job_id)]["step"]
-        # slow steps are neither stragglers nor a healthy baseline
-        baseline_ok = ~affected & ~np.isin(step, slow_steps.to_numpy())
-        out = self._healthy_baseline(np.where(baseline_ok | affected, work, np.nan), affected, divided)
-        return np.where(np.isnan(out), work, out)
+            out.append((set(str(r.subject).split("|")), lo, hi, float(r.score)))
+        return out
 
-    def heal_switch(self, name: str, switches: pd.DataFrame | None, topology: pd.DataFrame | None, coll: np.ndarray,
-                    work: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(collectives, work) with the switch as fast as its peers."""
+    def _lag_measured(self, servers: set, lo: int, hi: int) -> bool:
+        """Whether the pipelines holding ``servers`` lag their peers measurably in steps ``lo``-``hi``: by over 1%
+        of the step in most of them. Not when something after the pipeline ends every pipeline together (a
+        grad-norm clip or embedding all-reduce over the pipeline pairs)."""
+        pipes = np.array([bool(servers & set(p.split("|"))) for p in self.pipelines], bool)
+        step = self.steps["step"].to_numpy()
+        sel = (step >= lo) & (step <= hi)
+        if not pipes.any() or not sel.any():
+            return False
+        lag = self.pipeline_lag()[sel][:, pipes].max(axis=1)
+        return bool(np.median(lag) > 0.01 * np.median(self.observed()))
+
+    def pipeline_lag(self, anomalies: pd.DataFrame | None = None, groups: list | None = None) -> np.ndarray:
+        """Per step and pipeline: how much later than the median of the job's other pipelines its traffic ended
+        (>= 0; 0 where not seen). With ``anomalies``, only the pipelines holding a ``slow_group`` server, in
+        the anomaly's steps (``groups``: those of :meth:`slow_groups` to keep)."""
+        n_s, n_p = self.pipe_end.shape
+        lag = np.zeros((n_s, n_p))
+        if n_p < 2:
+            return lag
+        e = self.pipe_end
+        for p in range(n_p):
+            others = np.delete(e, p, axis=1)
+            with np.errstate(all="ignore"):
+                peer = np.nanmedian(np.where(np.isnan(others).all(axis=1, keepdims=True), 0.0, others), axis=1)
+            lag[:, p] = np.nan_to_num(np.maximum(e[:, p] - peer, 0.0))
+        if anomalies is None:
+            return lag
+        keep = np.zeros_like(lag, bool)
+        step = self.steps["step"].to_numpy()
+        for servers, lo, hi, _ in (self.slow_groups(anomalies) if groups is None else groups):
+            pipes = np.array([bool(servers & set(p.split("|"))) for p in self.pipelines])
+            keep |= ((step >= lo) & (step <= hi))[:, None] & pipes[None, :]
+        return np.where(keep, lag, 0.0)
+
+    def remove_stragglers(self, anomalies: pd.DataFrame | None, work: np.ndarray) -> np.ndarray:
+        """Work with each ``slow_group``'s lag over its peers, in the same step, taken out."""
+        groups = self.slow_groups(anomalies)
+        if not groups or anomalies is None:
+            return work
+        step = self.steps["step"].to_numpy()[self.step_i]
+        has_peers = self.pipe_end.shape[1] >= 2
+        out = work.copy()
+        fallback = np.zeros(len(work), bool)
+        divided = work.copy()
+        measured = []
+        for servers, lo, hi, score in groups:
+            sel = (step >= lo) & (step <= hi)
+            if has_peers and self._lag_measured(servers, lo, hi):
+                measured.append((servers, lo, hi, score))
+                continue  # measured against its peers below
+            if score > 1:
+                fallback |= sel
+                divided[sel] = work[sel] / score
+        if measured:
+            lag = self.pipeline_lag(anomalies, measured).max(axis=1)
+            out = out - lag[self.step_i]
+            # the named server's own stage also computes after its pipeline's last transfer (stage 0's last
+            # backward): that tail, beyond the ring's tail in the steps without the anomaly
+            tail = self.work - np.nanmax(np.where(np.isnan(self.pipe_end), -np.inf, self.pipe_end), axis=1)[self.step_i]
+            slow_steps = anomalies[(anomalies["kind"] == "slow_step") & (anomalies["job_id"].astype(str) == self.job_id)]["step"]
+            ring_servers = self.phases.drop_duplicates("group").set_index("group")["servers"].astype(str)
+            for servers, lo, hi, score in measured:
+                mine = np.array([bool(servers & set(ring_servers[g].split("|"))) for g in self.rings])[self.ring_of]
+                hit = mine & (step >= lo) & (step <= hi) & np.isfinite(tail)
+                ok = mine & ~((step >= lo) & (step <= hi)) & ~np.isin(step, slow_steps.to_numpy()) & np.isfinite(tail)
+                healthy = pd.Series(tail[ok]).groupby(self.ring_of[ok]).median()
+                h = pd.Series(self.ring_of).map(healthy).to_numpy(np.float64)
+                h = np.where(np.isnan(h), tail / max(score, 1.0), h)
+                out = np.where(hit, out - np.maximum(tail - h, 0.0), out)
+            out = np.maximum(out, 0.0)
+        if fallback.any():
+            # no pipeline to compare with (pure data parallel, or a clip or embedding all-reduce that ends every
+            # pipeline together): the ring's work in the job's other steps
+            slow_steps = anomalies[(anomalies["kind"] == "slow_step") & (anomalies["job_id"].astype(str) == self.job_id)]["step"]
+            ok = ~fallback & ~np.isin(step, slow_steps.to_numpy())
+            healed = self._healthy_baseline(np.where(ok | fallback, out, np.nan), fallback, divided)
+            out = np.where(fallback & ~np.isnan(healed), healed, out)
+        return out
+
+    def heal_switch(self, name: str, switches: pd.DataFrame | None, topology: pd.DataFrame | None,
+                    coll: np.ndarray, work: np.ndarray, kind: str = "switch",
+                    pairs: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+        """(collectives, work) with the transfers that crossed the switch (``kind="link"``: the link ``A>B``) at
+        the healthy bandwidth measured in the capture; and how (``{"crossing_rings", "healed", "reference",
+        "ratio"}``)."""
+        flag = "heal-switch" if kind == "switch" else "heal-link"
         if switches is None:
-            raise ValueError("heal-switch needs switches.csv in the replay directory")
-        sw = switches[(switches["kind"] == "switch") & (switches["name"] == name)]
+            raise ValueError(f"{flag} needs switches.csv in the replay directory")
+        sw = switches[(switches["kind"] == kind) & (switches["name"] == name)]
         if sw.empty:
-            known = ", ".join(sorted(switches.loc[switches["kind"] == "switch", "name"].unique())[:10])
-            raise ValueError(f"heal-switch:{name}: no such switch in switches.csv (e.g. {known})")
-        crosses = self._rings_crossing(name, str(sw["tier"].iloc[0]), topology)[self.ring_of]
-        slow_ratio = float(sw["ratio"].min())
-        # peers: the job's rings that do not cross the switch, in the same step
-        df = pd.DataFrame({"step": self.step_i, "coll": coll})
-        peer = df[~crosses].groupby("step")["coll"].median().reindex(np.arange(self.n_s)).to_numpy()[self.step_i]
-        if slow_ratio >= 1 or not crosses.any():
-            return coll, work
-        # a crossing ring's collective slowed by the switch: clearly longer than its peers' in that step
-        sel = crosses & ~np.isnan(peer) & (coll > peer * (1 + 0.5 * (1 - slow_ratio)))
-        healed = coll.copy()
-        healed[sel] = peer[sel]
-        no_peer = crosses & np.isnan(peer)
-        healed[no_peer] = coll[no_peer] * slow_ratio  # every ring crosses it: scale by its bandwidth ratio
-        # the job's pipeline traffic runs between the same servers, over the same leaves: in the steps where
-        # a ring's collective was slowed, every ring's work phase (compute and PP traffic) takes its median
-        # over the steps where none was
-        steps_hit = np.zeros(self.n_s, bool)
-        steps_hit[self.step_i[sel]] = True
-        healed_work = self._healthy_baseline(work, steps_hit[self.step_i], work)
-        return healed, healed_work
+            known = ", ".join(sorted(switches.loc[switches["kind"] == kind, "name"].unique())[:10])
+            raise ValueError(f"{flag}:{name}: no such {kind} in switches.csv (e.g. {known})")
+        ratio = float(sw["ratio"].min())
+        crosses = self._rings_crossing(name, str(sw["tier"].iloc[0]), topology, pairs)[self.ring_of]
+        info: dict = {"crossing_rings": int(crosses.reshape(self.n_s, self.n_r)[0].sum()), "healed": 0,
+                      "reference": None, "ratio": ratio}
+        if ratio >= 1 or not crosses.any():
+            return coll, work, info
+        if self.bytes is None or not np.isfinite(self.bytes).all():
+            # no byte counts: the crossing collectives at the switch's bandwidth ratio
+            info.update(healed=int(crosses.sum()), reference="ratio")
+            return np.where(crosses, coll * ratio, coll), work, info
+        # A slow transfer can also delay when the ring's last member is seen to arrive (its first flow of the
+        # collective), so part of the collective counts as the members' wait: the wait beyond the ring's
+        # usual one goes with the transfer when the transfer was slowed
+        usual = pd.Series(self.wait).groupby(self.ring_of).transform("median").to_numpy()
+        excess = np.maximum(self.wait - usual, 0.0)
+        span = self.coll + excess
+        rate = self.bytes / np.maximum(span, 1e-12)  # as observed, whatever the scenarios before changed
+        # the job's rings that cannot cross the switch carry the healthy rate
+        peers = ~crosses & (self.bytes > 0)
+        if peers.any():
+            ref, how = float(np.median(rate[peers])), "rings not crossing it"
+        else:
+            # every ring may cross it: the rate they reach in their best steps (the switch healthy for a while)
+            ref, how = float(np.quantile(rate[crosses], 0.9)), "the crossing rings' best steps"
+        slowed = crosses & (rate < ref * (1 - TOLERANCE))
+        if not slowed.any() and how != "rings not crossing it":
+            # no ring of the job is faster than another, in any step: either none went through the switch (a
+            # spine the ECMP hash avoids), or all did for the whole capture. A ring's pairs each carry its
+            # rate / pairs: against the tier's healthy median bandwidth per flow (switches.csv)
+            return self._heal_against_tier(sw, crosses, rate, coll, work, info, pairs)
+        out, out_work = coll.copy(), work.copy()
+        # the collective's bytes at the healthy rate (scaled as a scenario before may have scaled it), from
+        # the end of the members' usual wait
+        scale = coll[slowed] / np.maximum(self.coll[slowed], 1e-12)
+        out[slowed] = np.minimum(coll[slowed] + excess[slowed], (self.bytes[slowed] / ref) * scale)
+        out_work[slowed] = np.maximum(work[slowed] - excess[slowed], 0.0)
+        info.update(healed=int(slowed.sum()), reference=how)
+        return out, out_work, info
 
-    def _rings_crossing(self, name: str, tier: str, topology: pd.DataFrame | None) -> np.ndarray:
+    def _heal_against_tier(self, sw: pd.DataFrame, crosses: np.ndarray, rate: np.ndarray, coll: np.ndarray,
+                           work: np.ndarray, info: dict, pairs: pd.DataFrame | None) -> tuple[np.ndarray, np.ndarray, dict]:
+        """Every ring may cross the switch and none is faster: each ring's rate per DP pair (bytes per second
+        each of its pairs moves) against the tier's healthy median bandwidth; a collective clearly below it
+        takes ``its rate / the median`` of its time. Without the pairs or the tier's median: the switch's
+        ``ratio`` for every crossing ring."""
+        members = self._ring_members(pairs)
+        n_pairs = np.array([len(_ring_pairs(members[g], pairs, self.job_id)) if g in members else 0 for g in self.rings])[self.ring_of]
+        tier = pd.to_numeric(sw.get("tier_median_gbps", pd.Series(dtype=float)), errors="coerce").max()
+        if not (n_pairs[crosses] > 0).all() or not np.isfinite(tier) or tier <= 0:
+            info.update(healed=int(crosses.sum()), reference="ratio")
+            return np.where(crosses, coll * info["ratio"], coll), work, info
+        factor = rate / np.maximum(n_pairs, 1) / 1e9 / tier  # the switches' GB/s
+        slowed = crosses & (factor < 1 - TOLERANCE)
+        out = np.where(slowed, coll * factor, coll)
+        info.update(healed=int(slowed.sum()), reference="the tier's median bandwidth")
+        return out, work, info
+
+    def _ring_members(self, pairs: pd.DataFrame | None) -> dict:
+        """Ring -> the NIC addresses of its members: the job's DP pairs (``pairs.csv``) joined to the ring's
+        address (a ring may pair NICs on different rails)."""
+        if pairs is None or not {"job_id", "src", "dst", "type"} <= set(pairs.columns):
+            return {}
+        dp = pairs[(pairs["job_id"].astype(str) == self.job_id) & (pairs["type"] == "DP")]
+        nbr: dict = {}
+        for a, b in zip(dp["src"].astype(str), dp["dst"].astype(str)):
+            nbr.setdefault(a, set()).add(b)
+            nbr.setdefault(b, set()).add(a)
+        out = {}
+        for g in self.rings:
+            ip = g.split("@", 1)[1]
+            if ip not in nbr:
+                continue
+            seen, todo = {ip}, [ip]
+            while todo:
+                for n in nbr[todo.pop()] - seen:
+                    seen.add(n)
+                    todo.append(n)
+            out[g] = seen
+        return out
+
+    def _rings_crossing(self, name: str, tier: str, topology: pd.DataFrame | None, pairs: pd.DataFrame | None = None) -> np.ndarray:
         """Which rings' traffic goes through the switch (all, without a topology)."""
         if topology is None or "leaf" not in topology.columns:
             return np.ones(self.n_r, bool)
         topo = topology.assign(ip=topology["ip"].astype(str))
         rail_of = topo.set_index("ip")["rail"] if "rail" in topo.columns else None
+        leaf_of = topo.set_index("ip")["leaf"]
+        members_of = self._ring_members(pairs)
         out = np.zeros(self.n_r, bool)
         servers = self.phases.drop_duplicates("group").set_index("group")["servers"]
         for i, g in enumerate(self.rings):
             ip = g.split("@", 1)[1]
-            members = str(servers[g]).split("|")
-            t = topo[topo["server"].isin(members)]
-            if rail_of is not None and ip in rail_of.index:
-                t = t[t["rail"] == rail_of[ip]]
-            leaves = set(t["leaf"])
-            out[i] = (name in leaves) if tier == "leaf" else len(leaves) > 1
+            if g in members_of:
+                leaves = set(leaf_of.reindex(list(members_of[g])).dropna())
+            else:
+                # without the ring's pairs: its servers' leaves on the ring's rail
+                t = topo[topo["server"].isin(str(servers[g]).split("|"))]
+                if rail_of is not None and ip in rail_of.index:
+                    t = t[t["rail"] == rail_of[ip]]
+                leaves = set(t["leaf"])
+            # a link crosses the ring where each of its ends does (a leaf of the ring; a spine: several leaves)
+            ends = list(zip(name.split(">"), tier.split(">"))) if ">" in name else [(name, tier)]
+            out[i] = all((n in leaves) if tr == "leaf" else len(leaves) > 1 for n, tr in ends)
         return out

@@ -5,10 +5,11 @@ Outputs in ``--out``:
 * ``summary.json``: ``{"jobs": {job_id: {"observed_step_s", "replayed_step_s",
   "baseline_step_s", "predicted_step_s", "predicted_speedup", "attribution",
   ...}}, "skipped": {job_id: reason}, "warnings": [...]}``; step times are
-  medians over complete steps (observed in the input, simulated unchanged,
-  simulated without launch delays (op traces), simulated under the
-  scenarios); ``predicted_speedup`` and the attribution use means, as
-  StragglerAnalysis does;
+  means over the complete steps modelled (observed in the input, simulated
+  unchanged, simulated as the scenarios' starting point (op traces: without
+  launch delays; network: the replay itself), simulated under the
+  scenarios); ``predicted_speedup`` is baseline over predicted, and the
+  attribution uses the same means, as StragglerAnalysis does;
 * ``steps.csv``: per job and step, those step times;
 * ``attribution.csv`` (``--attribute``): per job, level and group, the step
   time and slowdown with only that group as observed (:mod:`.attribution`);
@@ -154,10 +155,10 @@ def whatif_ops(trace_path: str | Path, meta: dict | None, scenarios: list[Scenar
     err = (steps["replayed_s"] / steps["observed_s"] - 1).abs()
     summary = {
         "source": "ops", "steps": len(steps), "ops": len(ops), "tasks": int(g.n_nodes),
-        "observed_step_s": float(steps["observed_s"].median()),
-        "replayed_step_s": float(steps["replayed_s"].median()),
-        "baseline_step_s": float(steps["baseline_s"].median()),
-        "predicted_step_s": float(steps["predicted_s"].median()),
+        "observed_step_s": float(steps["observed_s"].mean()),
+        "replayed_step_s": float(steps["replayed_s"].mean()),
+        "baseline_step_s": float(steps["baseline_s"].mean()),
+        "predicted_step_s": float(steps["predicted_s"].mean()),
         "predicted_speedup": float(steps["baseline_s"].mean() / steps["predicted_s"].mean()) if scenarios else 1.0,
         "replay_error_mean_pct": round(float(err.mean() * 100), 4),
         "replay_error_max_pct": round(float(err.max() * 100), 4),
@@ -179,28 +180,53 @@ def whatif_ops(trace_path: str | Path, meta: dict | None, scenarios: list[Scenar
     return WhatIfResult({job: summary}, steps, _trace_events(job, rows), table)
 
 
-def attribute_replay(g: ReplayGraph) -> tuple[pd.DataFrame, dict]:
-    """A :class:`~.netreplay.ReplayGraph`'s slowdown by DP ring, stage (the servers a ring spans), server and
-    task kind. The network sees when each ring's collective starts (its last member's arrival), so a ring
-    is the finest unit: a server's share is that of the rings it is in."""
+def attribute_replay(g: ReplayGraph, anomalies: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict]:
+    """A :class:`~.netreplay.ReplayGraph`'s slowdown by DP ring, stage (the servers a ring spans), pipeline,
+    server and task kind.
+
+    Units: per step, each ring's *base* work (its work less the step's pipeline lag), each ring's
+    collective, and each pipeline's *lag* (how much later than the job's other pipelines its traffic
+    ended, :meth:`~.netreplay.ReplayGraph.pipeline_lag`); a ring's work is its base plus the step's largest
+    lag. Ideal: a ring's base at its median over the steps (a pipeline's stages differ by design), every
+    collective at the job's median, no lag. A server gets the rings it is in and the lag of its pipelines;
+    in the steps of a ``slow_group`` anomaly, the lag of the pipeline holding the named server is that
+    server's alone (the network places a lag on a stage only through that diagnosis)."""
     from prism.whatif.attribution import attribute
 
-    nw = len(g.work)
-    observed = np.concatenate([g.work, g.coll])
-    ideal = np.concatenate([np.full(nw, g.work.mean()), np.full(nw, np.median(g.coll))])
+    nw, n_s = len(g.work), g.n_s
+    lag = g.pipeline_lag()  # (steps, pipelines)
+    n_p = lag.shape[1]
+    big = lag.max(axis=1) if n_p else np.zeros(n_s)
+    base = g.work - big[g.step_i]
+    observed = np.concatenate([base, g.coll, lag.ravel()])
+    ring_median = pd.Series(base).groupby(g.ring_of).transform("median").to_numpy()
+    ideal = np.concatenate([ring_median, np.full(nw, np.median(g.coll)), np.zeros(lag.size)])
 
     def mean_step(values):
-        return float(g.simulated_steps(simulate(g.graph(values[:nw], values[nw:]))).mean())
+        b, c = values[:nw], values[nw:2 * nw]
+        top = values[2 * nw:].reshape(n_s, n_p).max(axis=1) if n_p else np.zeros(n_s)
+        return float(g.simulated_steps(simulate(g.graph(np.maximum(b + top[g.step_i], 0.0), c))).mean())
 
     ring = np.tile(np.asarray(g.rings, object)[g.ring_of], 2)
     servers = g.phases.drop_duplicates("group").set_index("group")["servers"].astype(str)
     units = pd.DataFrame({"unit": np.arange(2 * nw), "ring": ring})
+    lag_units = pd.DataFrame({"unit": 2 * nw + np.arange(lag.size), "pipeline": np.tile(np.asarray(g.pipelines, object), n_s),
+                              "step": np.repeat(g.steps["step"].to_numpy(), n_p)})
     long = [units.assign(level="ring", key=ring)[["level", "key", "unit"]],
             units.assign(level="stage", key=units["ring"].map(servers))[["level", "key", "unit"]]]
+    if n_p:
+        long.append(lag_units.assign(level="pipeline", key=lag_units["pipeline"])[["level", "key", "unit"]])
     per_server = units.assign(key=units["ring"].map(servers).str.split("|")).explode("key")
+    pipe_server = lag_units.assign(key=lag_units["pipeline"].str.split("|"))
+    for named, lo, hi, _ in g.slow_groups(anomalies):
+        holds = np.array([bool(named & set(p.split("|"))) for p in lag_units["pipeline"]], bool)
+        hit = ((lag_units["step"] >= lo) & (lag_units["step"] <= hi)).to_numpy() & holds
+        pipe_server.loc[hit, "key"] = pd.Series([[k for k in ks if k in named] for ks in pipe_server.loc[hit, "key"]],
+                                                index=pipe_server.index[hit], dtype=object)
+    per_server = pd.concat([per_server[["key", "unit"]], pipe_server.explode("key")[["key", "unit"]]], ignore_index=True)
     long.append(per_server.assign(level="server")[["level", "key", "unit"]])
-    kind = np.r_[np.full(nw, "work"), np.full(nw, "DP collective")]
-    long.append(pd.DataFrame({"level": "kind", "key": kind, "unit": np.arange(2 * nw)}))
+    kind = np.r_[np.full(nw, "work"), np.full(nw, "DP collective"), np.full(lag.size, "pipeline lag")]
+    long.append(pd.DataFrame({"level": "kind", "key": kind, "unit": np.arange(len(observed))}))
     t_base, t_ideal = mean_step(observed), mean_step(ideal)
     table = attribute(mean_step, observed, ideal, pd.concat(long, ignore_index=True), t_base, t_ideal)
     return table, {"baseline_step_mean_s": t_base, "ideal_step_mean_s": t_ideal, "slowdown": t_base / t_ideal}
@@ -218,10 +244,11 @@ def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: s
     rep = read_replay(replay_dir, topology)
     jobs, tables, events, skipped, attributions, run_warnings = {}, [], [], dict(rep["invalid"]), [], []
     for sc in scenarios:
-        if sc.kind not in ("remove-stragglers", "heal-switch", "scale-comm"):
-            raise ValueError(f"--scenario {sc}: not available for network replays (use remove-stragglers, heal-switch:NAME, scale-comm:X)")
-        if sc.kind == "heal-switch" and rep["topology"] is None:
-            run_warnings.append(f"heal-switch:{sc.arg} without --topology assumes every DP ring crosses the switch")
+        if sc.kind not in ("remove-stragglers", "heal-switch", "heal-link", "scale-comm"):
+            raise ValueError(f"--scenario {sc}: not available for network replays (use remove-stragglers, heal-switch:NAME, "
+                             "heal-link:A>B, scale-comm:X)")
+        if sc.kind in ("heal-switch", "heal-link") and rep["topology"] is None:
+            run_warnings.append(f"{sc} without --topology assumes every DP ring crosses the {sc.kind[5:]}")
     for job in sorted(rep["steps"]["job_id"].unique()):
         t0 = time.perf_counter()
         try:
@@ -239,11 +266,14 @@ def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: s
                             "so remove-stragglers and the attribution are uncertain")
         base = simulate(g.graph())
         work, coll = g.work, g.coll
+        notes: dict = {}
         for sc in scenarios:
             if sc.kind == "remove-stragglers":
                 work = g.remove_stragglers(rep["anomalies"], work)
-            elif sc.kind == "heal-switch":
-                coll, work = g.heal_switch(sc.value, rep["switches"], rep["topology"], coll, work)
+            elif sc.kind in ("heal-switch", "heal-link"):
+                coll, work, how = g.heal_switch(sc.value, rep["switches"], rep["topology"], coll, work, kind=sc.kind[5:],
+                                                pairs=rep["pairs"])
+                notes[str(sc)] = how
             elif sc.kind == "scale-comm":
                 coll = coll * float(sc.value)
         pred = simulate(g.graph(work, coll))
@@ -253,14 +283,15 @@ def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: s
         err = (t["replayed_s"] / t["observed_s"] - 1).abs()
         jobs[job] = {
             "source": "network", "steps": len(t), "steps_seen": g.steps_seen, "dp_rings": g.n_r,
-            "observed_step_s": float(t["observed_s"].median()), "replayed_step_s": float(t["replayed_s"].median()),
-            "predicted_step_s": float(t["predicted_s"].median()),
+            "observed_step_s": float(t["observed_s"].mean()), "replayed_step_s": float(t["replayed_s"].mean()),
+            # on the network the scenarios start from the observed work as replayed: the baseline is the replay
+            "baseline_step_s": float(t["replayed_s"].mean()), "predicted_step_s": float(t["predicted_s"].mean()),
             "predicted_speedup": float(t["replayed_s"].mean() / t["predicted_s"].mean()) if scenarios else 1.0,
             "replay_error_mean_pct": round(float(err.mean() * 100), 4), "replay_error_max_pct": round(float(err.max() * 100), 4),
-            "scenarios": [str(s) for s in scenarios], "warnings": warnings,
+            "scenarios": [str(s) for s in scenarios], "scenario_notes": notes, "warnings": warnings,
         }
         if attribution:
-            table, jobs[job]["attribution"] = attribute_replay(g)
+            table, jobs[job]["attribution"] = attribute_replay(g, rep["anomalies"])
             table.insert(0, "job_id", job)
             attributions.append(table)
         jobs[job]["simulation_seconds"] = round(time.perf_counter() - t0, 3)

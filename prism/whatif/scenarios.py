@@ -13,8 +13,10 @@
 ``scale-comm:X``           every communication op's transfer X times as long
 ``scale-dp:N``             DP group size N: reduce-scatter and all-gather scale
                            by the ring's (N-1)/N; per-rank work unchanged
-``heal-switch:NAME``       flows through the switch at its peers' bandwidth
-                           (network replays only)
+``heal-switch:NAME``       transfers through the switch re-costed at the
+                           healthy bandwidth measured in the capture (network
+                           replays only; :mod:`.netreplay`)
+``heal-link:A>B``          the same for one link (``switches.csv`` names it)
 ``microbatches:M``         the pipeline rebuilt for M micro-batches per step
                            (op traces; :mod:`.schedule`)
 =========================  ===================================================
@@ -38,10 +40,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "ideal_op_work", "SCENARIO_HELP"]
 
-SCENARIO_HELP = "remove-stragglers, ideal, scale-comm:X, scale-dp:N, microbatches:M, heal-switch:NAME (repeatable; applied in order)"
+SCENARIO_HELP = ("remove-stragglers, ideal, scale-comm:X, scale-dp:N, microbatches:M, heal-switch:NAME, heal-link:A>B "
+                 "(repeatable; applied in order)")
 #: a real pipeline runs tens to hundreds of micro-batches a step
 MAX_MICROBATCHES = 1024
-_KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-dp", "heal-switch", "microbatches")
+_KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-dp", "heal-switch", "heal-link", "microbatches")
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,11 @@ def parse_scenario(text: str) -> Scenario:
         raise ValueError(f"--scenario {text!r}: unknown; use {SCENARIO_HELP}")
     if kind in ("remove-stragglers", "ideal") and sep:
         raise ValueError(f"--scenario {text!r}: {kind} takes no argument")
-    if kind in ("scale-comm", "scale-dp", "microbatches", "heal-switch") and not arg:
-        raise ValueError(f"--scenario {text!r}: {kind} needs a value, e.g. {kind}:{'spine-00' if kind == 'heal-switch' else '2'}")
+    if kind in ("scale-comm", "scale-dp", "microbatches", "heal-switch", "heal-link") and not arg:
+        example = {"heal-switch": "spine-00", "heal-link": "leaf-g00-r0>spine-00"}.get(kind, "2")
+        raise ValueError(f"--scenario {text!r}: {kind} needs a value, e.g. {kind}:{example}")
+    if kind == "heal-link" and arg.count(">") != 1:
+        raise ValueError(f"--scenario {text!r}: heal-link takes a link as switches.csv names it, FROM>TO")
     if kind == "scale-comm":
         try:
             if not 0 < float(arg) < math.inf:
@@ -140,5 +146,5 @@ def apply_op_scenarios(graph_builder: OpGraph, scenarios: list[Scenario], dp_siz
         elif sc.kind == "microbatches":
             continue  # applied to the trace before the graph was built (schedule.rebuild_microbatches)
         else:
-            raise ValueError(f"--scenario {sc}: not available for op traces (heal-switch needs a network replay)")
+            raise ValueError(f"--scenario {sc}: not available for op traces (heal-switch and heal-link need a network replay)")
     return d * comm_scale
