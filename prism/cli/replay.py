@@ -82,11 +82,17 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "tcp://HOST:PORT, or 'local' for a local cluster of --workers processes. This process then keeps no flow: each "
         "task reads its jobs' flows from the FLOWS Parquet files, which every worker must open at the same paths",
     )
+    p.add_argument(
+        "--job-names", default=None, metavar="CSV",
+        help="an inventory of the scheduler's job names: CSV with job_name and server (or ip, a GPU NIC of --topology), one "
+        "row each; a job is named by what most of its servers carry, in jobs.csv (a job_name column) and the summary",
+    )
     p.set_defaults(func=cmd_replay)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from prism.analysis.analyse import Settings
+    from prism.ingest.inventory import JobNames
     from prism.ingest.records import FlowFormatError
     from prism.ingest.topology import Topology
     from prism.offline.replay import format_summary, replay
@@ -94,11 +100,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     try:
         topo = Topology.from_csv(args.topology)
+        names = JobNames.from_csv(args.job_names, topo) if args.job_names else None
         kw = {"switch_window_s": args.switch_window} if args.switch_window else {}
         progress = False if args.output == "json" and args.progress is None else args.progress
         res = replay(args.flows, topo, out_dir=args.out, chunk_rows=args.chunk_rows, progress=progress, stop_after=args.stop_after, plots=args.plots,
                      spill_above=args.spill_above, spill_dir=args.spill_dir, settings=Settings(slice_flows=args.slice_flows),
-                     workers=args.workers, scheduler=args.scheduler, **kw)
+                     workers=args.workers, scheduler=args.scheduler, job_names=names, **kw)
     except EngineError as e:  # --scheduler: not installed, not reachable, or inputs its workers cannot read
         print(f"prism replay: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -45,6 +45,7 @@ from prism.analysis.parallelism import UNCERTAIN_BELOW
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS
 from prism.common.allocator import release_free_memory
 from prism.ingest.gpu_traffic import gpu_traffic
+from prism.ingest.inventory import JobNames
 from prism.ingest.readers import DEFAULT_CHUNK_ROWS, FlowReader
 from prism.ingest.records import RejectCounter
 from prism.ingest.topology import Topology
@@ -93,6 +94,8 @@ class ReplayResult:
             for job_id, g in self.jobs.groupby("job_id", sort=True):
                 servers = sorted(g["server"].unique())
                 row: dict[str, Any] = {"job_id": job_id, "gpus": int(len(g)), "servers": servers}
+                if "job_name" in g:
+                    row["job_name"] = str(g["job_name"].iloc[0])  # the scheduler's name, from an inventory ("" if unlisted)
                 if self.pairs is not None:
                     types = self.pairs.loc[self.pairs["job_id"] == job_id, "type"].value_counts()
                     row.update(dp_pairs=int(types.get("DP", 0)), pp_pairs=int(types.get("PP", 0)))
@@ -283,6 +286,7 @@ def replay(
     spill_dir: str | Path | None = None,
     workers: int = 1,
     scheduler: str | None = None,
+    job_names: JobNames | None = None,
 ) -> ReplayResult:
     """Read flow dumps, run the analyses, and write the output contract.
 
@@ -327,6 +331,10 @@ def replay(
         jobs' flows from ``paths``, which must be Parquet files every worker
         can open. Raises :class:`prism.offline.workers.EngineError` when Dask
         is missing, the scheduler cannot be reached or an input is not Parquet.
+    job_names : JobNames, optional
+        An inventory of the scheduler's job names (:mod:`prism.ingest.inventory`):
+        each job's name goes into ``jobs.csv`` (a ``job_name`` column) and
+        the summary.
     """
     from tqdm.auto import tqdm
 
@@ -367,6 +375,8 @@ def replay(
                     bar.set_postfix(rows=f"{reader.rows_read:,}", refresh=False)
             res.rows_read += reader.rows_read
         res.jobs = recogniser.predict()
+        if job_names is not None:
+            res.jobs["job_name"] = res.jobs["job_id"].map(res.jobs.groupby("job_id")["server"].agg(lambda s: job_names.name(set(s))))
         res.job_spans = _job_spans(res.jobs, topology, activity)
         stages = _StageClock(res.stage_seconds, progress)
         stages.begin("read", t_start)
@@ -496,7 +506,7 @@ def write_outputs(res: ReplayResult, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     jobs = res.jobs if res.jobs is not None else pd.DataFrame(columns=["job_id", "ip"])
-    jobs[OUTPUT_COLUMNS["jobs.csv"]].to_csv(out / "jobs.csv", index=False)
+    jobs[OUTPUT_COLUMNS["jobs.csv"] + (["job_name"] if "job_name" in jobs else [])].to_csv(out / "jobs.csv", index=False)
     an = res.analysis
     frames = {
         "pairs.csv": an.pairs if an is not None else None,
@@ -543,7 +553,8 @@ def format_summary(res: ReplayResult) -> str:
         extra = f", {j['flows']:,} flows" if "flows" in j else ""
         if "dp_pairs" in j:
             extra += f", {j['dp_pairs']} DP / {j['pp_pairs']} PP" + "".join(f" / {j[k]} {k[:2].upper()}" for k in ("ep_pairs", "cp_pairs") if k in j) + " pairs"
-        lines.append(f"  {j['job_id']}  {j['gpus']:>5} GPUs on {len(srv):>4} servers ({srv_txt}){extra}")
+        named = f" ({j['job_name']})" if j.get("job_name") else ""
+        lines.append(f"  {j['job_id']}{named}  {j['gpus']:>5} GPUs on {len(srv):>4} servers ({srv_txt}){extra}")
         if "dp" in j:
             shape = f"DP{j['dp']} x PP{j['pp']}, {j['nics_per_stage']} NICs per stage of a replica" if j["dp_exact"] else f"DP>={j['dp']} x PP{j['pp']} (a DP ring runs partly inside servers)"
             parts = [shape + "".join(f", {what} of {j[k]}" for k, what in (("ep", "expert all-to-all groups"), ("cp", "context-parallel rings")) if k in j)]

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from prism import __version__
 from prism.common.kernels import log_compile_state
 from prism.common.output import EXIT_BAD_INPUT, EXIT_FAILED
+from prism.ingest.inventory import JobNames
 from prism.ingest.records import FlowFormatError
 from prism.ingest.topology import Topology
 from prism.serve.daemon import Daemon
@@ -131,7 +132,11 @@ def build_daemon(
             topology = Topology.from_csv(settings.topology)
         except (FlowFormatError, FileNotFoundError, ValueError) as e:
             raise StartupError(str(e)) from e
-    monitor = Monitor(topology, settings.monitor)
+    try:
+        names = JobNames.from_csv(settings.job_names, topology) if settings.job_names else None
+    except (FlowFormatError, FileNotFoundError) as e:
+        raise StartupError(str(e)) from e
+    monitor = Monitor(topology, settings.monitor, job_names=names)
     # the compiled kernels load now, not inside the first window; before any
     # other thread runs, as the warm-up silences the prism loggers meanwhile
     compiling = log_compile_state(log, "daemon's start") if warm and log_startup else False

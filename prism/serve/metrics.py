@@ -197,7 +197,8 @@ class PrismCollector:
         g = GaugeMetricFamily("prism_jobs", "Training jobs recognised.")
         g.add_metric([], len(jobs))
         yield g
-        info = GaugeMetricFamily("prism_job_info", "A recognised job (value 1): its GPUs, servers and DP x PP shape.", labels=["job_id", "gpus", "servers", "dp", "pp"])
+        info = GaugeMetricFamily("prism_job_info", "A recognised job (value 1): its GPUs, servers, DP x PP shape and the scheduler's name "
+                                 "(--jobs.names; empty if none).", labels=["job_id", "gpus", "servers", "dp", "pp", "job_name"])
         last = GaugeMetricFamily("prism_step_duration_seconds", "Duration of the job's last complete step.", labels=["job_id"])
         hist = HistogramMetricFamily("prism_step_duration_histogram_seconds", "Step durations of the job.", labels=["job_id"])
         slowdown = GaugeMetricFamily("prism_step_slowdown_ratio", "Last step's duration over the job's baseline (median of recent normal steps).", labels=["job_id"])
@@ -210,7 +211,7 @@ class PrismCollector:
         state = GaugeMetricFamily("prism_job_state", "The job's state (value 1 on the current one): running; hung (its last collective never "
                                   "completed and it went silent); ended (silent after a whole step).", labels=["job_id", "state"])
         for job_id, v in sorted(jobs.items()):
-            info.add_metric([job_id, str(v.gpus), str(v.servers), str(v.dp), str(v.pp)], 1)
+            info.add_metric([job_id, str(v.gpus), str(v.servers), str(v.dp), str(v.pp), v.name], 1)
             for name in JOB_STATES:
                 state.add_metric([job_id, name], 1.0 if v.state == name else 0.0)
             for (kind, certainty), n in sorted(v.pairs.items()):

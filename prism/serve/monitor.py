@@ -51,6 +51,8 @@ from prism.analysis.jobs import JobRecogniser, gpu_clusters
 from prism.analysis.parallelism import UNCERTAIN_BELOW
 from prism.analysis.stitch import StepStitcher, median_step_ns
 from prism.ingest.gpu_traffic import gpu_traffic
+from prism.ingest.inventory import JobNames
+from prism.ingest.records import FlowFormatError
 from prism.ingest.topology import Topology
 from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_hashes
 
@@ -127,6 +129,7 @@ class JobView:
     group_lag: dict = field(default_factory=dict)  # server -> ratio (pipeline-stage compute vs peers)
     pairs: dict = field(default_factory=dict)  # (type, "certain"|"uncertain") -> GPU pairs in the last window
     state: str = "running"  # running, hung (its last collective never completed) or ended (silent after a whole step)
+    name: str = ""  # the scheduler's name for it, from the job inventory (--jobs.names); "" if none
 
 
 @dataclass
@@ -185,8 +188,10 @@ class Monitor:
     and :meth:`counters_snapshot` (taken under :attr:`lock`).
     """
 
-    def __init__(self, topology: Topology, settings: MonitorSettings | None = None, analysis: Settings | None = None) -> None:
+    def __init__(self, topology: Topology, settings: MonitorSettings | None = None, analysis: Settings | None = None,
+                 job_names: JobNames | None = None) -> None:
         self.topology = topology
+        self.job_names = job_names  # the scheduler's names of jobs, by server (read again when its file changes)
         self.s = settings or MonitorSettings()
         self.analysis = analysis or Settings()
         self.lock = threading.Lock()
@@ -571,6 +576,18 @@ class Monitor:
                                           "lateness_s": round(lateness / 1e9, 3)}})
         return span
 
+    def _reload_job_names(self) -> None:
+        """Read the job inventory again if its file changed (a scheduler export rewritten); a bad one keeps the last good."""
+        names = self.job_names
+        if names is None or names.path is None or not names.changed():
+            return
+        try:
+            self.job_names = JobNames.from_csv(names.path, self.topology)
+            log.info("job inventory read again", extra={"fields": {"file": names.path, "servers": len(self.job_names.by_server)}})
+        except (FlowFormatError, FileNotFoundError) as e:
+            names.seen()  # warn once per change, not every window
+            log.warning("job inventory not read again; the last good one stands", extra={"fields": {"error": str(e)}})
+
     def _merge_jobs(self, jobs: pd.DataFrame, an: Analysis, end: int) -> None:
         # the job map is the live pairs' (pairs expire after pair_ttl_s): a job
         # whose id is gone has ended, or grown into a bigger one
@@ -581,6 +598,7 @@ class Monitor:
             pair_counts = an.pairs.assign(certainty=certainty).groupby(["job_id", "type", "certainty"]).size()
         current = {job_id: set(g["server"]) for job_id, g in jobs.groupby("job_id", sort=True)}
         gone = {j: st for j, st in self._jobs.items() if j not in current}
+        self._reload_job_names()
         for job_id, g in jobs.groupby("job_id", sort=True):
             job_id = cast(str, job_id)  # the job ids are strings (the stubs type a group key as any scalar)
             st = self._jobs.get(job_id)
@@ -595,6 +613,7 @@ class Monitor:
             # the id names the servers; the GPUs seen on them can still grow
             st.servers = current[job_id]
             st.view.gpus, st.view.servers = int(len(g)), len(st.servers)
+            st.view.name = self.job_names.name(st.servers) if self.job_names is not None else ""
             if shapes is not None and job_id in shapes.index:
                 st.view.dp, st.view.pp = int(shapes.at[job_id, "dp"]), int(shapes.at[job_id, "pp"])
             if len(pair_counts):

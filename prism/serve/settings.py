@@ -72,6 +72,9 @@ DAEMON_FLAGS: dict[str, dict[str, Any]] = {
                               help=f"wait at least this long for out-of-order records {_default('window_lateness')}; the wait grows to the "
                                    "disorder measured in the input, at most half a window"),
     "--window.max-flows": dict(dest="window_max_flows", metavar="N", help=f"memory bound, 32 bytes a flow; the oldest are shed beyond it {_default('window_max_flows')}"),
+    "--jobs.names": dict(dest="jobs_names", metavar="CSV", help="an inventory of the scheduler's job names: CSV with job_name and server "
+                         "(or ip, a GPU NIC of --topology); a job takes the name most of its servers carry, as the job_name label of "
+                         "prism_job_info; read again when the file changes"),
     "--jobs.ttl": dict(dest="jobs_ttl", metavar="DURATION", help=f"forget GPU pairs and jobs unseen this long {_default('jobs_ttl')}"),
     "--switch.window": dict(dest="switch_window", metavar="DURATION", help=f"switch bandwidth comparison window {_default('switch_window')}"),
     "--log.level": dict(dest="log_level", metavar="LEVEL", help=f"debug, info, warning or error {_default('log_level')}"),
@@ -295,6 +298,7 @@ class DaemonSettings:
     kafka: KafkaSettings | None = None
     source_dir: str | None = None
     topology: str | None = None
+    job_names: str | None = None  # the --jobs.names CSV
     web_listen_address: str = DAEMON_DEFAULTS["web_listen_address"]
     web_config_file: str | None = None
     # a window's analysis must finish within this (a Kafka consumer's max.poll.interval); /healthz follows it too
@@ -348,7 +352,7 @@ def resolve_settings(given: Mapping[str, Any]) -> DaemonSettings:
             session_timeout_s=settings["kafka_session_timeout"], security=security,
         )
     return DaemonSettings(
-        monitor=monitor, kafka=kafka, source_dir=settings.get("source"), topology=settings["topology"],
+        monitor=monitor, kafka=kafka, source_dir=settings.get("source"), topology=settings["topology"], job_names=settings.get("jobs_names"),
         web_listen_address=settings["web_listen_address"], web_config_file=settings.get("web_config_file"),
         max_poll_interval_s=settings["kafka_max_poll_interval"], log_level=settings["log_level"], log_format=settings["log_format"],
     )
