@@ -3,7 +3,8 @@
 - ``steps.png``: step duration over wall-clock time, one panel per job,
   the job's anomalies marked and switch/link anomalies shaded, y from 0;
 - ``switches.png``: effective bandwidth of every switch per window, as a
-  heat map relative to its tier's median (red: slow), in UTC.
+  heat map relative to its tier's median (red: slow), in UTC; a capture
+  within one window gets a bar per switch instead (one column says little).
 """
 from __future__ import annotations
 
@@ -103,6 +104,8 @@ def switches_figure(bandwidth: pd.DataFrame | None, window_ns: int | None = None
         return None
     plt = _pyplot()
     grid = sw.pivot_table(index=["tier", "name"], columns="window_start_ns", values="ratio")
+    if grid.shape[1] == 1:
+        return _one_window(plt, grid, window_ns)
     fig, ax = plt.subplots(figsize=(min(max(4, 0.5 * grid.shape[1] + 3), 16), 0.22 * len(grid) + 1.4))
     im = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap="RdYlGn", vmin=0, vmax=1.2, interpolation="nearest")
     ax.set_yticks(range(len(grid)), [f"{n} ({t})" for t, n in grid.index], fontsize=6)
@@ -115,6 +118,24 @@ def switches_figure(bandwidth: pd.DataFrame | None, window_ns: int | None = None
     ax.set_xlabel(f"window start (UTC, {starts[0]:%Y-%m-%d}; windows of {step / 1e9:g} s)")
     fig.colorbar(im, ax=ax, label="bandwidth / tier median")
     ax.set_title("switch effective bandwidth (red: slow)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _one_window(plt, grid: pd.DataFrame, window_ns: int | None) -> Figure:
+    """A capture within one switch window: a bar per switch (a heat map of one column says little)."""
+    ratio = grid.iloc[:, 0].to_numpy(dtype=float)
+    start = pd.Timestamp(int(grid.columns[0]), unit="ns")
+    fig, ax = plt.subplots(figsize=(6, 0.22 * len(grid) + 1.6))
+    ax.barh(range(len(grid)), np.nan_to_num(ratio), color=plt.get_cmap("RdYlGn")(np.clip(np.nan_to_num(ratio) / 1.2, 0, 1)))
+    ax.set_yticks(range(len(grid)), [f"{n} ({t})" for t, n in grid.index], fontsize=6)
+    ax.set_ylim(len(grid) - 0.5, -0.5)
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_xlim(0, max(1.2, float(np.nanmax(ratio)) * 1.05 if np.isfinite(ratio).any() else 1.2))
+    ax.set_xlabel("bandwidth / tier median")
+    span = f"one window of {window_ns / 1e9:g} s" if window_ns else "one window"
+    ax.set_title(f"switch effective bandwidth (red: slow)\n{span} from {start:%Y-%m-%d %H:%M:%S} UTC\n"
+                 "(a shorter --switch-window gives a time axis)", fontsize=7)
     fig.tight_layout()
     return fig
 
