@@ -383,7 +383,7 @@ def _combine(parts: list[Analysis], switch_bw, s: Settings, stop_after: str) -> 
     out.slices = {job: n for p in parts for job, n in p.slices.items()}
     if stop_after == "pairs":
         return out
-    out.steps, out.phases = cat("steps"), cat("phases")
+    out.steps, out.phases, out.collectives = cat("steps"), cat("phases"), cat("collectives")
     states = cat("job_states")
     out.job_states = states.sort_values("job_id", kind="stable").reset_index(drop=True) if states is not None else None
     if stop_after == "steps":
