@@ -60,7 +60,7 @@ def test_bursts_groups_and_order():
     labels, server = np.zeros(4, np.int64), np.arange(4)
     pair_a, pair_b = np.array([0, 0, 1, 0]), np.array([1, 2, 2, 3])  # unordered pairs, their rows
     flows = []  # (kind, a, b, pair row, start, end, size)
-    for burst, t0 in enumerate((0, 1_000_000)):  # two collectives 1 ms apart, each 3 ring steps of the 3 edges
+    for t0 in (0, 1_000_000):  # two collectives 1 ms apart, each 3 ring steps of the 3 edges
         for r in range(3):
             for src, dst, row in ((0, 1, 0), (1, 2, 2), (2, 0, 1)):
                 flows.append((DP, src, dst, row, t0 + r * 10_000, t0 + r * 10_000 + 9_000, 100))

@@ -248,9 +248,10 @@ def _collectives(is_dp, is_pp, pair_type, flow_pair, a, b, start, end, size, pai
     """The collective instances (:mod:`prism.analysis.collectives`): each flow's kind from its pair's type and the DP marks."""
     kind = np.full(len(a), -1, np.int8)
     kind[is_pp] = PP
-    if pair_type is not None:
-        kind[np.asarray(pair_type == "EP")[flow_pair]] = EP
-        kind[np.asarray(pair_type == "CP")[flow_pair]] = CP
+    for name, code in (("EP", EP), ("CP", CP)):  # per pair, then its flows (only where a job has such pairs)
+        typed = np.asarray(pair_type == name) if pair_type is not None else None
+        if typed is not None and typed.any():
+            kind[typed[flow_pair]] = code
     kind[is_dp] = DP  # an MoE job's dense ring bursts on its expert pairs too
     return collective_instances(kind, a, b, start, end, size, flow_pair, pair_a, pair_b, labels, topology.server_codes, label_name)
 

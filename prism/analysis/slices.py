@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.analyse import Analysis, Settings, analyse
-from prism.analysis.collectives import settled
+from prism.analysis.collectives import concat_instances, settled
 from prism.analysis.diagnosis import in_time_order, not_named_by
 from prism.analysis.stitch import StepStitcher, median_step_ns
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS
@@ -139,7 +139,7 @@ class _Stitch:
             return out
         out.steps = pd.concat(self.steps, ignore_index=True)[STEP_COLUMNS] if self.steps else pd.DataFrame(columns=STEP_COLUMNS)
         out.phases = pd.concat(self.phases, ignore_index=True) if self.phases else pd.DataFrame(columns=PHASE_COLUMNS)
-        out.collectives = pd.concat(self.collectives, ignore_index=True) if self.collectives else None
+        out.collectives = concat_instances(self.collectives)
         if stop_after == "steps":
             return out
         out.group_lag = pd.concat(self.lag, ignore_index=True) if self.lag else pd.DataFrame()
