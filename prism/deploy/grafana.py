@@ -95,14 +95,15 @@ def dashboard(settings: AlertSettings | None = None) -> gd.Dashboard:
         .with_row(gd.Row("Collectives"))
         .with_panel(_ts("Collective bus bandwidth", "Bps",
                         _q(f"max by (job_id, kind) (prism_collective_bus_bandwidth_bytes_per_second{{{job}}})", "{{job_id}} {{kind}}"),
-                        description="Per job and kind (DP ring, PP send/recv, EP all-to-all, CP ring), the last window's collectives: "
+                        description="Per job and kind (DP ring, PP send/recv, EP all-to-all, CP ring), the collectives counted at the last window: "
                                     "wire bytes over sending NICs times duration (NCCL-tests' busbw).", span=8))
         .with_panel(_ts("Collectives per second", "ops",
                         _q(f"max by (job_id, kind) (rate(prism_collectives_total{{{job}}}[$__rate_interval]))", "{{job_id}} {{kind}}"),
                         description="Collectives seen on the network, per job and kind.", span=8))
         .with_panel(_ts("Collective duration p95", "s",
                         _q(f'max by (job_id, kind) (prism_collective_duration_seconds{{{job},quantile="0.95"}})', "{{job_id}} {{kind}}"),
-                        description="95th percentile duration of the last window's collectives (first flow start to last flow end).", span=8))
+                        description="95th percentile duration of the collectives counted at the last window (first flow start to last flow end).",
+                        span=8))
         .with_row(gd.Row("Fabric"))
         .with_panel(
             heatmap.Panel().title("Switch bandwidth (heat map)").span(24).height(10).datasource(_DS)

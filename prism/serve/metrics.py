@@ -288,17 +288,17 @@ class PrismCollector:
 def collective_families(jobs: dict) -> list[Metric]:
     """The per-job collective metrics (:class:`prism.serve.monitor.CollectiveView` per job and kind), as NCCL Inspector
     reports them from inside NCCL but from the network: counts, bytes and time as counters, the last window's duration
-    quantiles and bus bandwidth as gauges (see :mod:`prism.analysis.collectives` for what the network can tell)."""
+    quantiles and bus bandwidth (of the collectives counted at the last window) as gauges (see :mod:`prism.analysis.collectives` for what the network can tell)."""
     labels = ["job_id", "kind"]
     count = CounterMetricFamily("prism_collectives_total", "Collectives of the job seen on the network, by kind (dp_collective, pp_sendrecv, "
                                 "ep_alltoall, cp_ring): bursts of a group of servers (a PP send/recv: of a NIC pair).", labels=labels)
     nbytes = CounterMetricFamily("prism_collective_bytes_total", "Bytes the job's collectives put on the wire, by kind.", labels=labels)
     seconds = CounterMetricFamily("prism_collective_time_seconds_total", "The job's collectives' durations summed, by kind "
                                   "(over prism_collectives_total: the mean duration).", labels=labels)
-    duration = GaugeMetricFamily("prism_collective_duration_seconds", "Duration of the job's collectives of the last window, by kind: "
-                                 "median and 95th percentile (first flow start to last flow end).", labels=[*labels, "quantile"])
-    busbw = GaugeMetricFamily("prism_collective_bus_bandwidth_bytes_per_second", "Bus bandwidth of the job's collectives of the last "
-                              "window, by kind: wire bytes over sending NICs times duration (NCCL-tests' busbw, one NIC a rank).",
+    duration = GaugeMetricFamily("prism_collective_duration_seconds", "Duration of the job's collectives counted at the last window, by "
+                                 "kind: median and 95th percentile (first flow start to last flow end).", labels=[*labels, "quantile"])
+    busbw = GaugeMetricFamily("prism_collective_bus_bandwidth_bytes_per_second", "Bus bandwidth of the job's collectives counted at the "
+                              "last window, by kind: wire bytes over sending NICs times duration (NCCL-tests' busbw, one NIC a rank).",
                               labels=labels)
     for job_id, v in sorted(jobs.items()):
         for kind, c in sorted(v.collectives.items()):

@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.analyse import Analysis, Settings, analyse, label_names
-from prism.analysis.collectives import settled, summarise
+from prism.analysis.collectives import settled_by_job, summarise
 from prism.analysis.diagnosis import SwitchBandwidth
 from prism.analysis.jobs import JobRecogniser, gpu_clusters
 from prism.analysis.parallelism import UNCERTAIN_BELOW
@@ -136,14 +136,14 @@ class JobView:
 
 @dataclass
 class CollectiveView:
-    """One kind of collective of a job: counts since the job was first seen, and the last window's figures."""
+    """One kind of collective of a job: counts since the job was first seen, and the figures of those counted at the last window that counted any."""
 
     count: int = 0  # collectives counted (each once, however many windows hold it)
     bytes: int = 0  # their wire bytes
     seconds: float = 0.0  # their durations summed
-    duration_p50_s: float | None = None  # median and 95th percentile duration over the last window's collectives
+    duration_p50_s: float | None = None  # median and 95th percentile duration of the collectives counted at the last window
     duration_p95_s: float | None = None
-    busbw: float | None = None  # bus bandwidth over the last window's collectives: bytes over NIC-seconds (bytes/s)
+    busbw: float | None = None  # their bus bandwidth: bytes over NIC-seconds (bytes/s)
 
 
 @dataclass
@@ -724,36 +724,29 @@ class Monitor:
                 self._report(st, (r.kind, r.start_ns), r._asdict())
 
     def _merge_collectives(self, instances: pd.DataFrame | None, final: bool, end: int) -> None:
-        """Count each job's new collectives, and take the window's figures per kind.
+        """Count each job's new collectives, and take their figures per kind.
 
         A collective counts in the window that holds its end with nothing
-        after it (:func:`prism.analysis.collectives.settled`), so once,
-        though the windows overlap. The figures (durations, bus bandwidth)
-        are over all of the window's settled collectives.
+        after it that could continue it (:func:`prism.analysis.collectives.settled`),
+        so once, though the windows overlap. The gauges (durations, bus
+        bandwidth) are those of the collectives counted at this window; a
+        kind with none keeps its last.
         """
         if instances is None or not len(instances):
             return
-        new, window = [], []
-        for job_id, g in instances.groupby("job_id", sort=False, observed=True):
-            st = self._jobs.get(cast(str, job_id))
-            if st is None:
-                continue
-            taken, st.collectives_to = settled(g, st.collectives_to, None if final else end)
-            new.append(taken)
-            window.append(settled(g, None, None if final else end)[0])
-        if not new:
-            return
-        for rows, counting in ((summarise(pd.concat(new)), True), (summarise(pd.concat(window)), False)):
-            r: Any  # a row: the stubs type its fields as any scalar
-            for r in rows.itertuples(index=False):  # per job and kind
-                v = self._jobs[r.job_id].view.collectives.setdefault(r.kind, CollectiveView())
-                if counting:
-                    v.count += int(r.collectives)
-                    v.bytes += int(r.bytes)
-                    v.seconds += float(r.duration_sum_ns) / 1e9
-                else:
-                    v.duration_p50_s, v.duration_p95_s = float(r.duration_median_ns) / 1e9, float(r.duration_p95_ns) / 1e9
-                    v.busbw = float(r.busbw_gbps) * 1e9
+        ours = instances[instances["job_id"].isin(list(self._jobs))]
+        after = {j: self._jobs[j].collectives_to for j in pd.unique(ours["job_id"])}
+        taken, after = settled_by_job(ours, after, None if final else end)
+        for job_id, to in after.items():
+            self._jobs[job_id].collectives_to = to
+        r: Any  # a row: the stubs type its fields as any scalar
+        for r in summarise(taken).itertuples(index=False):  # per job and kind
+            v = self._jobs[r.job_id].view.collectives.setdefault(r.kind, CollectiveView())
+            v.count += int(r.collectives)
+            v.bytes += int(r.bytes)
+            v.seconds += float(r.duration_sum_ns) / 1e9
+            v.duration_p50_s, v.duration_p95_s = float(r.duration_median_ns) / 1e9, float(r.duration_p95_ns) / 1e9
+            v.busbw = float(r.busbw_gbps) * 1e9
 
     def _report(self, st: _JobState, key: tuple, row: dict) -> None:
         if key in st.reported:
