@@ -16,6 +16,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from prism.analysis.collectives import CP, DP, EP, PP, collective_instances
 from prism.analysis.diagnosis import (
     ArrivalDiagnoser,
     CrossStepDiagnoser,
@@ -69,6 +70,7 @@ class Analysis:
     arrivals: pd.DataFrame | None = None  # ARRIVAL_COLUMNS: per DP collective burst, the server that sent last
     slices: dict = field(default_factory=dict)  # job_id -> time slices, for the jobs analysed in slices (prism.analysis.slices)
     job_states: pd.DataFrame | None = None  # job_id, state (running, hung, ended), since_ns (prism.analysis.diagnosis.hang)
+    collectives: pd.DataFrame | None = None  # INSTANCE_COLUMNS: per collective instance (prism.analysis.collectives)
 
 
 def _pair_key(a, b, n):
@@ -181,6 +183,9 @@ def analyse(
     if phases:
         stage("phases")
         out.phases = _phases(steps, fs, a, is_dp, start, end, size, comps["dp"], comps["pp"], topology)
+    stage("collectives")
+    out.collectives = _collectives(is_dp, is_pp, ptype[o] if "type" in p else None, flow_pair, a, b, start, end, size, pa[o], pb[o], labels,
+                                   topology, label_name)
     if stop_after == "steps":
         return out
 
@@ -241,6 +246,18 @@ def _runs_and_hangs(s: Settings, tl: StepTimeline, job, a, start, end, is_dp, si
         # the runs' steps numbered on, per job in time order (the rows stay where flow_step points)
         steps["step"] = steps.groupby("job")["start_ns"].rank(method="first").astype(np.int64) - 1
     return steps, fs, hd
+
+
+def _collectives(is_dp, is_pp, pair_type, flow_pair, a, b, start, end, size, pair_a, pair_b, labels, topology, label_name) -> pd.DataFrame:
+    """The collective instances (:mod:`prism.analysis.collectives`): each flow's kind from its pair's type and the DP marks."""
+    kind = np.full(len(a), -1, np.int8)
+    kind[is_pp] = PP
+    for name, code in (("EP", EP), ("CP", CP)):  # per pair, then its flows (only where a job has such pairs)
+        typed = np.asarray(pair_type == name) if pair_type is not None else None
+        if typed is not None and typed.any():
+            kind[typed[flow_pair]] = code
+    kind[is_dp] = DP  # an MoE job's dense ring bursts on its expert pairs too
+    return collective_instances(kind, a, b, start, end, size, flow_pair, pair_a, pair_b, labels, topology.server_codes, label_name)
 
 
 def ring_bursts_on(mask: np.ndarray, flow_pair: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray, end: np.ndarray,

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.analyse import Analysis, Settings, add_anomalies, analyse
+from prism.analysis.collectives import concat_instances
 from prism.analysis.diagnosis import SwitchBandwidth
 from prism.analysis.slices import analyse_sliced
 from prism.common.allocator import release_free_memory
@@ -384,6 +385,7 @@ def _combine(parts: list[Analysis], switch_bw, s: Settings, stop_after: str) -> 
     if stop_after == "pairs":
         return out
     out.steps, out.phases = cat("steps"), cat("phases")
+    out.collectives = concat_instances([p.collectives for p in parts])
     states = cat("job_states")
     out.job_states = states.sort_values("job_id", kind="stable").reset_index(drop=True) if states is not None else None
     if stop_after == "steps":

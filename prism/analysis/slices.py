@@ -17,6 +17,8 @@ over the last few steps of the one before; the results are stitched:
   kept (with the new numbers) and the others dropped;
 * **collective arrivals** -- per DP collective burst, not per step: a
   slice's bursts that start after the last one taken are kept;
+* **collective instances** -- per burst of any kind: a slice's bursts that
+  end in its span past the last slice's (:func:`prism.analysis.collectives.settled`);
 * **anomalies** -- the cross-step diagnosis runs once over the stitched
   steps, the cross-group one over the stitched lag table and the arrival
   one over the stitched bursts, as they would over one run (all read only
@@ -46,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.analyse import Analysis, Settings, analyse
+from prism.analysis.collectives import concat_instances, settled
 from prism.analysis.diagnosis import in_time_order, not_named_by
 from prism.analysis.stitch import StepStitcher, median_step_ns
 from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS
@@ -73,6 +76,8 @@ class _Stitch:
         self.phases: list[pd.DataFrame] = []
         self.lag: list[pd.DataFrame] = []
         self.arrivals: list[pd.DataFrame] = []
+        self.collectives: list[pd.DataFrame] = []
+        self.collectives_to: int | None = None  # collective instances ending up to here are taken
         self.pairs: list[pd.DataFrame] = []
         self.shapes: list[pd.DataFrame] = []
         self.stitcher = StepStitcher(HOLD_STEPS)
@@ -103,6 +108,10 @@ class _Stitch:
             new = an.arrivals if taken is None else an.arrivals[an.arrivals["start_ns"] > taken]
             if len(new):
                 self.arrivals.append(new)
+        if an.collectives is not None:
+            taken, self.collectives_to = settled(an.collectives, self.collectives_to, settle_ns)
+            if len(taken):
+                self.collectives.append(taken)
         steps = an.steps
         if steps is None or steps.empty:
             return self.last_end
@@ -130,6 +139,7 @@ class _Stitch:
             return out
         out.steps = pd.concat(self.steps, ignore_index=True)[STEP_COLUMNS] if self.steps else pd.DataFrame(columns=STEP_COLUMNS)
         out.phases = pd.concat(self.phases, ignore_index=True) if self.phases else pd.DataFrame(columns=PHASE_COLUMNS)
+        out.collectives = concat_instances(self.collectives)
         if stop_after == "steps":
             return out
         out.group_lag = pd.concat(self.lag, ignore_index=True) if self.lag else pd.DataFrame()

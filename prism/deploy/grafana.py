@@ -5,8 +5,9 @@ schema), so a panel or rule field Grafana does not know fails here, at
 generation time, not on import into Grafana.
 
 * :func:`dashboard` - jobs, step time and slowdown per job, anomalies, group
-  lag, a switch bandwidth heat map and the daemon's health, with a data
-  source and a job variable.
+  lag, collectives (bus bandwidth, rate, duration per job and kind), a
+  switch bandwidth heat map and the daemon's health, with a data source
+  and a job variable.
 * :func:`alert_provisioning` - the alerts of :mod:`prism.deploy.alerting` as a
   Grafana file-provisioning document (``apiVersion: 1``, ``groups``): query A
   is the Prometheus expression, B reduces it to its last value, C fires when
@@ -91,6 +92,18 @@ def dashboard(settings: AlertSettings | None = None) -> gd.Dashboard:
         .with_panel(_ts("Group lag", "x",
                         _q(f"max by (job_id, group) (prism_group_lag_ratio{{{job}}})", "{{job_id}} {{group}}"),
                         description="Pipeline-stage compute time of a group (server) over its peers' (1 = normal).", span=12))
+        .with_row(gd.Row("Collectives"))
+        .with_panel(_ts("Collective bus bandwidth", "Bps",
+                        _q(f"max by (job_id, kind) (prism_collective_bus_bandwidth_bytes_per_second{{{job}}})", "{{job_id}} {{kind}}"),
+                        description="Per job and kind (DP ring, PP send/recv, EP all-to-all, CP ring), the collectives counted at the last window: "
+                                    "wire bytes over sending NICs times duration (NCCL-tests' busbw).", span=8))
+        .with_panel(_ts("Collectives per second", "ops",
+                        _q(f"max by (job_id, kind) (rate(prism_collectives_total{{{job}}}[$__rate_interval]))", "{{job_id}} {{kind}}"),
+                        description="Collectives seen on the network, per job and kind.", span=8))
+        .with_panel(_ts("Collective duration p95", "s",
+                        _q(f'max by (job_id, kind) (prism_collective_duration_seconds{{{job},quantile="0.95"}})', "{{job_id}} {{kind}}"),
+                        description="95th percentile duration of the collectives counted at the last window (first flow start to last flow end).",
+                        span=8))
         .with_row(gd.Row("Fabric"))
         .with_panel(
             heatmap.Panel().title("Switch bandwidth (heat map)").span(24).height(10).datasource(_DS)

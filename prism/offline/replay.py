@@ -4,18 +4,21 @@ source (files) -> records (validated chunks) -> analyses -> sinks (files)
 
 Output contract (names and columns are fixed; later stages fill them in):
 
-=================  ==========================================================
-``jobs.csv``       ``job_id,ip``
-``pairs.csv``      ``job_id,src,dst,type,confidence,evidence`` (unordered pair, src < dst, DP/PP)
-``steps.csv``      ``job_id,step,start_ns,end_ns`` then ``duration_ns``,
-                   PP and DP spans, ``flows,bytes`` (whole steps only)
-``phases.csv``     ``job_id,step,group,kind,start_ns,end_ns,flows,bytes,servers``
-                   per step and DP group (ring) or pipeline
-``anomalies.csv``  ``kind,job_id,step,start_ns,subject,score,explanation``
-``switches.csv``   effective bandwidth per window and switch / link
-``timeline.json``  Chrome Trace Event format (Perfetto, chrome://tracing)
-``summary.json``   counts, rejects by reason, ignored by reason, jobs
-=================  ==========================================================
+===================  ==========================================================
+``jobs.csv``         ``job_id,ip``
+``pairs.csv``        ``job_id,src,dst,type,confidence,evidence`` (unordered pair, src < dst, DP/PP)
+``steps.csv``        ``job_id,step,start_ns,end_ns`` then ``duration_ns``,
+                     PP and DP spans, ``flows,bytes`` (whole steps only)
+``phases.csv``       ``job_id,step,group,kind,start_ns,end_ns,flows,bytes,servers``
+                     per step and DP group (ring) or pipeline
+``anomalies.csv``    ``kind,job_id,step,start_ns,subject,score,explanation``
+``collectives.csv``  ``job_id,kind,collectives,per_step,bytes,...,busbw_gbps``
+                     per job and kind of collective (DP ring, PP send/recv,
+                     EP all-to-all, CP ring): count, bytes, duration, bus bandwidth
+``switches.csv``     effective bandwidth per window and switch / link
+``timeline.json``    Chrome Trace Event format (Perfetto, chrome://tracing)
+``summary.json``     counts, rejects by reason, ignored by reason, jobs
+===================  ==========================================================
 
 The first four columns of ``steps.csv`` and the first six of
 ``anomalies.csv`` are fixed; columns may be added after them.
@@ -38,6 +41,7 @@ import pandas as pd
 
 from prism.analysis.analyse import Analysis, Settings
 from prism.analysis.batches import JOB_BATCH_FLOWS, analyse_by_jobs, analyse_chunks_by_jobs, analyse_job_batches, plan_analysis
+from prism.analysis.collectives import COLLECTIVE_COLUMNS, summarise
 from prism.analysis.diagnosis import ANOMALY_COLUMNS, SwitchBandwidth
 from prism.analysis.diagnosis.switches import DEFAULT_WINDOW_S, SWITCH_COLUMNS
 from prism.analysis.jobs import JobRecogniser
@@ -59,6 +63,7 @@ OUTPUT_COLUMNS = {
     "steps.csv": STEP_COLUMNS,
     "phases.csv": PHASE_COLUMNS,
     "anomalies.csv": ANOMALY_COLUMNS,
+    "collectives.csv": COLLECTIVE_COLUMNS,
 }
 
 @dataclass
@@ -513,6 +518,7 @@ def write_outputs(res: ReplayResult, out: Path) -> None:
         "steps.csv": an.steps if an is not None else None,
         "phases.csv": an.phases if an is not None else None,
         "anomalies.csv": an.anomalies if an is not None else None,
+        "collectives.csv": summarise(an.collectives, an.steps) if an is not None and an.collectives is not None else None,
     }
     for name, df in frames.items():
         df = df if df is not None else pd.DataFrame(columns=OUTPUT_COLUMNS[name])

@@ -38,7 +38,7 @@ from prism.ingest.gpu_traffic import IGNORE_REASONS
 from prism.ingest.records import REJECT_REASONS
 from prism.serve.monitor import STEP_BUCKETS_S, Monitor, bucket_index
 
-__all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address", "printable", "anomaly_info"]
+__all__ = ["PrismCollector", "Health", "MetricsServer", "parse_listen_address", "printable", "anomaly_info", "collective_families"]
 
 log = logging.getLogger("prism.web")
 
@@ -229,6 +229,7 @@ class PrismCollector:
         for kind, n in sorted(m.fabric_anomalies.items()):
             anomalies.add_metric([kind, ""], n)
         yield from (info, state, pairs, last, hist, slowdown, slow, steps, anomalies, lag)
+        yield from collective_families(jobs)
         yield anomaly_info(view.anomalies)
 
         bw = GaugeMetricFamily("prism_switch_bandwidth_bytes_per_second", "Effective bandwidth (bytes over busy time) of GPU traffic through the switch, last window.", labels=["switch"])
@@ -283,6 +284,34 @@ class PrismCollector:
                 cl = GaugeMetricFamily("prism_consumer_lag_records", "Kafka records (messages) behind the partitions' high watermarks.")
                 cl.add_metric([], self.health.consumer_lag)
                 yield cl
+
+
+def collective_families(jobs: dict) -> list[Metric]:
+    """The per-job collective metrics (:class:`prism.serve.monitor.CollectiveView` per job and kind), as NCCL Inspector
+    reports them from inside NCCL but from the network: counts, bytes and time as counters, the last window's duration
+    quantiles and bus bandwidth (of the collectives counted at the last window) as gauges (see :mod:`prism.analysis.collectives` for what the network can tell)."""
+    labels = ["job_id", "kind"]
+    count = CounterMetricFamily("prism_collectives_total", "Collectives of the job seen on the network, by kind (dp_collective, pp_sendrecv, "
+                                "ep_alltoall, cp_ring): bursts of a group of servers (a PP send/recv: of a NIC pair).", labels=labels)
+    nbytes = CounterMetricFamily("prism_collective_bytes_total", "Bytes the job's collectives put on the wire, by kind.", labels=labels)
+    seconds = CounterMetricFamily("prism_collective_time_seconds_total", "The job's collectives' durations summed, by kind "
+                                  "(over prism_collectives_total: the mean duration).", labels=labels)
+    duration = GaugeMetricFamily("prism_collective_duration_seconds", "Duration of the job's collectives counted at the last window, by "
+                                 "kind: median and 95th percentile (first flow start to last flow end).", labels=[*labels, "quantile"])
+    busbw = GaugeMetricFamily("prism_collective_bus_bandwidth_bytes_per_second", "Bus bandwidth of the job's collectives counted at the "
+                              "last window, by kind: wire bytes over sending NICs times duration (NCCL-tests' busbw, one NIC a rank).",
+                              labels=labels)
+    for job_id, v in sorted(jobs.items()):
+        for kind, c in sorted(v.collectives.items()):
+            count.add_metric([job_id, kind], c.count)
+            nbytes.add_metric([job_id, kind], c.bytes)
+            seconds.add_metric([job_id, kind], c.seconds)
+            if c.duration_p50_s is not None:
+                duration.add_metric([job_id, kind, "0.5"], c.duration_p50_s)
+                duration.add_metric([job_id, kind, "0.95"], c.duration_p95_s)
+            if c.busbw is not None and math.isfinite(c.busbw):
+                busbw.add_metric([job_id, kind], c.busbw)
+    return [count, nbytes, seconds, duration, busbw]
 
 
 def anomaly_info(rows: Sequence[dict]) -> GaugeMetricFamily:

@@ -10,7 +10,8 @@ What is kept, and why it is bounded:
   ``max_window_flows``; beyond, the oldest are shed and counted);
 * per GPU pair, when it was last seen (pairs unseen for ``pair_ttl_s``
   are forgotten, so a finished job's NICs can join a new job);
-* per job, the last ``step_history`` steps and the step-time histogram;
+* per job, the last ``step_history`` steps and the step-time histogram,
+  and per kind of collective its counts and the last window's figures;
   a job gone for ``pair_ttl_s`` is dropped;
 * the switch bandwidth sums of the windows still in the analysis window;
 * the hashes of the records of the window, to drop re-deliveries;
@@ -20,7 +21,9 @@ What is kept, and why it is bounded:
 Each tick runs :func:`prism.analysis.analyse.analyse` (the same analyses as ``prism
 replay``) over the window, then merges: steps already reported are not
 reported again (the rule of :mod:`prism.analysis.stitch`, which the
-replay's time slices share), the cross-step diagnosis runs over each
+replay's time slices share), collectives count once (those that end
+in the window's span past the last window's: :func:`prism.analysis.collectives.settled`),
+the cross-step diagnosis runs over each
 job's step history (so its baseline outlives the window), and each
 anomaly is counted once.
 
@@ -46,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.analyse import Analysis, Settings, analyse, label_names
+from prism.analysis.collectives import settled_by_job, summarise
 from prism.analysis.diagnosis import SwitchBandwidth
 from prism.analysis.jobs import JobRecogniser, gpu_clusters
 from prism.analysis.parallelism import UNCERTAIN_BELOW
@@ -58,7 +62,7 @@ from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_ha
 
 log = logging.getLogger("prism.monitor")
 
-__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "WindowSpan", "STEP_BUCKETS_S", "bucket_index",
+__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "CollectiveView", "WindowSpan", "STEP_BUCKETS_S", "bucket_index",
            "RECENT_ANOMALIES_PER_JOB", "RECENT_ANOMALIES"]
 
 #: Step-duration histogram buckets (seconds): LLM steps run from tenths of
@@ -130,6 +134,19 @@ class JobView:
     pairs: dict = field(default_factory=dict)  # (type, "certain"|"uncertain") -> GPU pairs in the last window
     state: str = "running"  # running, hung (its last collective never completed) or ended (silent after a whole step)
     name: str = ""  # the scheduler's name for it, from the job inventory (--jobs.names); "" if none
+    collectives: dict = field(default_factory=dict)  # kind -> CollectiveView (prism.analysis.collectives)
+
+
+@dataclass
+class CollectiveView:
+    """One kind of collective of a job: counts since the job was first seen, and the figures of those counted at the last window that counted any."""
+
+    count: int = 0  # collectives counted (each once, however many windows hold it)
+    bytes: int = 0  # their wire bytes
+    seconds: float = 0.0  # their durations summed
+    duration_p50_s: float | None = None  # median and 95th percentile duration of the collectives counted at the last window
+    duration_p95_s: float | None = None
+    busbw: float | None = None  # their bus bandwidth: bytes over NIC-seconds (bytes/s)
 
 
 @dataclass
@@ -169,6 +186,7 @@ class _JobState:
         self.stitcher = StepStitcher(hold_steps)  # which of a window's steps are new, and their numbers
         self.reported: dict = {}  # anomaly key -> start_ns
         self.warned_stepless = False  # the "no steps in a whole window" warning was logged
+        self.collectives_to: int | None = None  # collectives that end up to here (event ns) are counted
 
 
 class Monitor:
@@ -509,6 +527,7 @@ class Monitor:
         self._merge_steps(an.steps[~an.steps["job_id"].isin(young)] if an.steps is not None else None, final, end)
         self._warn_stepless(job_first.index[end - job_first >= win_ns - int(self.s.step_s * 1e9)], an.steps)
         self._merge_groups(an.group_lag, an.anomalies, an.steps)
+        self._merge_collectives(an.collectives, final, end)
         view = self._publish(end, lateness, self._merge_switches(final), t0)
         if log.isEnabledFor(logging.DEBUG):  # what each window covered: how far a backlog's windows stride
             log.debug("window analysed", extra={"fields": {"from": _iso(begin), "to": _iso(end), "flows": cut, "jobs": len(self._jobs),
@@ -722,6 +741,31 @@ class Monitor:
                 if r.kind == "slow_step" and r.step > settled:
                     continue
                 self._report(st, (r.kind, r.start_ns), r._asdict())
+
+    def _merge_collectives(self, instances: pd.DataFrame | None, final: bool, end: int) -> None:
+        """Count each job's new collectives, and take their figures per kind.
+
+        A collective counts in the window that holds its end with nothing
+        after it that could continue it (:func:`prism.analysis.collectives.settled`),
+        so once, though the windows overlap. The gauges (durations, bus
+        bandwidth) are those of the collectives counted at this window; a
+        kind with none keeps its last.
+        """
+        if instances is None or not len(instances):
+            return
+        ours = instances[instances["job_id"].isin(list(self._jobs))]
+        after = {j: self._jobs[j].collectives_to for j in pd.unique(ours["job_id"])}
+        taken, after = settled_by_job(ours, after, None if final else end)
+        for job_id, to in after.items():
+            self._jobs[job_id].collectives_to = to
+        r: Any  # a row: the stubs type its fields as any scalar
+        for r in summarise(taken).itertuples(index=False):  # per job and kind
+            v = self._jobs[r.job_id].view.collectives.setdefault(r.kind, CollectiveView())
+            v.count += int(r.collectives)
+            v.bytes += int(r.bytes)
+            v.seconds += float(r.duration_sum_ns) / 1e9
+            v.duration_p50_s, v.duration_p95_s = float(r.duration_median_ns) / 1e9, float(r.duration_p95_ns) / 1e9
+            v.busbw = float(r.busbw_gbps) * 1e9
 
     def _report(self, st: _JobState, key: tuple, row: dict) -> None:
         if key in st.reported:
