@@ -149,6 +149,24 @@ def test_replay_keeps_a_restarted_job_whole(faulty, tmp_path):
     assert steps["duration_ns"].max() < 2 * steps["duration_ns"].median()  # the outage is no step
 
 
+def test_sliced_replay_of_a_restarted_job_finds_the_same_steps(faulty, tmp_path):
+    """A slice holding the restart's outage and no whole step on either side of it for the timeline alone: the
+    silences still split it into runs (they did only where another job of the same analysis had steps, which a
+    slice, one job's flows, never has: every step of such slices was lost)."""
+    from prism.analysis.analyse import Settings
+
+    faulty.write(tmp_path)
+    topo = Topology.from_csv(tmp_path / "topology.csv")
+    whole = replay([str(tmp_path / "flows.parquet")], topo, progress=False)
+    ids = [j for j, n in job_name_map(whole.jobs, faulty.jobs).items() if n == "restarts"]
+    flows = len(faulty.flows[faulty.flows["src"].isin(set(whole.jobs.loc[whole.jobs["job_id"] == ids[0], "ip"]))])
+    sliced = replay([str(tmp_path / "flows.parquet")], topo, progress=False, settings=Settings(slice_flows=flows // 3))
+    assert sliced.analysis.slices.get(ids[0], 1) >= 3
+    a, b = (r.analysis.steps[r.analysis.steps["job_id"] == ids[0]] for r in (whole, sliced))
+    assert len(a) >= 100 and len(b) == len(a)
+    assert (b["end_ns"].to_numpy() == a["end_ns"].to_numpy()).all()
+
+
 def test_nothing_on_the_fault_free_twin_or_a_clean_end(twin, clean_end, tmp_path):
     for name, c in (("twin", twin), ("clean", clean_end)):
         r = run_replay(c, tmp_path / name)

@@ -155,12 +155,13 @@ class HangDiagnoser:
         self.drop_ = pd.DataFrame({"job": pd.Series(dtype=np.int64), "after_ns": pd.Series(dtype=np.int64), "until_ns": pd.Series(dtype=np.int64)})
         self.states_ = pd.DataFrame(columns=["job_id", "state", "since_ns"])
         n_jobs = int(job.max()) + 1 if len(job) else 0
-        if n_jobs == 0 or steps is None or len(steps) == 0:
+        if n_jobs == 0:
             return self
         median = np.full(n_jobs, np.nan)
-        med = steps.groupby("job")["duration_ns"].median()
-        in_range = (med.index >= 0) & (med.index < n_jobs)
-        median[med.index.to_numpy(np.int64)[in_range]] = med.to_numpy(np.float64)[in_range]
+        if steps is not None and len(steps):  # none at all (one job, its outage hiding every step): the silences still split it
+            med = steps.groupby("job")["duration_ns"].median()
+            in_range = (med.index >= 0) & (med.index < n_jobs)
+            median[med.index.to_numpy(np.int64)[in_range]] = med.to_numpy(np.float64)[in_range]
         # a job without steps: its traffic may hold an outage too long for the timeline to find any (one step
         # longer than the rest together); its silences of min_silence_s split it, to cut each run on its own
         floor = self.min_silence_s * 1e9
