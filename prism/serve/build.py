@@ -19,6 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -29,11 +30,12 @@ from prism.ingest.inventory import JobNames
 from prism.ingest.records import FlowFormatError
 from prism.ingest.topology import Topology
 from prism.serve.daemon import Daemon
+from prism.serve.jobtopic import AnalyseMonitor, ForwardingSource, IngestMonitor, JobTopicSource, analyse_group
 from prism.serve.kafkaconf import KafkaConnectError, KafkaSecurity, check_connection
 from prism.serve.metrics import Health, MetricsServer, PrismCollector
 from prism.serve.monitor import Monitor
 from prism.serve.settings import DaemonSettings
-from prism.serve.sources import DirectorySource, KafkaSource
+from prism.serve.sources import DirectorySource, KafkaSource, ensure_topic
 from prism.serve.warmup import warm_up
 
 __all__ = ["DaemonService", "StartupError", "build_daemon"]
@@ -136,7 +138,8 @@ def build_daemon(
         names = JobNames.from_csv(settings.job_names, topology) if settings.job_names else None
     except (FlowFormatError, FileNotFoundError) as e:
         raise StartupError(str(e)) from e
-    monitor = Monitor(topology, settings.monitor, job_names=names)
+    monitor_type = {"ingest": IngestMonitor, "analyse": AnalyseMonitor}.get(settings.role, Monitor)
+    monitor = monitor_type(topology, settings.monitor, job_names=names)
     # the compiled kernels load now, not inside the first window; before any
     # other thread runs, as the warm-up silences the prism loggers meanwhile
     compiling = log_compile_state(log, "daemon's start") if warm and log_startup else False
@@ -184,11 +187,16 @@ def _open_source(settings: DaemonSettings) -> KafkaSource | DirectorySource:
             assert settings.source_dir is not None  # DaemonSettings has exactly one source
             return DirectorySource(settings.source_dir)
         check_connection(kafka.bootstrap_servers, kafka.security)
-        return KafkaSource(
-            kafka.bootstrap_servers, kafka.topic, kafka.group_id, kafka.summary_topic, security=kafka.security,
-            replica_id=kafka.replica_id, max_message_bytes=kafka.max_message_bytes,
-            max_poll_interval_ms=int(settings.max_poll_interval_s * 1000), session_timeout_ms=int(kafka.session_timeout_s * 1000),
-        )
+        common: dict[str, Any] = dict(security=kafka.security, replica_id=kafka.replica_id, max_message_bytes=kafka.max_message_bytes,
+                      max_poll_interval_ms=int(settings.max_poll_interval_s * 1000), session_timeout_ms=int(kafka.session_timeout_s * 1000))
+        if settings.role == "ingest":
+            return ForwardingSource(kafka.bootstrap_servers, kafka.topic, kafka.group_id, kafka.summary_topic, job_topic=kafka.job_topic,
+                                    job_partitions=kafka.job_topic_partitions, **common)
+        if settings.role == "analyse":
+            ensure_topic(kafka.bootstrap_servers, kafka.job_topic, kafka.job_topic_partitions, security=kafka.security)
+            return JobTopicSource(kafka.bootstrap_servers, kafka.job_topic, analyse_group(kafka.group_id), kafka.summary_topic,
+                                  **common)
+        return KafkaSource(kafka.bootstrap_servers, kafka.topic, kafka.group_id, kafka.summary_topic, **common)
     except (FileNotFoundError, ValueError) as e:
         raise StartupError(str(e)) from e
     except KafkaConnectError as e:
@@ -208,6 +216,10 @@ def _startup_fields(settings: DaemonSettings, topology: Topology, server: Metric
     else:
         k = settings.kafka
         security = k.security if k.security is not None else KafkaSecurity()
-        fields.update(kafka=k.bootstrap_servers, topic=k.topic, group=k.group_id, kafka_security=security.describe())
+        fields.update(kafka=k.bootstrap_servers, topic=k.topic, group=k.group_id, kafka_security=security.describe(), role=settings.role)
+        if settings.role == "ingest":
+            fields.update(job_topic=k.job_topic)
+        elif settings.role == "analyse":  # it reads the job topic, in a group of its own
+            fields.update(topic=k.job_topic, group=analyse_group(k.group_id))
     return fields
 

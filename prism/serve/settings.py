@@ -28,7 +28,7 @@ from prism.serve.kafkaconf import SECURITY_FLAGS, KafkaSecurity, security_from_a
 if TYPE_CHECKING:
     from prism.serve.monitor import MonitorSettings
 
-__all__ = ["CONFIG_KEYS", "DAEMON_DEFAULTS", "DAEMON_FLAGS", "DaemonSettings", "KafkaSettings", "MAX_COUNTS",
+__all__ = ["CONFIG_KEYS", "DAEMON_DEFAULTS", "DAEMON_FLAGS", "DaemonSettings", "KafkaSettings", "MAX_COUNTS", "ROLES",
            "check_settings", "load_config", "parse_bootstrap_servers", "parse_duration", "resolve_settings"]
 
 
@@ -36,6 +36,7 @@ __all__ = ["CONFIG_KEYS", "DAEMON_DEFAULTS", "DAEMON_FLAGS", "DaemonSettings", "
 DAEMON_DEFAULTS: dict[str, Any] = {
     "kafka_topic": "prism-flows", "kafka_group_id": "prism", "kafka_summary_topic": "prism-summaries",
     "kafka_max_message_bytes": 8 << 20, "kafka_max_poll_interval": "30s", "kafka_session_timeout": "6s",
+    "role": "all", "kafka_job_topic": "prism-jobs", "kafka_job_topic_partitions": 12,
     "web_listen_address": "127.0.0.1:9464", "window": "120s", "window_step": "15s", "window_lateness": "2s",
     "window_max_flows": 20_000_000, "jobs_ttl": "10m", "switch_window": "60s", "log_level": "info", "log_format": "logfmt",
 }
@@ -51,11 +52,18 @@ DAEMON_FLAGS: dict[str, dict[str, Any]] = {
     "--config.file": dict(dest="config_file", metavar="FILE", help="YAML file with any of these settings (flags win)"),
     "--topology": dict(metavar="CSV", help="CSV with ip,server (optional rail,leaf): one row per GPU NIC (required)"),
     "--source": dict(metavar="DIR", help="tail this directory of flow dumps instead of Kafka"),
+    "--role": dict(dest="role", metavar="ROLE", help="all: one process does everything; ingest or analyse: one stage of a scaled-out "
+                   f"daemon, the two joined by --kafka.job-topic (see docs/daemon.md, Scale-out) {_default('role')}"),
     "--kafka.bootstrap-servers": dict(dest="kafka_bootstrap_servers", metavar="HOST:PORT[,...]", help="Kafka brokers"),
     "--kafka.topic": dict(dest="kafka_topic", metavar="TOPIC", help=f"topic of flow records {_default('kafka_topic')}"),
     "--kafka.group-id": dict(dest="kafka_group_id", metavar="ID", help=f"consumer group; replicas share it {_default('kafka_group_id')}"),
     "--kafka.summary-topic": dict(dest="kafka_summary_topic", metavar="TOPIC",
                                   help=f"compacted topic for partition state and job membership, created if missing {_default('kafka_summary_topic')}"),
+    "--kafka.job-topic": dict(dest="kafka_job_topic", metavar="TOPIC",
+                              help=f"--role ingest|analyse: topic of GPU flows keyed by job, created if missing {_default('kafka_job_topic')}"),
+    "--kafka.job-topic-partitions": dict(dest="kafka_job_topic_partitions", metavar="N",
+                                         help=f"partitions of --kafka.job-topic when it is created: at most this many analyse replicas "
+                                              f"{_default('kafka_job_topic_partitions')}"),
     "--kafka.replica-id": dict(dest="kafka_replica_id", metavar="NAME", help="this replica's stable name (default: the host name)"),
     "--kafka.max-message-bytes": dict(dest="kafka_max_message_bytes", metavar="BYTES",
                                       help=f"larger messages are rejected as oversized_message {_default('kafka_max_message_bytes')}"),
@@ -115,7 +123,10 @@ def parse_duration(text: str | float) -> float:
 
 #: upper bounds of the counts: --window.max-flows at 32 bytes a flow (2**32: 128 GiB), and
 #: --kafka.max-message-bytes, which Kafka's protocol carries as an int32 (its own message.max.bytes cannot be more)
-MAX_COUNTS = {"--window.max-flows": 1 << 32, "--kafka.max-message-bytes": (1 << 31) - 1}
+MAX_COUNTS = {"--window.max-flows": 1 << 32, "--kafka.max-message-bytes": (1 << 31) - 1, "--kafka.job-topic-partitions": 10_000}
+
+#: ``--role``: the whole daemon in one process, or one stage of it (see :mod:`prism.serve.jobtopic`)
+ROLES = ("all", "ingest", "analyse")
 
 # a Kafka topic name, as the broker checks it (1-249 of these characters; "." and ".." are not names)
 _TOPIC_RE = r"[A-Za-z0-9._-]{1,249}"
@@ -217,10 +228,11 @@ def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"{flag}: must be {'>= 0' if zero_ok else '> 0'}, got {settings[key]!r}")
             if out[key] > MAX_DURATION_S:
                 raise ValueError(f"{flag}: at most 7 days (168h), got {settings[key]!r}")
-    for key, flag in (("window_max_flows", "--window.max-flows"), ("kafka_max_message_bytes", "--kafka.max-message-bytes")):
+    for key, flag in (("window_max_flows", "--window.max-flows"), ("kafka_max_message_bytes", "--kafka.max-message-bytes"),
+                      ("kafka_job_topic_partitions", "--kafka.job-topic-partitions")):
         if key in out:
             out[key] = _count(out[key], flag, MAX_COUNTS[flag])
-    for key, flag in (("kafka_topic", "--kafka.topic"), ("kafka_summary_topic", "--kafka.summary-topic")):
+    for key, flag in (("kafka_topic", "--kafka.topic"), ("kafka_summary_topic", "--kafka.summary-topic"), ("kafka_job_topic", "--kafka.job-topic")):
         if key in out:
             import re
 
@@ -233,6 +245,11 @@ def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("--kafka.group-id: must not be empty")
     if out.get("kafka_bootstrap_servers"):
         parse_bootstrap_servers(out["kafka_bootstrap_servers"])
+    if "role" in out:
+        role = str(out["role"]).lower()
+        if role not in ROLES:
+            raise ValueError(f"--role: expected one of {', '.join(ROLES)}, got {out['role']!r}")
+        out["role"] = role
     if "log_level" in out:
         level = str(out["log_level"]).lower()
         if level not in LOG_LEVELS:
@@ -282,6 +299,8 @@ class KafkaSettings:
     max_message_bytes: int = DAEMON_DEFAULTS["kafka_max_message_bytes"]
     session_timeout_s: float = parse_duration(DAEMON_DEFAULTS["kafka_session_timeout"])
     security: KafkaSecurity | None = None  # None: plaintext
+    job_topic: str = DAEMON_DEFAULTS["kafka_job_topic"]  # --role ingest|analyse: GPU flows keyed by job
+    job_topic_partitions: int = DAEMON_DEFAULTS["kafka_job_topic_partitions"]
 
 
 @dataclass(frozen=True)
@@ -305,9 +324,14 @@ class DaemonSettings:
     max_poll_interval_s: float = parse_duration(DAEMON_DEFAULTS["kafka_max_poll_interval"])
     log_level: str = DAEMON_DEFAULTS["log_level"]
     log_format: str = DAEMON_DEFAULTS["log_format"]
+    role: str = DAEMON_DEFAULTS["role"]  # all, ingest or analyse (ROLES)
 
     def __post_init__(self) -> None:
         _check_one_source(self.source_dir, self.kafka)
+        if self.role not in ROLES:
+            raise ValueError(f"--role: expected one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.role != "all" and self.kafka is None:
+            raise ValueError(f"--role {self.role}: the stages meet on a Kafka topic; give --kafka.bootstrap-servers, not --source")
 
     @property
     def health_stall_s(self) -> float:
@@ -349,10 +373,12 @@ def resolve_settings(given: Mapping[str, Any]) -> DaemonSettings:
         kafka = KafkaSettings(
             settings["kafka_bootstrap_servers"], settings["kafka_topic"], settings["kafka_group_id"], settings["kafka_summary_topic"],
             replica_id=settings.get("kafka_replica_id"), max_message_bytes=settings["kafka_max_message_bytes"],
-            session_timeout_s=settings["kafka_session_timeout"], security=security,
+            session_timeout_s=settings["kafka_session_timeout"], security=security, job_topic=settings["kafka_job_topic"],
+            job_topic_partitions=settings["kafka_job_topic_partitions"],
         )
     return DaemonSettings(
         monitor=monitor, kafka=kafka, source_dir=settings.get("source"), topology=settings["topology"], job_names=settings.get("jobs_names"),
         web_listen_address=settings["web_listen_address"], web_config_file=settings.get("web_config_file"),
         max_poll_interval_s=settings["kafka_max_poll_interval"], log_level=settings["log_level"], log_format=settings["log_format"],
+        role=settings["role"],
     )

@@ -1,0 +1,592 @@
+"""The daemon split in two stages through a job-keyed Kafka topic (``prism daemon --role ingest|analyse``).
+
+One daemon reads every GPU pair's flows and so cuts each job's steps from
+all of them. Replicas of it in one consumer group split the input topic
+(keyed by GPU pair) and each cuts steps from its share of each job's
+flows: two replicas export every job, with diverging steps and anomalies.
+This module repartitions by job, as Kafka Streams does with a
+``through``/repartition topic: Kafka is the engine, no coordinator.
+
+``--role ingest`` (consumer group ``--kafka.group-id`` on ``--kafka.topic``)
+    decodes, validates, dedupes and counts the input (the flow counters are
+    exported here), keeps the per-pair state and recognises whole jobs (job
+    membership exchanged through the summaries topic, as replicas always
+    did), runs the fabric diagnosis (switches and links) over its share,
+    and at every window (``--window.step`` of event time) forwards the GPU
+    flows it took in since the last one to the **job topic**
+    (``--kafka.job-topic``), one Arrow IPC message per job keyed by the job
+    id, followed on every job-topic partition by a **watermark**: for each
+    input partition it owns, the event time up to which it has forwarded
+    (its window's end). Only then does it publish its partition state and
+    commit its input offsets (at least once; the analyse stage drops
+    re-deliveries by record hash).
+``--role analyse`` (consumer group ``<group-id>-analyse`` on the job topic)
+    holds whole jobs: each job's flows are in one job-topic partition, and
+    so in one replica. Its event time is the minimum, over the input
+    topic's partitions (their count travels with the watermarks), of the
+    latest watermark for each: a window is analysed once every ingest
+    replica has forwarded everything of its time. It runs the same
+    analyses as one daemon: jobs, steps, the per-job diagnosis, and exports
+    the per-job metrics, each job from exactly one replica. It commits the
+    job-topic offset a successor must replay from (just after the last
+    watermark a window before its analysis) and publishes every job's state
+    (stitcher, step history, counts, anomalies reported) to the summaries
+    topic: a successor rebuilds the window by replaying and reports no step
+    twice and misses none.
+
+A job whose id changes (it grew: more of its servers seen, another ingest
+replica's share merged in) is re-keyed: the ingest replica sends its whole
+window of the job's flows under the new id (the new owner drops what it
+already had by record hash) and a **retire** message for each old id on
+that id's partition, on which its owner forgets the old job's pairs and
+flows (the job is gone from its metrics at the next window).
+
+``--role all`` (the default) is the single-process daemon, unchanged.
+
+Message formats on the job topic: flow batches are the input's Arrow IPC
+stream (``content-type`` header); control messages carry a
+``prism-control`` header (``watermark`` or ``retire``) and a JSON value.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from prism.analysis.analyse import label_names
+from prism.ingest.messages import ARROW_CONTENT_TYPE, arrow_ipc, decode_messages
+from prism.ingest.records import RejectCounter
+from prism.serve.monitor import Monitor, MonitorView
+from prism.serve.sources import KafkaSource, ensure_topic
+from prism.serve.window import FlowWindow
+
+__all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "analyse_group", "job_partition"]
+
+log = logging.getLogger("prism.jobtopic")
+
+CONTROL_HEADER = "prism-control"
+_ARROW = ARROW_CONTENT_TYPE.encode()
+#: the columns forwarded; switches are not (the fabric diagnosis stays in the ingest stage)
+_SCHEMA = pa.schema([("start_ns", pa.int64()), ("duration_ns", pa.int64()), ("src", pa.string()), ("dst", pa.string()),
+                     ("size", pa.int64()), ("switches", pa.string())])
+
+
+def job_partition(job_id: str, partitions: int) -> int:
+    """The job topic's partition of ``job_id``: Kafka's default partitioner (murmur2 of the key), as the Java client's."""
+    from kafka.partitioner.default import murmur2
+
+    return (murmur2(job_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def analyse_group(group_id: str) -> str:
+    """The analyse stage's consumer group on the job topic, beside the ingest stage's ``group_id``."""
+    return f"{group_id}-analyse"
+
+
+class _TeeWindow(FlowWindow):
+    """A flow window that also keeps what was added since the last :meth:`take` (the flows to forward)."""
+
+    def __init__(self, max_flows: int) -> None:
+        super().__init__(max_flows)
+        self.outbox: list[tuple] = []
+
+    def add(self, a: np.ndarray, b: np.ndarray, start: np.ndarray, duration: np.ndarray, size: np.ndarray) -> None:
+        super().add(a, b, start, duration, size)
+        if len(a):
+            self.outbox.append((np.asarray(a, np.int32), np.asarray(b, np.int32), np.asarray(start, np.int64),
+                                np.asarray(duration, np.int64), np.asarray(size, np.int64)))
+
+    def take(self, end: int | None) -> tuple[np.ndarray, ...]:
+        """The outbox's flows that started by ``end`` (all, for None), removed from it."""
+        if not self.outbox:
+            return tuple(np.empty(0, dtype=t) for t in (np.int32, np.int32, np.int64, np.int64, np.int64))
+        cols = [np.concatenate([p[i] for p in self.outbox]) for i in range(5)]
+        now = np.ones(len(cols[0]), dtype=bool) if end is None else cols[2] <= end
+        rest = ~now
+        self.outbox = [tuple(c[rest] for c in cols)] if rest.any() else []
+        return tuple(c[now] for c in cols)
+
+
+class IngestMonitor(Monitor):
+    """The ingest stage's monitor: counts and windows as a daemon's, jobs recognised, no per-job analysis.
+
+    Its :meth:`tick` labels the flows taken in since the last one with their
+    job and leaves them in :attr:`forward` (job id -> columns) for the
+    source to send, with the window's end in :attr:`forwarded_to`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.window: _TeeWindow = _TeeWindow(self.s.max_window_flows)
+        self.forward: dict[str, tuple] = {}  # job id -> (a, b, start, duration, size) to send
+        self.retire: dict[str, str] = {}  # old job id -> the id it is now part of
+        self.forwarded_to: int | None = None  # event time forwarded up to (the last window's end)
+        self.final = False  # the last window was the tail of a quiet input (no lateness wait)
+        self._job_of = np.full(len(self.topology), -1, dtype=np.int64)  # NIC -> index into _ids of the job it was last sent under
+        self._ids: list[str] = []
+        self.flows_forwarded = 0
+        self.rekeyed = 0  # jobs re-keyed (their window sent again under a new id)
+        self.out_lock = threading.Lock()  # a window's labelling vs. a revocation's (on the consumer's poll, during an analysis)
+
+    def tick(self, final: bool = False, force: bool = False) -> MonitorView | None:
+        """The window up to the watermark: jobs recognised, flows labelled for forwarding, the fabric diagnosed.
+
+        The same window bounds as :meth:`Monitor.tick` (the lateness wait, the
+        first window over everything read, the reach back while catching up).
+        """
+        with self.out_lock:
+            return self._tick(final, force)
+
+    def _tick(self, final: bool, force: bool) -> MonitorView | None:
+        if self.max_start is None:
+            return None
+        t0 = time.perf_counter()
+        wm = self.max_start if final else self.watermark()
+        if wm is None:
+            return None
+        lateness = self.lateness_ns()
+        end = wm - (0 if final else lateness)
+        if self.analysed_to is not None and end <= self.analysed_to:
+            if not force:
+                return None
+            end = self.analysed_to
+        win_ns = int(self.s.window_s * 1e9)
+        begin = end - win_ns
+        if self.analysed_to is not None:
+            begin = min(begin, self.analysed_to - win_ns // 2)
+        elif self.min_start is not None:
+            begin = min(begin, self.min_start)
+        self.window.evict(begin)
+        self.dedupe.evict(begin - lateness)
+        self.switch_bw.forget_before(begin)
+        live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
+        self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
+        span = self._log_window(begin, end, lateness, final)
+        self._label(end)
+        self.forwarded_to, self.final = end, final
+        switches = self.view.switches if span.incomplete else self._merge_switches(final)
+        return self._publish(end, lateness, switches, t0, incomplete=span.incomplete)
+
+    def label(self, end: int | None) -> None:
+        """Take the outbox's flows up to ``end`` into :attr:`forward`, each under its job's id; re-key jobs whose id changed."""
+        with self.out_lock:
+            self._label(end)
+
+    def _label(self, end: int | None) -> None:
+        rec = self._recogniser()
+        labels, jobs = rec.labels(), rec.predict()
+        self.jobs_ = jobs
+        names = label_names(labels, jobs, self.topology)
+        a, b, start, duration, size = self.window.take(end)
+        # a job whose id changed since its flows were last sent: the new id's owner gets the whole window (which holds
+        # the outbox's flows too), the old ids are retired
+        rekeyed = set()
+        for lab, job_id in names.items():
+            nics = np.flatnonzero(labels == lab)
+            old = {self._ids[i] for i in np.unique(self._job_of[nics]).tolist() if i >= 0} - {job_id}
+            if old:
+                rekeyed.add(lab)
+                wa, wb, ws, wd, wz = self.window.columns()
+                cut = int(np.searchsorted(ws, end, side="right")) if end is not None else len(ws)
+                m = labels[wa[:cut]] == lab
+                self._add(job_id, (wa[:cut][m], wb[:cut][m], ws[:cut][m], wd[:cut][m], wz[:cut][m]))
+                for o in old:
+                    self.retire[o] = job_id
+                self.rekeyed += 1
+                log.info("job re-keyed on the job topic", extra={"fields": {"job": job_id, "was": ",".join(sorted(old))}})
+            if job_id not in self._ids:
+                self._ids.append(job_id)
+            self._job_of[nics] = self._ids.index(job_id)
+        job = labels[a] if len(a) else np.empty(0, dtype=np.int64)
+        for lab in np.unique(job).tolist():
+            if lab < 0 or lab not in names or lab in rekeyed:
+                continue
+            m = job == lab
+            self._add(names[lab], (a[m], b[m], start[m], duration[m], size[m]))
+
+    def _add(self, job_id: str, cols: tuple) -> None:
+        if not len(cols[0]):
+            return
+        have = self.forward.get(job_id)
+        self.forward[job_id] = cols if have is None else tuple(np.concatenate([x, y]) for x, y in zip(have, cols))
+
+    def take_forward(self) -> tuple[dict[str, tuple], dict[str, str]]:
+        """What to send (flows by job id, retired ids), emptied."""
+        out, self.forward = self.forward, {}
+        retire, self.retire = self.retire, {}
+        return out, retire
+
+    def encode(self, cols: tuple) -> bytes:
+        """Flow columns as an Arrow IPC stream in the input's format (addresses as text; no switches)."""
+        a, b, start, duration, size = cols
+        ips = self.topology.ips.to_numpy()
+        src = pa.DictionaryArray.from_arrays(pa.array(a, pa.int32()), pa.array(ips, pa.string())).dictionary_decode()
+        dst = pa.DictionaryArray.from_arrays(pa.array(b, pa.int32()), pa.array(ips, pa.string())).dictionary_decode()
+        table = pa.Table.from_arrays([pa.array(start), pa.array(duration), src, dst, pa.array(size), pa.nulls(len(a), pa.string()).fill_null("")],
+                                     schema=_SCHEMA)
+        return arrow_ipc(table)
+
+
+class AnalyseMonitor(Monitor):
+    """The analyse stage's monitor: a daemon's analyses, on event time the ingest stage's watermarks say is complete.
+
+    The flows come from the job topic, whole jobs per partition. The
+    watermark is the minimum over the input topic's partitions of the latest
+    watermark the ingest stage sent for each (None until every input
+    partition has one); the ingest stage already waited for out-of-order
+    records, so no lateness is added here. The input flow counters are the
+    ingest stage's: this stage exports none (:meth:`counters_snapshot` is
+    empty), and counts the flows it received in :attr:`flows_received`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.marks: dict[int, dict[int, tuple[int, bool]]] = {}  # job-topic partition -> input partition -> (forwarded up to, final)
+        self.owned: set[int] = set()  # the job-topic partitions this replica holds
+        self.inputs: int | None = None  # the input topic's partition count
+        self.flows_received = 0
+        self.retired: list[str] = []
+        self.restored: dict[str, dict] = {}  # job id -> state published by a previous owner, taken when the job is next seen
+
+    def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
+        self.flows_received += len(flows)
+        super().ingest(flows, partition)
+
+    def mark(self, value: dict, part: int = 0) -> None:
+        """Take an ingest replica's watermark read on job-topic partition ``part``:
+        ``{"inputs": n, "partitions": {input partition: forwarded up to}, "final": bool}``."""
+        self.inputs = int(value["inputs"])
+        marks = self.marks.setdefault(part, {})
+        for p, end in value["partitions"].items():
+            p = int(p)
+            marks[p] = (max(int(end), marks.get(p, (int(end), False))[0]), bool(value.get("final")))
+
+    def complete_to(self) -> int | None:
+        """Event time every input partition has been forwarded up to, on every job-topic partition held;
+        None while one has not been heard from.
+
+        Per job-topic partition: the watermark follows the flows it covers on
+        that partition only (Kafka orders a partition, not a topic), so one
+        read from another partition says nothing of this one's flows.
+        """
+        if self.inputs is None or not self.owned:
+            return None
+        out = None
+        for q in self.owned:
+            marks = self.marks.get(q, {})
+            if any(p not in marks for p in range(self.inputs)):
+                return None
+            low = min(marks[p][0] for p in range(self.inputs))
+            out = low if out is None else min(out, low)
+        return out
+
+    def all_final(self) -> bool:
+        return self.inputs is not None and bool(self.owned) and all(
+            self.marks.get(q, {}).get(p, (0, False))[1] for q in self.owned for p in range(self.inputs))
+
+    def watermark(self) -> int | None:
+        return self.complete_to()
+
+    def lateness_ns(self) -> int:
+        return 0  # waited for by the ingest stage
+
+    def disorder_ns(self) -> int:
+        return 0  # the job topic interleaves ingest replicas' batches; the ingest stage measured the input's disorder
+
+    def pending(self) -> bool:
+        """Input past the last analysis that only a final window reaches (every ingest replica went quiet)."""
+        to = self.complete_to()
+        return to is not None and self.all_final() and (self.analysed_to is None or to > self.analysed_to)
+
+    def tick(self, final: bool = False, force: bool = False) -> MonitorView | None:
+        to = self.complete_to()
+        if to is None:
+            return None
+        final = final and self.all_final()
+        if final:  # the last window reaches the ingest stage's tail, not only this replica's latest flow
+            self.max_start = max(self.max_start or to, to)
+        return super().tick(final=final, force=force)
+
+    def counters_snapshot(self) -> dict[str, dict]:
+        return {}
+
+    def job_states(self) -> dict[str, dict]:
+        """What a successor needs of each job not to report a step or an anomaly twice, and to count on (JSON-able).
+
+        The step stitcher's place, the step history (the cross-step
+        baseline), the counts the metrics show and the anomalies reported.
+        """
+        out = {}
+        for job_id, st in list(self._jobs.items()):
+            if st.view.job_id != job_id:
+                continue
+            v = st.view
+            out[job_id] = {
+                "next_step": st.stitcher.next_step, "last_end": st.stitcher.last_end, "history": [[int(x) for x in h] for h in st.history],
+                "steps": v.steps, "bucket_counts": [int(x) for x in v.bucket_counts], "step_sum_s": v.step_sum_s,
+                "last_step_s": v.last_step_s, "slowdown": v.slowdown, "slow": v.slow, "anomalies": dict(v.anomalies),
+                "reported": [[[_plain(x) for x in k], int(t)] for k, t in st.reported.items()],
+                # lagging servers flagged by the last window: still lagging at the next is the same anomaly
+                "ongoing": [[_plain(x) for x in k] for k, t in self._active.items() if k[1] == job_id and t == self._ticks - 1],
+            }
+        return out
+
+    def restore_job(self, job_id: str, state: dict) -> None:
+        """A previous owner's state of ``job_id`` (:meth:`job_states`), taken when the job is next recognised here."""
+        st = self._jobs.get(job_id)
+        if st is None or not st.view.steps:
+            self.restored[job_id] = state
+
+    def _merge_jobs(self, jobs: pd.DataFrame, an: Any, end: int) -> None:
+        super()._merge_jobs(jobs, an, end)
+        for job_id in [j for j in self.restored if j in self._jobs]:
+            state, st = self.restored.pop(job_id), self._jobs[job_id]
+            if st.view.steps:
+                continue  # it has a history of its own here
+            st.stitcher.next_step, st.stitcher.last_end = int(state["next_step"]), state["last_end"]
+            st.history.extend(tuple(h) for h in state["history"])
+            v = st.view
+            v.steps, v.bucket_counts, v.step_sum_s = int(state["steps"]), list(state["bucket_counts"]), float(state["step_sum_s"])
+            v.last_step_s, v.slowdown, v.slow = state["last_step_s"], state["slowdown"], bool(state["slow"])
+            v.anomalies.update(state["anomalies"])
+            st.reported.update({tuple(k): t for k, t in state["reported"]})
+            for k in state.get("ongoing", ()):
+                self._active[tuple(k)] = self._ticks - 1  # as if flagged by the window before this one
+
+    def retire_job(self, job_id: str, ips: list[str]) -> None:
+        """Forget the pairs and flows of a job now keyed under another id (another replica may own it)."""
+        idx = self.topology.nic_index(pd.Series(ips))
+        gone = np.zeros(self._n, dtype=bool)
+        gone[idx[idx >= 0]] = True
+        if not gone.any():
+            return
+        keep = ~(gone[self._pair_keys // self._n] | gone[self._pair_keys % self._n])
+        self._pair_keys, self._pair_last = self._pair_keys[keep], self._pair_last[keep]
+        cols = self.window.columns()
+        keep = ~(gone[cols[0]] | gone[cols[1]])
+        self.window.evict(0)
+        self.window._parts = [tuple(c[keep] for c in cols)]  # noqa: SLF001 - rewritten in place, sorted as it was
+        self.window._n = int(keep.sum())  # noqa: SLF001
+        self.retired.append(job_id)
+
+
+def _plain(x: Any) -> Any:
+    """A numpy scalar as the Python one (for JSON)."""
+    return x.item() if hasattr(x, "item") else x
+
+
+class ForwardingSource(KafkaSource):
+    """The ingest stage's source: a :class:`KafkaSource` that, on publishing a window, first forwards it to the job topic."""
+
+    def __init__(self, bootstrap_servers: str, *args: Any, job_topic: str, job_partitions: int, **kwargs: Any) -> None:
+        super().__init__(bootstrap_servers, *args, **kwargs)
+        self.job_topic = job_topic
+        ensure_topic(bootstrap_servers, job_topic, job_partitions, security=kwargs.get("security"))
+        self._job_parts: list[int] | None = None
+        self._inputs: int | None = None
+
+    #: flows per job-topic message: about 600 kB of Arrow, under the producer's 1 MiB request size
+    MESSAGE_FLOWS = 10_000
+
+    def _job_partitions(self) -> list[int]:
+        """The job topic's partitions (waits for its metadata, at most 30 s)."""
+        if self._job_parts is None:
+            deadline = time.monotonic() + 30
+            parts = None
+            while not parts and time.monotonic() < deadline:
+                parts = self.producer.partitions_for(self.job_topic)
+            self._job_parts = sorted(parts or [])
+        return self._job_parts
+
+    def _input_count(self) -> int | None:
+        if self._inputs is None:
+            parts = self.consumer.partitions_for_topic(self.topic)
+            self._inputs = len(parts) if parts else None
+        return self._inputs
+
+    def publish(self, only: Collection[Any] | None = None) -> None:
+        m = self.monitor
+        if isinstance(m, IngestMonitor):
+            if only is not None:
+                # revoked: what was taken in past the last window goes now, before the partition's state
+                # (its next owner resumes after it)
+                m.label(None)
+                self._send(m, None)
+            elif m.forwarded_to is not None:
+                self._send(m, m.forwarded_to)
+        super().publish(only)
+
+    def _send(self, m: IngestMonitor, end: int | None) -> None:
+        parts = self._job_partitions()
+        flows, retire = m.take_forward()
+        # a retired id first: its owner forgets the job's flows, then the new id's owner gets them (when both ids
+        # are on one partition, nothing is retired: the flows sent again are re-deliveries there)
+        for old, new in retire.items():
+            p = parts[job_partition(old, len(parts))]
+            if p == parts[job_partition(new, len(parts))]:
+                continue
+            ips = [ip for ip, j in zip(m.jobs_["ip"], m.jobs_["job_id"]) if j == new]
+            self.producer.send(self.job_topic, key=old.encode(), value=json.dumps({"job": old, "into": new, "ips": ips}).encode(),
+                               partition=p, headers=[(CONTROL_HEADER, b"retire")])
+        for job_id, cols in flows.items():
+            for lo in range(0, len(cols[0]), self.MESSAGE_FLOWS):  # per message, not per flow
+                chunk = tuple(c[lo:lo + self.MESSAGE_FLOWS] for c in cols)
+                self.producer.send(self.job_topic, key=job_id.encode(), value=m.encode(chunk), partition=parts[job_partition(job_id, len(parts))],
+                                   headers=[("content-type", _ARROW)])
+            m.flows_forwarded += len(cols[0])
+        inputs = self._input_count()
+        if end is not None and inputs is not None:
+            owned = sorted(tp.partition for tp in self.consumer.assignment() if tp not in self._revoked)
+            value = json.dumps({"inputs": inputs, "partitions": {str(p): end for p in owned}, "final": m.final,
+                                "replica": self.replica_id}).encode()
+            for p in parts:
+                self.producer.send(self.job_topic, key=b"", value=value, partition=p, headers=[(CONTROL_HEADER, b"watermark")])
+        self.producer.flush(timeout=30)
+
+
+class JobTopicSource(KafkaSource):
+    """The analyse stage's source: the job topic, its watermarks and retire messages applied to the monitor in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._replay: dict = {}  # partition -> [(event time complete to, offset after its watermark)]
+        self._to_commit: dict = {}
+        super().__init__(*args, **kwargs)
+
+    def _decode(self, batch: dict) -> list:
+        """As :meth:`KafkaSource._decode`, with frames and control messages (``(kind, value)``) in offset order."""
+        out = []
+        for tp, recs in batch.items():
+            if not recs:
+                continue
+            items: list = []
+            run: list = []
+            rejects = RejectCounter()
+            for r in recs:
+                kind = dict(r.headers or ()).get(CONTROL_HEADER)
+                if kind is None:
+                    run.append(r)
+                    continue
+                items.extend(self._frames(tp, run, rejects))
+                run = []
+                try:
+                    items.append((kind.decode(), json.loads(r.value), r.offset))
+                except ValueError:
+                    log.warning("job topic: unreadable control message at %s[%s]@%s", tp.topic, tp.partition, r.offset)
+            items.extend(self._frames(tp, run, rejects))
+            out.append((tp, items, rejects.counts, recs[0].offset, recs[-1].offset + 1, len(recs)))
+        return out
+
+    def _frames(self, tp: Any, run: list, rejects: RejectCounter) -> list:
+        if not run:
+            return []
+        msgs = ((r.value, r.headers, f"{tp.topic}[{tp.partition}]@{r.offset}") for r in run)
+        return decode_messages(msgs, rejects, f"{tp.topic}[{tp.partition}]@{run[0].offset}-{run[-1].offset}", self.max_message_bytes)
+
+    def _ingest(self, monitor: Monitor, decoded: list) -> int:
+        n = 0
+        for tp, items, rejects, _, next_offset, messages in decoded:
+            part = self.partition_name(tp)
+            for item in items:
+                if isinstance(item, tuple):
+                    kind, value, offset = item
+                    if isinstance(monitor, AnalyseMonitor):
+                        if kind == "watermark":
+                            monitor.mark(value, tp.partition)
+                            self._note_replay(monitor, tp, offset + 1)
+                        elif kind == "retire":
+                            monitor.retire_job(str(value["job"]), list(value.get("ips", ())))
+                else:
+                    monitor.ingest(item, part)
+            monitor.reject(rejects, part)
+            self.positions[tp] = next_offset
+            n += messages
+        monitor.backlogged = self._backlog({})
+        if isinstance(monitor, AnalyseMonitor):
+            monitor.owned = {tp.partition for tp in self.consumer.assignment()}
+        return n
+
+    # -- a successor resumes exactly ----------------------------------------------
+    # Offsets are committed (and published) not where reading stands but where a
+    # successor must replay from to rebuild the window: just after a watermark at
+    # least a window older than the analysis. The jobs' states (stitcher, step
+    # history, counts, anomalies reported) go to the summaries topic with them, so
+    # the successor reports no step twice and misses none.
+
+    def _note_replay(self, monitor: AnalyseMonitor, tp: Any, offset: int) -> None:
+        """After a watermark at ``offset - 1``: a successor replaying from ``offset`` has every flow after what it completed."""
+        marks = monitor.marks.get(tp.partition, {})
+        if monitor.inputs is None or any(p not in marks for p in range(monitor.inputs)):
+            return
+        low = min(marks[p][0] for p in range(monitor.inputs))
+        q = self._replay.setdefault(tp, [])
+        q.append((low, offset))
+        if len(q) > 4096:
+            del q[: len(q) - 4096]
+
+    def replay_offsets(self) -> dict:
+        """Per partition held: the offset a successor replays from (just after the last watermark a whole window
+        before the analysis); partitions with none yet are left out (a successor reads them from the start)."""
+        m = self.monitor
+        if not isinstance(m, AnalyseMonitor) or m.analysed_to is None:
+            return {}
+        horizon = m.analysed_to - int(m.s.window_s * 1e9)
+        out = {}
+        for tp, q in self._replay.items():
+            safe = [off for low, off in q if low <= horizon]
+            if safe:
+                out[tp] = safe[-1]
+                self._replay[tp] = [(low, off) for low, off in q if off >= safe[-1]]
+        return out
+
+    def publish(self, only: Collection[Any] | None = None) -> None:
+        """Partition state (the replay offset) and the jobs' states of the partitions held (or ``only`` those)."""
+        m = self.monitor
+        if not isinstance(m, AnalyseMonitor):
+            return
+        offsets = self.replay_offsets()
+        now = time.time()
+        for tp, off in offsets.items():
+            if (only is not None and tp not in only) or (only is None and tp in self._revoked):
+                continue
+            value = {"offset": off, "counters": {}, "replica": self.replica_id, "time": now, "topic_id": self._topic_id}
+            self.producer.send(self.summary_topic, key=self._state_key(tp).encode(), value=json.dumps(value).encode())
+        parts = self.consumer.partitions_for_topic(self.topic) or set()
+        mine = {tp.partition for tp in (only if only is not None else self.consumer.assignment())}
+        for job_id, state in m.job_states().items():
+            if parts and job_partition(job_id, len(parts)) in mine:
+                self.producer.send(self.summary_topic, key=self._job_key(job_id).encode(), value=json.dumps(state).encode())
+        self.producer.flush(timeout=30)
+        self._to_commit = offsets
+
+    def commit(self, only: Collection[Any] | None = None) -> None:
+        from kafka.structs import OffsetAndMetadata
+
+        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._to_commit.items() if only is None or tp in only}
+        if offsets:
+            try:
+                self.consumer.commit(offsets)
+                self._committed.update(offsets)
+            except Exception as e:  # noqa: BLE001 - the published state holds the offset too
+                log.warning("offset commit failed (%s); the published state keeps the offsets", e)
+
+    def _job_key(self, job_id: str) -> str:
+        return f"jobstate/{self.group_id}/{job_id}"
+
+    def _settle_assigned(self, batch: dict) -> None:
+        super()._settle_assigned(batch)
+        m = self.monitor
+        parts = self.consumer.partitions_for_topic(self.topic) or set()
+        if not isinstance(m, AnalyseMonitor) or not parts:
+            return
+        mine = {tp.partition for tp in self.consumer.assignment()}
+        prefix = f"jobstate/{self.group_id}/"
+        for key, state in list(self.summaries.items()):
+            if key.startswith(prefix) and job_partition(key[len(prefix):], len(parts)) in mine:
+                m.restore_job(key[len(prefix):], state)
