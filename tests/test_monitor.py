@@ -291,3 +291,22 @@ def test_the_anomalies_kept_are_bounded(cluster, monkeypatch):
     assert all(len(s.labels["subject"]) == ANOMALY_SUBJECT_CHARS for s in fam.samples[:-1])
     assert fam.samples[0].labels["explanation"] == "anomaly 92\\x1b[31m"  # control characters escaped
     assert fam.samples[-1].labels == {"job_id": "", "kind": "slow_switch", "subject": "spine-0", "step": "", "explanation": "fabric"}
+
+
+def test_a_slow_group_found_in_a_later_window_names_the_jobs_steps():
+    """A server slow from step 45 of the tiny cluster's TP 4 job (SYNTHETIC): found in a window that starts long after
+    the job, whose steps the window numbers from its own start. The anomaly's step and the run of steps its explanation
+    names are the job's (45 on, as the truth says), not the window's (16 on, before)."""
+    from synthetic import SlowServer
+
+    g = preset("tiny", seed=0, duration_s=8.0)
+    g.faults = [SlowServer("tp4-pp2-dp4", server=1, from_step=45, factor=1.4)]
+    c = g.generate()
+    flows = c.flows.sort_values("start_ns", kind="stable")
+    _, m = steps_by_job(c, [flows.iloc[i : i + 2000] for i in range(0, len(flows), 2000)], ())
+    found = [e for kind, e in m.events if kind == "anomaly" and e["kind"] == "slow_group"]
+    truth = c.faults[c.faults["kind"] == "slow_group"].iloc[0]
+    assert [e["subject"] for e in found] == [truth["subject"]]
+    e = found[0]
+    assert abs(e["step"] - truth["step"]) <= 1
+    assert f"steps {e['step']}-" in e["explanation"]

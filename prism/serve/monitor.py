@@ -50,7 +50,7 @@ import pandas as pd
 
 from prism.analysis.analyse import Analysis, Settings, analyse, label_names
 from prism.analysis.collectives import settled_by_job, summarise
-from prism.analysis.diagnosis import SwitchBandwidth
+from prism.analysis.diagnosis import StageLagDiagnoser, SwitchBandwidth
 from prism.analysis.jobs import JobRecogniser, gpu_clusters
 from prism.analysis.parallelism import UNCERTAIN_BELOW
 from prism.analysis.stitch import StepStitcher, median_step_ns
@@ -817,6 +817,8 @@ class Monitor:
             if not ongoing:
                 row = r._asdict()
                 row["step"] = self._hung_step(st, r.start_ns, steps) if r.kind == "hang" else self._global_step(st, r.start_ns)
+                if r.kind == "slow_group" and row["step"] >= 0:  # the window's step numbers in its text, the job's in the row
+                    row["explanation"] = StageLagDiagnoser.renumber(str(row["explanation"]), int(row["step"]))
                 self._report(st, key + (r.start_ns,), row)
         for k in [k for k, t in self._active.items() if t < now - 1]:
             del self._active[k]

@@ -30,6 +30,7 @@ servers), and the median of two equal groups is no baseline.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,13 @@ import pandas as pd
 from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies
 
 __all__ = ["StageLagDiagnoser", "pipeline_stages"]
+
+#: the run of steps a slow_group explanation ends with (see :meth:`StageLagDiagnoser.renumber`)
+_SPAN_RE = re.compile(r"steps (\d+)-(\d+) \((\d+) steps\)$")
+
+
+def _span(first: int, n: int) -> str:
+    return f"steps {first}-{first + n - 1} ({n} steps)"
 
 
 def pipeline_stages(first_flows: pd.DataFrame) -> pd.DataFrame:
@@ -264,8 +272,22 @@ class StageLagDiagnoser:
         for r in runs.itertuples(index=False):
             start = int(step_start.get((r.job_id, r.step), 0))
             rows.append(("slow_group", r.job_id, int(r.step), start, r.server, round(float(r.ratio), 4),
-                         f"{r.server}: pipeline stage {int(r.stage)} computes {r.ratio:.2f}x its peers' time, steps {int(r.step)}-{int(r.last)} ({int(r.n)} steps)"))
+                         f"{r.server}: pipeline stage {int(r.stage)} computes {r.ratio:.2f}x its peers' time, {_span(int(r.step), int(r.n))}"))
         return pd.DataFrame(rows, columns=ANOMALY_COLUMNS)
+
+    @staticmethod
+    def renumber(explanation: str, first: int) -> str:
+        """A ``slow_group`` explanation with its run of steps numbered from ``first``.
+
+        The daemon diagnoses a window whose steps are numbered from its
+        start; the run's steps keep their count, the numbers become the
+        job's own.
+
+        >>> StageLagDiagnoser.renumber("srv1: pipeline stage 2 computes 1.40x its peers' time, steps 3-9 (7 steps)", 30)
+        "srv1: pipeline stage 2 computes 1.40x its peers' time, steps 30-36 (7 steps)"
+        """
+        m = _SPAN_RE.search(explanation)
+        return explanation if m is None else explanation[: m.start()] + _span(first, int(m.group(3)))
 
     def _persistent_outliers(self, runs: pd.DataFrame, per_server: pd.DataFrame) -> np.ndarray:
         """Runs whose server's typical lag over the run stands out among all servers' over the same steps.
