@@ -47,16 +47,28 @@ shape is in the manifest's jobs (``meta["jobs"][name]["shape"]``) and
 
 Collective timing: every server runs its own compute clock (per-server
 jitter, and a fault's factor), so the members issue a collective at
-different times; the ring moves once the last member is in, and every
-member's ring sends start then, together, and the collective ends at once
-for all members. The flows thus hold no arrival order (every collective's
-opening sends tie): the arrival diagnosis is tested on flows re-timed as
-ranks that enter early and wait show on the wire (``tests/test_arrival.py``).
-A model where each member's first message starts at its own entry and is
-recorded as lasting until the ring moves (a record that spans the wait)
-was tried and named the slow servers, but such records also make the
-early ranks' flows look slow to the switch and host diagnosis (false
-``slow_host`` on 3-minute steps).
+different times, and a member enters it once it has issued it and its
+communication stream is free. The rings run as NCCL's network transport
+does, a rendezvous: ring edge ``i -> i+1`` moves data once both its ends
+are in (the receiver has posted its buffer), and ring step ``r`` of edge
+``i`` once the edge has sent step ``r - 1`` and received edge ``i - 1``'s
+(the predecessor's chunk), so a late member's lateness spreads one hop a
+ring step, and each member is done with its last send and receive. Every
+record is one message, none spans a wait: the early members' first
+messages go between early members, and the slow server and its ring
+predecessor first send when it enters, it and its successor first
+receive then (the arrival diagnosis names the server late in both,
+:mod:`prism.analysis.diagnosis.arrival`). In a 2-server ring both edges
+start as the later member enters, a tie; the receiver's clear-to-send
+(``cts_bytes``, a record from receiver to sender as the receiver enters,
+one an edge and collective) is then the only order on the wire, and
+:data:`CTS_BYTES` says whether the matrix jobs record it. A model where
+each member's first message started at its own entry and was recorded as
+lasting until the ring moved (a record that spans the wait) named the
+slow servers too, but made the early ranks' flows look slow to the switch
+and host diagnosis (false ``slow_host`` on 3-minute steps), and was
+withdrawn; the flows re-timed that way remain a test of the diagnosis
+(``tests/test_arrival.py``).
 
 A :class:`~synthetic.faults.SlowServer` makes the ranks of one server
 compute slower: at every collective it arrives last and the others wait
@@ -105,6 +117,9 @@ class DPJob(JobSpec):
         ``grad_bytes / layers``; forward and backward compute split evenly.
     shard_servers : int
         HSDP: servers per sharding group (must divide ``dp``, 2 or more).
+    cts_bytes : int
+        The clear-to-send each ring edge's receiver sends its sender as it
+        enters a collective (one record an edge and collective); 0: none.
 
     ``tp`` is the GPUs (rails) of a server, ``dp`` the servers, ``pp`` 1;
     ``bucket_bytes`` the DDP bucket (and ZeRO's reduce and all-gather
@@ -116,6 +131,7 @@ class DPJob(JobSpec):
     no_sync: bool = True
     layers: int = 16
     shard_servers: int = 0
+    cts_bytes: int = 0
 
     def check(self, gpus_per_server: int = 8) -> None:
         super().check(gpus_per_server)
@@ -156,11 +172,13 @@ class DPJob(JobSpec):
 class DPShapeSimulation(JobSimulation):
     """One DP-only job, step by step (:class:`DPJob`).
 
-    Per-server clocks: compute advances each server's clock; a collective
-    starts when all its members have issued it and their communication
-    stream is free (one stream per rank: collectives run in issue order),
-    takes ``phases * (k - 1)`` ring steps of its slowest edge per rail, and
-    ends at once for all members.
+    Per-server clocks: compute advances each server's clock; a member
+    enters a collective when it has issued it and its communication stream
+    is free (one stream per rank: collectives run in issue order); each
+    ring edge moves once both its ends are in, ``phases * (k - 1)`` ring
+    steps, each once the edge's previous step is sent and its
+    predecessor's received (:meth:`_coll`); a member is done with its last
+    send and receive.
     """
 
     spec: DPJob
@@ -175,11 +193,14 @@ class DPShapeSimulation(JobSimulation):
             rings["shard"] = srv.reshape(S // g, g)
             rings["replica"] = srv.reshape(S // g, g).T.copy()
         self.rings = {}
+        self.rings_back: dict[str, np.ndarray] = {}  # the reverse paths (b -> a), for the clear-to-send
         for name, mem in rings.items():
             a = self.gpu[:, mem, 0]  # (T, rings, k)
             b = np.roll(a, -1, axis=-1)
             paths, net = self._pair_info(a, b)
             self.rings[name] = (mem, a, b, paths, net)
+            if spec.cts_bytes > 0:
+                self.rings_back[name] = self.fab.paths(b.ravel(), a.ravel()).reshape(b.shape + (3,))
         self.comm_free = np.zeros(S)
         self.bw: dict[str, np.ndarray] = {}
 
@@ -202,33 +223,56 @@ class DPShapeSimulation(JobSimulation):
             self.bw[name] = self.fab.bytes_per_ns * self._bw_factor(paths, t) / noise[:, mem]
 
     def _coll(self, cols, ring: str, issue: np.ndarray, nbytes: int, phases: int) -> np.ndarray:
-        """A ring collective of ``nbytes`` per rank over each ring of kind ``ring``; end time per server (S,)."""
+        """A ring collective of ``nbytes`` per rank over each ring of kind ``ring``; end time per server (S,).
+
+        A rendezvous, as NCCL's network transport runs: ring edge ``i -> i+1``
+        moves data once both its ends are in (the receiver has posted its
+        buffer), and ring step ``r`` of edge ``i`` once it has sent its step
+        ``r - 1`` and received edge ``i - 1``'s (its predecessor's chunk): a
+        late member's lateness spreads one hop a ring step. Each member ends
+        with its last send and receive. With ``cts_bytes`` each edge's
+        receiver also sends its sender a clear-to-send of that size when it
+        enters (one record, per edge and collective).
+        """
         fab, T = self.fab, self.spec.tp
         mem, a, b, paths, net = self.rings[ring]
         nr, k = mem.shape
         ready = np.maximum(issue, self.comm_free)  # (S,) each server enters the collective
-        start = ready[mem].max(axis=1)  # (nr,) the ring moves once all its members are in
+        rm = ready[mem]  # (nr, k)
         chunk = max(1, -(-int(nbytes) // (T * k)))
         n_full, rem = divmod(chunk, self.spec.message_bytes)
         sizes = np.array([self.spec.message_bytes] * n_full + ([rem] if rem else []), dtype=np.int64)
         bw = self.bw[ring]  # (T, nr, k)
         edge_t = np.where(net, fab.latency_ns + chunk / bw, chunk / fab.nvlink_bytes_per_ns)
-        step_t = edge_t.max(axis=2)  # (T, nr): each rail's ring waits for its slowest edge
         R = phases * (k - 1)
+        st = np.empty((max(R, 1), T, nr, k))  # each ring step's start per edge
+        st[0] = np.maximum(rm, np.roll(rm, -1, axis=1))[None]  # both ends in
+        for r in range(1, R):
+            done = st[r - 1] + edge_t
+            st[r] = np.maximum(done, np.roll(done, 1, axis=-1))  # its previous chunk sent, its predecessor's received
         if net.any():
             ti, ri, ki = np.nonzero(net)
             offs = np.concatenate([[0], np.cumsum(sizes)[:-1]])
             bwe = bw[ti, ri, ki][:, None, None]
-            st = start[ri][:, None, None] + np.arange(R)[None, :, None] * step_t[ti, ri][:, None, None] + offs[None, None, :] / bwe
-            du = np.broadcast_to(fab.latency_ns + sizes[None, None, :] / bwe, st.shape)
-            shape = st.shape
-            cols.add(st.ravel(), du.ravel(), np.broadcast_to(a[ti, ri, ki][:, None, None], shape).ravel(),
+            t0 = st[:R, ti, ri, ki].T[:, :, None] + offs[None, None, :] / bwe  # (edges, R, messages)
+            du = np.broadcast_to(fab.latency_ns + sizes[None, None, :] / bwe, t0.shape)
+            shape = t0.shape
+            cols.add(t0.ravel(), du.ravel(), np.broadcast_to(a[ti, ri, ki][:, None, None], shape).ravel(),
                      np.broadcast_to(b[ti, ri, ki][:, None, None], shape).ravel(), np.broadcast_to(sizes[None, None, :], shape).ravel(),
                      np.broadcast_to(paths[ti, ri, ki][:, None, None, :], shape + (3,)).reshape(-1, 3))
-        end = start + R * step_t.max(axis=0)  # (nr,)
+            cts = self.spec.cts_bytes
+            if cts > 0 and R > 0:  # the receiver's clear-to-send, when it enters
+                rpaths = self.rings_back[ring]
+                cols.add(np.roll(rm, -1, axis=1)[ri, ki], fab.latency_ns + cts / bw[ti, ri, ki], b[ti, ri, ki], a[ti, ri, ki],
+                         np.full(len(ti), cts, dtype=np.int64), rpaths[ti, ri, ki])
+        if R == 0:
+            end = np.broadcast_to(rm, (T, nr, k))
+        else:
+            sent = st[R - 1] + edge_t  # (T, nr, k) each edge's last chunk delivered
+            end = np.maximum(sent, np.roll(sent, 1, axis=-1))  # member i: its last send and its last receive
         out = np.empty(self.spec.dp)
-        out[mem] = end[:, None]
-        self.comm_free[mem] = end[:, None]
+        out[mem] = end.max(axis=0)
+        self.comm_free[mem] = out[mem]
         return out
 
     def _buckets(self, cols, ready: np.ndarray, span: np.ndarray, phases: int) -> np.ndarray:
@@ -346,6 +390,9 @@ DP_SHAPES: dict[str, tuple[str, int, dict]] = {
     "finetune": ("fsdp", 2, {}),
 }
 
+#: the matrix jobs' clear-to-send (:attr:`DPJob.cts_bytes`)
+CTS_BYTES = 0
+
 #: step lengths: name -> (seconds, micro-batches, layers, parameter bytes, bucket bytes)
 STEP_LENGTHS: dict[str, tuple[float, int, int, int, int]] = {
     "0.3s": (0.3, 2, 8, 256 * MiB, 25 * MiB),
@@ -371,7 +418,7 @@ def dp_job(shape: str, length: str, name: str | None = None, **changes) -> DPJob
     compute = secs * (0.85 if zero else 0.96)
     spec: dict[str, Any] = dict(tp=8, pp=1, dp=servers, microbatches=M, fwd_ms=compute * 1e3 / (3 * M), bwd_ratio=2.0,
                 optimizer_ms=secs * 1e3 * (0.10 if zero else 0.01), grad_bytes=params, bucket_bytes=bucket,
-                message_bytes=16 * MiB, jitter=0.01, shape=kind, layers=L)
+                message_bytes=16 * MiB, jitter=0.01, shape=kind, layers=L, cts_bytes=CTS_BYTES)
     if shape == "finetune":  # a 7B-class model, fewer layers' worth of FSDP units
         spec.update(layers=max(4, L // 2))
     spec.update(kw)

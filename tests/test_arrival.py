@@ -1,12 +1,14 @@
 """The arrival-order diagnosis (:mod:`prism.analysis.diagnosis.arrival`): a pure-DP job's straggler sends last.
 
-The SYNTHETIC generator starts every member's ring sends of a collective at
-the same nanosecond (the collective starts once all have issued it), so its
-flows carry no arrival order. :func:`with_arrivals` re-times them as the
-network sees ranks that issue a collective at different times: each
-collective's opening sends (ring step 0) of the ranks that arrive early start
-earlier by their wait, and last that much longer (they wait inside the
-collective); their ends, and every later flow, stay put.
+Two kinds of flows. The SYNTHETIC generator's (:mod:`synthetic.dpshapes`)
+runs each collective as a rendezvous: a ring edge moves once both its ends
+are in, so the slow server and its ring predecessor tie on their first send,
+the slow server and its successor on their first receive, and the slow
+server is the one late in both. :func:`with_arrivals` re-times a cluster's
+flows the other way, as eager sends: each collective's opening sends (ring
+step 0) of the ranks that arrive early start earlier by their wait, and last
+that much longer (they wait inside the collective); their ends, and every
+later flow, stay put: the slow server is the one last to send.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pandas as pd
 import pytest
 
 from prism.analysis.diagnosis import ArrivalDiagnoser
+from prism.analysis.diagnosis.arrival import _hand_on, last_arrival
 from prism.ingest.topology import Topology
 from prism.offline.replay import replay
 from synthetic.dpshapes import dp_cluster
@@ -96,12 +99,38 @@ def test_straggler_named(shape, tmp_path):
 
 
 @pytest.mark.parametrize("shape", ["ddp", "fsdp"])
+def test_generated_straggler_named(shape, tmp_path):
+    """The generator's own flows (a rendezvous, no re-timing): the slow server is named, from about when it turned slow."""
+    c = dp_cluster(shape, "0.3s", duration_s=12, with_faults=True)
+    an = run(c, tmp_path)
+    found = arrival_anomalies(an)
+    assert list(found["subject"]) == [SLOW], an.anomalies.to_string()
+    assert abs(int(found["start_ns"].iloc[0]) - int(c.faults.iloc[0]["start_ns"])) < 1.6e9  # within five steps
+
+
+@pytest.mark.parametrize("shape", ["ddp", "fsdp"])
 def test_fault_free_twin_names_no_one(shape, tmp_path):
     c = dp_cluster(shape, "0.3s", duration_s=12, with_faults=False)
     an = run(c, tmp_path)
-    assert arrival_anomalies(an).empty
-    assert len(an.arrivals) > 50  # collectives were found and judged: all members start together (exact ties)
-    assert (an.arrivals["last"] == "").all()
+    assert arrival_anomalies(an).empty, an.anomalies.to_string()
+    assert len(an.arrivals) > 50  # collectives were found and judged: the compute jitter orders the members
+    assert (an.arrivals["last"] != "").mean() > 0.75  # the rest: members within 20 us of one another (a tie)
+    assert an.arrivals["last"].value_counts().max() < 0.5 * len(an.arrivals)  # and no one is last most of the time
+
+
+def test_two_server_ring_needs_clear_to_send(tmp_path, monkeypatch):
+    """A 2-server ring ties in both send and receive (both edges move as the later server enters): nobody is named.
+    The receivers' clear-to-send, sent as each enters, is the order the wire then shows: the slow server is named."""
+    import synthetic.dpshapes as dps
+
+    c = dp_cluster("finetune", "0.3s", duration_s=12, with_faults=True)
+    an = run(c, tmp_path / "plain")
+    assert arrival_anomalies(an).empty and len(an.arrivals) > 50 and (an.arrivals["last"] == "").all()
+    monkeypatch.setattr(dps, "CTS_BYTES", 256)
+    c = dp_cluster("finetune", "0.3s", duration_s=12, with_faults=True)
+    assert (c.flows["size"] == 256).sum() > 0
+    found = arrival_anomalies(run(c, tmp_path / "cts"))
+    assert list(found["subject"]) == [SLOW] and "chance 50%" in found["explanation"].iloc[0]
 
 
 @pytest.mark.parametrize("shape", ["ddp", "fsdp"])
@@ -110,6 +139,47 @@ def test_jitter_only_names_no_one(shape, tmp_path):
     an = run(c, tmp_path)
     assert arrival_anomalies(an).empty, an.anomalies.to_string()
     assert (an.arrivals["last"] != "").mean() > 0.9  # the order was there to judge
+
+
+def test_last_arrival_send_and_receive():
+    """The rule: the last sender; where senders tie, the one of them that is also last to receive."""
+    nan = np.full(4, np.nan)
+    # eager sends (each rank sends as it enters): the last sender, by its lead over the runner-up
+    assert last_arrival(np.array([5.0, 9.0, 2.0, 4.0]), nan) == (1, 4.0)
+    # a rendezvous in a ring 0 -> 1 -> 2 -> 3 -> 0, server 1 entering at 9, the others at 2, 4, 6: edge i moves at
+    # max(ready i, ready i+1), so servers 0 and 1 first send at 9, servers 1 and 2 first receive at 9
+    ready = np.array([6.0, 9.0, 2.0, 4.0])
+    send = np.maximum(ready, np.roll(ready, -1))
+    recv = np.roll(send, 1)
+    assert list(send) == [9, 9, 4, 6] and list(recv) == [6, 9, 9, 4]
+    assert last_arrival(send, recv) == (1, 3.0)  # server 1, by 9 - 6 (server 0's entry)
+    # without the receives, the tie stands
+    assert last_arrival(send, nan) == (-1, 0.0)
+    # a 2-server ring: both edges move as the later enters, a tie in both
+    assert last_arrival(np.array([9.0, 9.0]), np.array([9.0, 9.0])) == (-1, 0.0)
+    # a tie in both that two servers share: nobody
+    assert last_arrival(np.array([9.0, 9.0, 1.0]), np.array([9.0, 9.0, 1.0])) == (-1, 0.0)
+    # within the tie tolerance is a tie: a sender a few microseconds behind the late server (its send waited for it)
+    assert last_arrival(np.array([9_005.0, 9_000.0, 4_000.0, 6_000.0]), np.array([6_000.0, 9_000.0, 9_004.0, 4_000.0]), tie_ns=20) == (1, 3_000.0)
+
+
+def test_tail_handed_on():
+    """Back-to-back collectives: the early ranks' sends of the next one follow this one's without a pause; they go
+    to the next burst (whose first sends they are), so that the late server's sends do not open it alone."""
+    # a ring 0 -> 1 -> 2, every flow 5 ns: collective A at 0 and 10; then B's edge 1 -> 2 at once, at 30 and 40
+    # (servers 1 and 2 are in, done with A at 15), server 0 late (in at 5,000: 0 -> 1 and 2 -> 0 then); C at 9,000
+    src = np.array([0, 1, 2, 0, 1, 2, 1, 1, 0, 2, 0, 1, 2, 0])
+    start = np.array([0, 0, 0, 10, 10, 10, 30, 40, 5_000, 5_000, 5_010, 5_010, 5_010, 9_000], dtype=np.int64)
+    burst = np.array([0] * 8 + [1] * 5 + [2])  # as the pauses cut them: B's early sends close A's burst
+    out = _hand_on(burst, np.zeros(len(src), dtype=np.int64), src, (src + 1) % 3, start, start + 5, np.array([3]))
+    assert list(out) == [0] * 6 + [1] * 7 + [2]
+    # a slow edge's messages that run on past the others' last (a slow NIC, a 3D job's ring that starts together):
+    # this collective's, they stay (its sender is still sending them)
+    src = np.array([0, 1, 2, 2, 2, 0, 1, 2])
+    start = np.array([0, 0, 0, 10, 20, 1_000, 1_000, 1_000], dtype=np.int64)
+    end = start + np.array([5, 5, 12, 12, 12, 5, 5, 5])
+    burst = np.array([0] * 5 + [1] * 3)
+    assert list(_hand_on(burst, np.zeros(8, dtype=np.int64), src, (src + 1) % 3, start, end, np.array([3]))) == list(burst)
 
 
 def burst_table(last, lead_ns=2_000_000, servers=("srv0004", "srv0005", "srv0006", "srv0007"), period_ns=10_000_000):
@@ -171,3 +241,20 @@ def test_sliced_job_counts_each_collective_once(tmp_path):
     assert sum(r.analysis.slices.values()) > 1
     assert len(r.analysis.arrivals) == len(whole.arrivals)
     assert list(arrival_anomalies(r.analysis)["explanation"]) == list(arrival_anomalies(whole)["explanation"])
+
+
+def test_rounds_are_one_draw_without_steps():
+    """No steps in view (a daemon's young window): a DDP job's buckets come in rounds, one a backward, between long
+    pauses; a round's collectives share their laggard, so they count as one draw, as a step's do. Evenly spaced
+    collectives (FSDP's) still count one by one."""
+    rng = np.random.default_rng(3)
+    servers = ["srv0004", "srv0005", "srv0006", "srv0007"]
+    laggard = list(rng.choice(servers, 8)) + ["srv0006", "srv0006"]
+    table = burst_table([s for s in laggard for _ in range(40)])
+    table["start_ns"] = np.array([r * 4_000_000_000 + i * 20_000_000 for r in range(10) for i in range(40)], dtype=np.int64)
+    assert ArrivalDiagnoser().diagnose(table).predict().empty
+    flat = table.assign(start_ns=np.arange(len(table), dtype=np.int64) * 20_000_000)  # the same, counted one by one
+    assert list(ArrivalDiagnoser().diagnose(flat).predict()["subject"]) == ["srv0006"]
+    even = burst_table(["srv0005"] * 40 + list(rng.choice(servers, 10)))
+    found = ArrivalDiagnoser().diagnose(even).predict()
+    assert list(found["subject"]) == ["srv0005"] and "of 50 collectives" in found["explanation"].iloc[0]

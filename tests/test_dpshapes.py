@@ -211,3 +211,29 @@ def test_slow_step_slows_one_optimizer_step():
     assert np.allclose(db[5:8], dt[5:8], atol=2)  # the steps after it are back to normal (same draws; ns rounding)
     f = bad.faults.iloc[0]
     assert (f["kind"], f["step"]) == ("slow_step", 3) and f["start_ns"] == bad.steps["start_ns"].iloc[3]
+
+
+def test_rings_are_a_rendezvous():
+    """A ring edge moves once both its ends are in: with server 2 slow, edges 1 -> 2 and 2 -> 3 open every collective
+    together, when it enters, while the edges between the early servers (3 -> 0, 0 -> 1) have moved already; no record
+    spans a wait. With ``cts_bytes`` each edge's receiver sends a clear-to-send as it enters, once a collective."""
+    job = _job("ddp", servers=4)
+    fault = SlowServer(job.name, server=2, from_step=4, factor=1.5)
+    c = _generate(job, faults=[fault])
+    t0 = int(c.faults.iloc[0]["start_ns"])
+    start = {i: np.sort(_edge_flows(c, job, i, (i + 1) % job.dp)["start_ns"].to_numpy()) for i in range(job.dp)}
+    e = start[1]
+    opens = e[1:][(np.diff(e) > 300_000) & (e[1:] > t0)]  # edge 1 -> 2 after a wait: a collective's step 0
+    assert len(opens) >= 10
+    assert np.isin(opens, start[2]).all()  # the slow server's two edges: a tie, at its entry
+    for early in (3, 0):  # no edge between early servers waited for it
+        near = np.searchsorted(start[early], opens)
+        assert not np.isin(opens, start[early]).any() and (near > 0).all()
+    d = c.flows["duration_ns"].to_numpy()
+    assert d.max() < 1.2 * np.median(d[c.flows["size"].to_numpy() == c.flows["size"].max()])  # one message, no wait inside
+    cts = _generate(replace(job, cts_bytes=256), faults=[fault])
+    back = _edge_flows(cts, job, 2, 1)  # server 2's clear-to-send to server 1 (no data goes 2 -> 1)
+    assert set(back["size"]) == {256}
+    assert np.isin(opens, back["start_ns"].to_numpy()).all()  # as it enters, with the data it lets move
+    n_coll = len(start[1]) // (2 * (job.dp - 1))
+    assert abs(len(back) - n_coll) <= 2  # one a collective (the window's edges may cut one)

@@ -201,7 +201,7 @@ def analyse(
     lag = s.cross_group.fit(first, out.steps, server_of)
     out.group_lag = lag.lag_
     # a pure-DP job's straggler: the server that sends last at its collectives (not one the stages already name)
-    arr = s.arrival.fit(job, a, start, end, is_dp, comps["dp"], server_of, label_name, out.steps)
+    arr = s.arrival.fit(job, a, start, end, is_dp, comps["dp"], server_of, label_name, out.steps, b=b)
     out.arrivals = arr.arrivals_
     add_anomalies(out, [s.cross_step.fit(out.steps).predict(), lag.predict(), not_named_by(arr.predict(), lag.predict()), hangs.predict()], switch_bw, s)
     return out

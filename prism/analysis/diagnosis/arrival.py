@@ -3,18 +3,27 @@
 In a pure data-parallel job (DDP, ZeRO, FSDP, HSDP) every rank waits for a
 slow one inside each collective, so the job's steps slow down as a whole
 and no stage is slower than its peers (:mod:`.cross_group` needs
-pipelines). What the network still shows is who arrives last: a rank's
-ring sends of a collective start once it has issued the collective, so the
-slow server's first flow of every collective starts last, while the
-others' start earlier and wait.
+pipelines). What the network still shows is who arrives last. Where a
+rank sends as soon as it has issued the collective (eager), the slow
+server's first send of every collective starts last. Over a rendezvous
+(NCCL's network transport: a ring edge moves data once its receiver is in
+too) the slow server and its ring predecessor both first send when it
+enters, and it and its successor both first receive then: the slow server
+is the one late in both.
 
 Per job, the DP flows of each group of servers (the DP rings over the same
 servers: a rail-optimised fabric runs one ring per rail, one collective)
 are cut into collective bursts, with no step needed (FSDP jobs get none): a
 burst closes at the first pause of more than ``min_pause_ns`` after every
 server of the group has sent in it (so the wait for a late server does not
-cut it). In each complete burst the server whose first send starts last
-"arrives last", by its lead over the runner-up (an exact tie: nobody). A
+cut it). Back-to-back collectives run on without a pause (an early rank
+enters the next one as it leaves this one, and its edges to other early
+ranks move at once): the flows that start once the first server's last
+send of a burst has ended go to the next burst (:func:`_hand_on`). In
+each complete burst the last arrival (:func:`last_arrival`) is the server
+whose first send starts last; where senders tie (within ``tie_ns``), the
+one of them whose first receive is also last; by its lead over the
+others (a tie in both, as in a 2-server ring: nobody). A
 server is named when, from some burst on, it is last far more often than
 chance (``1 / servers`` of the group; "from" where the binomial z of the
 bursts from there on peaks): a binomial test at ``alpha``,
@@ -27,6 +36,9 @@ Where the job has steps (any), the test counts steps rather than collectives:
 each step's last arrival is the server last in most of its collectives
 (:func:`per_step`), since a rank that falls behind stays behind until the
 ranks next wait for one another, and a step's collectives are one draw.
+A job without steps (too few in view, or none found) whose bursts come in
+rounds between long pauses (a DDP job's buckets in each backward) counts
+rounds the same way (:func:`rounds`); one whose bursts come evenly, each.
 
 Raised as ``slow_group`` naming the server, so scoring and alerts treat it
 as the pipeline diagnosis's stragglers. The burst table (``arrivals_``) is
@@ -42,10 +54,11 @@ from scipy.stats import binom
 
 from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies
 
-__all__ = ["ARRIVAL_COLUMNS", "ArrivalDiagnoser", "per_step"]
+__all__ = ["ARRIVAL_COLUMNS", "ArrivalDiagnoser", "last_arrival", "per_step", "rounds"]
 
-#: one row per complete collective burst: its job, group of servers, start, size (servers), the server whose first
-#: send started last ("" on an exact tie) and by how much it trailed the runner-up
+#: one row per complete collective burst: its job, group of servers, start, size (servers), the server that arrived
+#: last (:func:`last_arrival`: its first send started last, or, senders tied, its first receive too; "" on a tie)
+#: and by how much it trailed the others
 ARRIVAL_COLUMNS = ["job_id", "group", "start_ns", "servers", "last", "lead_ns"]
 
 
@@ -73,19 +86,26 @@ class ArrivalDiagnoser:
         Median lead over the runner-up, where it was last.
     min_bursts : int, default 8
         Bursts a server needs to be judged.
+    tie_ns : int, default 20_000
+        First sends (receives) this close to a burst's last one tie with it.
+    round_gap : float, default 8.0
+        A job without steps: a pause between bursts this many times their
+        median spacing closes a round of collectives (:func:`rounds`).
     """
 
     def __init__(self, min_pause_ns: int = 20_000, alpha: float = 1e-4, min_share: float = 0.5, clear_factor: float = 2.0,
-                 min_lead_ns: int = 1_000_000, min_bursts: int = 8):
+                 min_lead_ns: int = 1_000_000, min_bursts: int = 8, tie_ns: int = 20_000, round_gap: float = 8.0):
         self.min_pause_ns = int(min_pause_ns)
         self.alpha = float(alpha)
         self.min_share = float(min_share)
         self.clear_factor = float(clear_factor)
         self.min_lead_ns = int(min_lead_ns)
         self.min_bursts = int(min_bursts)
+        self.tie_ns = int(tie_ns)
+        self.round_gap = float(round_gap)
 
     def fit(self, job: np.ndarray, a: np.ndarray, start: np.ndarray, end: np.ndarray, is_dp: np.ndarray, dp_comp: np.ndarray,
-            server_of: np.ndarray, job_names: dict, steps: pd.DataFrame | None = None) -> "ArrivalDiagnoser":
+            server_of: np.ndarray, job_names: dict, steps: pd.DataFrame | None = None, b: np.ndarray | None = None) -> "ArrivalDiagnoser":
         """Cut the DP flows into collective bursts and diagnose them.
 
         Parameters
@@ -103,11 +123,14 @@ class ArrivalDiagnoser:
             Server name per NIC.
         steps : DataFrame, optional
             ``job_id, step, start_ns``: to tie an anomaly to the step it began in.
+        b : int array, optional
+            Destination NIC per flow: with it, a tie for the last send is
+            broken by the last receive (:func:`last_arrival`).
         """
-        self.arrivals_ = self.bursts(job, a, start, end, is_dp, dp_comp, server_of, job_names)
+        self.arrivals_ = self.bursts(job, a, start, end, is_dp, dp_comp, server_of, job_names, b)
         return self.diagnose(self.arrivals_, steps)
 
-    def bursts(self, job, a, start, end, is_dp, dp_comp, server_of, job_names) -> pd.DataFrame:
+    def bursts(self, job, a, start, end, is_dp, dp_comp, server_of, job_names, dst=None) -> pd.DataFrame:
         """The burst table (:data:`ARRIVAL_COLUMNS`) of the DP flows."""
         dp = np.flatnonzero(is_dp)
         if len(dp) == 0:
@@ -128,6 +151,12 @@ class ArrivalDiagnoser:
         fstart, fend = np.asarray(start, np.int64)[dp], np.asarray(end, np.int64)[dp]
         o = np.lexsort((fstart, gid))
         burst, first = _cut(gid[o], fsrv[o], fstart[o], fend[o], size, len(srv_names), self.min_pause_ns)
+        if dst is not None:
+            fdst = srv_code[np.asarray(dst)[dp]][o]
+            burst = _hand_on(burst, gid[o], fsrv[o], fdst, fstart[o], fend[o], size)
+            _, at = np.unique(burst * len(srv_names) + fsrv[o], return_index=True)
+            first = np.zeros(len(burst), dtype=bool)
+            first[at] = True
         # every server's first send of every burst
         b, s, t, g = burst[first], fsrv[o][first], fstart[o][first], gid[o][first]
         per = pd.DataFrame({"b": b, "s": s, "t": t, "g": g})
@@ -141,10 +170,18 @@ class ArrivalDiagnoser:
         per = per[(n_srv == size[g]) & ~edge_b[b] & (size[g] >= 2)]  # one server alone is last by nothing
         if per.empty:
             return empty_arrivals()
+        if dst is not None:  # every server's first receive of every burst (flows are by start within a burst)
+            key = burst * len(srv_names) + fdst
+            _, at = np.unique(key, return_index=True)
+            recv = pd.Series(fstart[o][at], index=pd.MultiIndex.from_arrays([burst[at], fdst[at]]))
+            per["r"] = recv.reindex(pd.MultiIndex.from_arrays([per["b"].to_numpy(), per["s"].to_numpy()])).to_numpy(np.float64)
+        else:
+            per["r"] = np.nan
+        last_s, lead = _last(per, self.tie_ns)
         per = per.sort_values(["b", "t"], kind="stable")
-        bb, tt = per["b"].to_numpy(), per["t"].to_numpy()
+        bb = per["b"].to_numpy()
         last = np.flatnonzero(np.r_[bb[1:] != bb[:-1], True])
-        lead = tt[last] - tt[last - 1]  # complete bursts have two or more servers
+        ub = bb[last]
         gl = per["g"].to_numpy()[last]
         opened = per.groupby("b")["t"].min().to_numpy()
         job_ids = np.array([job_names.get(j, str(j)) for j, _ in groups], dtype=object)
@@ -152,7 +189,7 @@ class ArrivalDiagnoser:
         group_names = np.array(["|".join(names[int(c)] for c in s.split(",")) for _, s in groups], dtype=object)
         return pd.DataFrame({
             "job_id": job_ids[gl], "group": group_names[gl], "start_ns": opened,
-            "servers": size[gl], "last": np.where(lead > 0, names[per["s"].to_numpy()[last]], ""), "lead_ns": lead,
+            "servers": size[gl], "last": np.where(last_s[ub] >= 0, names[np.maximum(last_s[ub], 0)], ""), "lead_ns": lead[ub],
         })[ARRIVAL_COLUMNS]
 
     def diagnose(self, arrivals: pd.DataFrame | None, steps: pd.DataFrame | None = None) -> "ArrivalDiagnoser":
@@ -166,6 +203,9 @@ class ArrivalDiagnoser:
                 jb, unit = per_step(jb, st["start_ns"].to_numpy(np.int64), st["end_ns"].to_numpy(np.int64)), "steps"
             else:
                 unit = "collectives"
+                r0 = rounds(jb["start_ns"].to_numpy(np.int64), self.round_gap)
+                if r0 is not None:  # no steps, but rounds of collectives between long pauses: one draw each
+                    jb, unit = per_step(jb, r0[:-1], r0[1:]), "rounds of collectives"
             rows += self._job(job_id, jb, steps, unit)
         self.anomalies_ = pd.DataFrame(rows, columns=ANOMALY_COLUMNS) if rows else empty_anomalies()
         return self
@@ -223,6 +263,31 @@ class ArrivalDiagnoser:
         return self.anomalies_
 
 
+def rounds(start_ns: np.ndarray, gap: float = 8.0) -> np.ndarray | None:
+    """A job without steps: the starts of its rounds of collectives, and an end (None if its bursts come evenly).
+
+    A DDP job's gradient buckets come close together in each backward, then
+    a long pause: a rank the jitter left behind in a backward stays behind
+    for all its buckets, so a round's collectives are one draw, as a step's
+    are (:func:`per_step`). A round closes at a pause of more than ``gap``
+    times the median spacing of the bursts (a job whose collectives come
+    evenly, FSDP's layer by layer, has none: each collective is a draw).
+
+    >>> rounds(np.array([0, 10, 20, 30, 1_000, 1_010, 1_020, 2_000]))
+    array([   0, 1000, 2000, 2001])
+    >>> rounds(np.array([0, 10, 20, 30, 40])) is None
+    True
+    """
+    t = np.unique(np.asarray(start_ns, np.int64))
+    if len(t) < 3:
+        return None
+    d = np.diff(t)
+    cut = d > gap * float(np.median(d))
+    if not cut.any():
+        return None
+    return np.r_[t[0], t[1:][cut], t[-1] + 1]
+
+
 def per_step(bursts: pd.DataFrame, step_start: np.ndarray, step_end: np.ndarray) -> pd.DataFrame:
     """The burst table of one job, one row per group and step: each step's last arrival.
 
@@ -254,6 +319,131 @@ def per_step(bursts: pd.DataFrame, step_start: np.ndarray, step_end: np.ndarray)
     out["job_id"] = bursts["job_id"].iloc[0]
     out["lead_ns"] = out["lead_ns"].astype(np.int64)
     return out.sort_values("start_ns", kind="stable")[ARRIVAL_COLUMNS].reset_index(drop=True)
+
+
+def last_arrival(send: np.ndarray, recv: np.ndarray, tie_ns: int = 0) -> tuple[int, float]:
+    """One burst's last arrival from its servers' first send and first receive: (index or -1, lead in ns).
+
+    The server whose first send starts last arrives last. Where two or more
+    tie for it (within ``tie_ns``), the one of them that is also last to
+    receive: over a rendezvous (a ring edge moves once both its ends are
+    in) the late server and its ring predecessor both send first when it
+    enters, the late server and its successor both receive first then, and
+    the late server is the one late in both. Its lead is over the servers
+    outside the tie, in its send and in its receive (the smaller). Nobody (-1) where
+    the tie stands (a 2-server ring: both edges start as the later enters).
+
+    >>> last_arrival(np.array([5., 9., 2., 4.]), np.array([np.nan] * 4))  # one last sender
+    (1, 4.0)
+    >>> last_arrival(np.array([9., 9., 4., 2.]), np.array([2., 9., 9., 4.]))  # a rendezvous: 0 and 1 tie on sends, 1 and 2 on receives
+    (1, 5.0)
+    >>> last_arrival(np.array([9., 9.]), np.array([9., 9.]))  # two servers: still a tie
+    (-1, 0.0)
+    """
+    send, recv = np.asarray(send, np.float64), np.asarray(recv, np.float64)
+    tmax = send.max()
+    tied = send >= tmax - tie_ns
+    out_s = send[~tied]
+    lead_s = float(tmax - out_s.max()) if len(out_s) else 0.0
+    if tied.sum() == 1:
+        return int(np.flatnonzero(tied)[0]), lead_s
+    if not len(out_s) or np.isnan(recv).all():
+        return -1, 0.0
+    r = np.where(np.isnan(recv), -np.inf, recv)
+    rmax = r.max()
+    late_r = r >= rmax - tie_ns
+    both = np.flatnonzero(tied & late_r)
+    out_r = r[~late_r]
+    if len(both) != 1 or not len(out_r):
+        return -1, 0.0
+    k = int(both[0])
+    return k, float(min(send[k] - out_s.max(), r[k] - out_r.max()))
+
+
+def _hand_on(burst, gid, src, dst, start, end, size):
+    """Burst numbers with each burst's tail handed on to the next burst of its group.
+
+    A rank that has issued the next collective enters it as soon as it is
+    done with this one, and over a rendezvous its ring edges to ranks as
+    early move at once, with no pause: those sends would close the burst
+    before it, and the late rank's would open the next burst alone. A
+    burst's collective is over for a server once its last send has ended
+    (not its last receive: the early ranks' clear-to-send for the next
+    collective reaches it before it is done); the flows starting once the
+    first server is done, between two servers that are no longer sending
+    this collective (:func:`_tail`), belong to the next burst of the group
+    (flows by group, then start). A rank enters the next collective no
+    earlier than it is done with this one, so those are its flows.
+    """
+    burst = burst.copy()
+    if not len(burst):
+        return burst
+    nb = int(burst.max()) + 1
+    key = burst.astype(np.int64) * (int(src.max()) + 1) + src
+    o = np.argsort(key, kind="stable")
+    k = key[o]
+    at = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    last_end = np.maximum.reduceat(np.asarray(end)[o], at)  # per (burst, server): its last send's end
+    kb = burst[o][at]
+    done = np.full(nb, np.iinfo(np.int64).max)
+    np.minimum.at(done, kb, last_end)  # the first server done
+    senders = np.bincount(kb, minlength=nb)
+    first_of = np.searchsorted(burst, np.arange(nb))  # bursts are contiguous
+    ok = senders >= size[gid[np.minimum(first_of, len(burst) - 1)]]
+    t_end = np.where(ok, done, np.iinfo(np.int64).max)
+    nxt = np.r_[burst[1:], -1]
+    last_of = np.r_[burst[1:] != burst[:-1], True]  # a burst's last flow
+    same_group_next = np.zeros(nb, dtype=bool)
+    li = np.flatnonzero(last_of)
+    same_group_next[burst[li]] = (nxt[li] == burst[li] + 1) & (np.r_[gid[1:], -1][li] == gid[li])
+    move = _tail(burst, np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(start, np.int64), np.asarray(end, np.int64),
+                 t_end, same_group_next, int(max(src.max(), dst.max())) + 1)
+    burst[move] += 1
+    return burst
+
+
+@numba.njit(cache=True)
+def _tail(burst, src, dst, start, end, t_end, has_next, n_srv):  # pragma: no cover - compiled
+    """Per flow (by burst, then start): whether it is in its burst's tail, of the next collective.
+
+    From ``t_end`` on, a flow is the next collective's when neither of its
+    ends is still sending this one's (a flow of the burst that stays, not
+    ended when it starts): a slow server's messages that run on past the
+    others' last (a slow NIC's, or the edges a slow one drags) stay put.
+    """
+    n = len(burst)
+    move = np.zeros(n, np.bool_)
+    busy = np.zeros(n_srv, np.int64)
+    stamp = np.full(n_srv, -1, np.int64)
+    for i in range(n):
+        b = burst[i]
+        s, d = src[i], dst[i]
+        bs = busy[s] if stamp[s] == b else np.int64(-1)
+        bd = busy[d] if stamp[d] == b else np.int64(-1)
+        if has_next[b] and start[i] >= t_end[b] and start[i] >= bs and start[i] >= bd:
+            move[i] = True
+            continue
+        if stamp[s] != b:
+            stamp[s] = b
+            busy[s] = end[i]
+        elif end[i] > busy[s]:
+            busy[s] = end[i]
+    return move
+
+
+def _last(per: pd.DataFrame, tie_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`last_arrival` of every burst of ``per`` (``b, s, t, r``: burst, server, first send, first receive), by burst number."""
+    n = int(per["b"].max()) + 1
+    last_s, lead = np.full(n, -1, np.int64), np.zeros(n, np.int64)
+    p = per.sort_values(["b", "s"], kind="stable")
+    bb, ss = p["b"].to_numpy(), p["s"].to_numpy()
+    tt, rr = p["t"].to_numpy(np.float64), p["r"].to_numpy(np.float64)
+    cut = np.flatnonzero(np.r_[True, bb[1:] != bb[:-1], True])
+    for i, j in zip(cut[:-1], cut[1:]):
+        k, ld = last_arrival(tt[i:j], rr[i:j], tie_ns)
+        if k >= 0:
+            last_s[bb[i]], lead[bb[i]] = ss[i + k], int(ld)
+    return last_s, lead
 
 
 @numba.njit(cache=True)
