@@ -544,12 +544,14 @@ class SwitchDiagnoser:
             # each against the endpoints without its host's flows: a slow host slows its peers' flows too,
             # which would widen the spread it is judged against (and make its peers look slow)
             refs = {}
+            ref_stats = {}  # each candidate's endpoints without its host's flows: its reference, then its peers' test below
             for h in first.tolist():
                 rest = (h_s // 2 != h // 2) & (h_d // 2 != h // 2)
                 ref = self._host_stats(h_s[rest], h_d[rest], s_w[rest], n_hosts)
                 med, spread = float(ref["median"]), float(ref["spread"])
                 if np.isfinite(med) and med > 0 and st["gbps"][h] <= self.max_ratio * med and med - st["gbps"][h] >= self.z * spread:
                     refs[h] = (med, spread)
+                    ref_stats[h] = ref
             if not refs:
                 break
             cands = np.array(list(refs), dtype=np.int64)
@@ -564,8 +566,7 @@ class SwitchDiagnoser:
                 via_net = np.bincount(row_u[net_slow[unit_u]], minlength=len(in_w)) > 0
                 # the other candidates that stay slow without this host's flows: a slow host's
                 # peers look slow through their flows with it, and are no evidence against it
-                rest = (h_s // 2 != h // 2) & (h_d // 2 != h // 2)
-                ref = self._host_stats(h_s[rest], h_d[rest], s_w[rest], n_hosts)
+                ref = ref_stats[h]
                 cand_others = np.zeros(n_hosts + 1, dtype=bool)
                 cand_others[:n_hosts] = is_cand[:n_hosts] & ref["judged"] & (ref["ratio"] <= self.max_ratio)
                 cand_others[h] = False
