@@ -199,3 +199,74 @@ def test_scale_pp_needs_a_pipeline(tmp_path, capsys):
     ops[(ops["stage"] == 0) & ~ops["optype"].str.contains("send|recv|embedding")].to_parquet(tmp_path / "pp1.parquet")
     assert main(["whatif", "--ops", str(tmp_path / "pp1.parquet"), "--scenario", "scale-pp:2", "--out", str(tmp_path / "o")]) == 2
     assert "scale-pp:2: the trace has no pipeline" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ --search
+
+
+def _ring(n: int) -> float:
+    return (n - 1) / n if n > 1 else 0.0
+
+
+def test_search_ranks_configurations_as_the_jobs_generated_that_way(tmp_path):
+    """A SYNTHETIC job (PP 2, DP 4, 8 micro-batches) searched within 16 GPUs at its global batch: each configuration's
+    predicted step is the step of the job generated with that PP, DP and M (DP collectives by the ring's (N-1)/N),
+    and the ranking by throughput per GPU is theirs."""
+    from prism.whatif.search import search_configs
+
+    kw = dict(layers=24, fwd_last=0.015, bwd_last=0.02, steps=2)
+    PipelineJob(stages=2, dp=4, microbatches=8, **kw).trace().to_parquet(tmp_path / "ops.parquet")
+    table, summary = search_configs(tmp_path / "ops.parquet", {"dp_size": 4, "pp_size": 2, "num_layers": 24}, 16,
+                                    headroom=100.0, top=1000)
+    sim = table[table["status"] == "simulated"]
+    assert len(sim) >= 8 and summary["simulated"] == len(sim)
+    truth = {}
+    for pp, dp, m in sim[["pp", "dp", "microbatches"]].itertuples(index=False):
+        f = _ring(dp) / _ring(4)
+        t = OpGraph(PipelineJob(stages=pp, dp=dp, microbatches=m, rs=0.004 * f, ag=0.002 * f, **kw).trace())
+        truth[(pp, dp, m)] = float(_baseline(t).mean())
+    for r in sim.itertuples(index=False):
+        assert r.step_s == pytest.approx(truth[(r.pp, r.dp, r.microbatches)], rel=1e-9), r
+        assert r.throughput_per_gpu <= r.throughput_bound  # the pruning bound is a bound
+        assert r.dp * r.microbatches == 32  # the global batch kept
+    base = truth[(2, 4, 8)]
+    true_tput = {k: (k[2] / (k[0] * t)) / (8 / (2 * base)) for k, t in truth.items()}
+    assert list(sim[["pp", "dp", "microbatches"]].itertuples(index=False, name=None)) == sorted(true_tput, key=lambda k: -true_tput[k])
+    assert (table["gpus"] <= 16).all()
+
+
+@needs_sa
+def test_search_on_a_real_trace_prunes_without_losing_the_best(tmp_path, capsys):
+    """ST within 32 GPUs: pruning by the bound keeps the top configurations of the full search; the observed
+    configuration is among them and predicted at the baseline; the CLI writes search.csv and the summary's search."""
+    from prism.whatif.search import search_configs
+
+    meta = yaml.safe_load((SA / "meta-ST.yaml").read_text())
+    full, _ = search_configs(SA / "trace-ST.parquet", meta, 32, microbatches=[2, 4, 8], steps=2, top=1000)
+    pruned, summary = search_configs(SA / "trace-ST.parquet", meta, 32, microbatches=[2, 4, 8], steps=2, top=3)
+    key = ["pp", "dp", "microbatches"]
+    top_full = full[full["status"] == "simulated"].head(3)[key].to_numpy().tolist()
+    assert pruned[pruned["status"] == "simulated"].head(3)[key].to_numpy().tolist() == top_full
+    assert summary["pruned"].get("cannot win", 0) > 0 and summary["simulated"] < len(full[full["status"] == "simulated"])
+    obs = pruned[pruned["observed"]].iloc[0]
+    assert obs["step_s"] == pytest.approx(summary["observed"]["step_s"], rel=1e-9) and obs["throughput_per_gpu"] == pytest.approx(1.0)
+    out = tmp_path / "o"
+    assert main(["whatif", "--ops", str(SA / "trace-ST.parquet"), "--meta", str(SA / "meta-ST.yaml"), "--search", "--gpus", "16",
+                 "--search-steps", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "search [1/" in printed.err and "thr/GPU" in printed.out
+    s = json.loads((out / "summary.json").read_text())["search"]
+    assert s["gpus"] == 16 and s["best_throughput"]["gpus"] <= 16 and (out / "search.csv").exists()
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--search"], "--search needs --gpus"),
+    (["--search", "--gpus", "0"], "--search needs --gpus"),
+    (["--search", "--gpus", "8", "--search-microbatches", "4,x"], "whole numbers, comma-separated"),
+    (["--search", "--gpus", "8", "--search-steps", "0"], "--search-steps 0"),
+])
+def test_bad_search_settings_exit_2(tmp_path, capsys, args, match):
+    PipelineJob(stages=2, steps=1).trace().to_parquet(tmp_path / "ops.parquet")
+    assert main(["whatif", "--ops", str(tmp_path / "ops.parquet"), *args, "--out", str(tmp_path / "o")]) == 2
+    assert match in capsys.readouterr().err
+    assert main(["whatif", str(tmp_path), "--search", "--gpus", "8", "--out", str(tmp_path / "o")]) == 2

@@ -48,6 +48,8 @@ class WhatIfResult:
     attribution: pd.DataFrame | None = None
     skipped: dict = field(default_factory=dict)  # job -> why it could not be modelled
     warnings: list = field(default_factory=list)  # about the whole run
+    search: dict | None = None  # --search: the summary (.search)
+    search_table: pd.DataFrame | None = None  # --search: every configuration (search.csv)
 
 
 def _natural_key(name: str):
@@ -365,6 +367,10 @@ def write_outputs(out: str | Path, result: WhatIfResult) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"jobs": result.jobs, "skipped": result.skipped, "warnings": result.warnings}
+    if result.search is not None:
+        summary["search"] = result.search
+    if result.search_table is not None:
+        result.search_table.to_csv(out / "search.csv", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     result.steps.to_csv(out / "steps.csv", index=False)
     if result.attribution is not None:
