@@ -244,6 +244,8 @@ def test_search_on_a_real_trace_prunes_without_losing_the_best(tmp_path, capsys)
     meta = yaml.safe_load((SA / "meta-ST.yaml").read_text())
     full, _ = search_configs(SA / "trace-ST.parquet", meta, 32, microbatches=[2, 4, 8], steps=2, top=1000)
     pruned, summary = search_configs(SA / "trace-ST.parquet", meta, 32, microbatches=[2, 4, 8], steps=2, top=3)
+    sim = full[full["status"] == "simulated"]
+    assert (sim["throughput_per_gpu"] <= sim["throughput_bound"]).all()  # the pruning bound holds on real costs
     key = ["pp", "dp", "microbatches"]
     top_full = full[full["status"] == "simulated"].head(3)[key].to_numpy().tolist()
     assert pruned[pruned["status"] == "simulated"].head(3)[key].to_numpy().tolist() == top_full
@@ -270,3 +272,10 @@ def test_bad_search_settings_exit_2(tmp_path, capsys, args, match):
     assert main(["whatif", "--ops", str(tmp_path / "ops.parquet"), *args, "--out", str(tmp_path / "o")]) == 2
     assert match in capsys.readouterr().err
     assert main(["whatif", str(tmp_path), "--search", "--gpus", "8", "--out", str(tmp_path / "o")]) == 2
+
+
+@needs_sa
+def test_a_rebuilt_trace_too_large_is_refused(tmp_path, capsys):
+    assert main(["whatif", "--ops", str(SA / "trace-SE.parquet"), "--meta", str(SA / "meta-SE.yaml"), "--scenario", "scale-pp:64",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "scale-pp:64: the rebuilt trace would hold about" in capsys.readouterr().err

@@ -64,6 +64,8 @@ __all__ = ["LAYER_SCALED", "LayerModel", "Partition", "bubble_fraction", "fit_la
 #: op types whose cost follows the layers a stage holds (compute; the bytes of its parameters and gradients)
 LAYER_SCALED = COMPUTE + ("params-all-gather", "grads-reduce-scatter", "optimizer")
 _CORE = set(COMPUTE) | set(P2P)
+#: a rebuilt trace's size limit (about 2 GB for the graph, the simulation and the timeline)
+MAX_REBUILT_OPS = 3_000_000
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,7 @@ def repartition(g: OpGraph, old: Partition, new: Partition, microbatches: int | 
     """
     o = g.ops
     p, n = old.stages, new.stages
-    if p < 2 or not o["optype"].isin(P2P).any():
+    if new.stages > 1 and (p < 2 or not o["optype"].isin(P2P).any()):
         raise ValueError("the trace has no pipeline (one stage, no send/receive): nothing to take a transfer time from")
     models = fit_layer_models(g, old) if models is None else models
     work = g.work()
@@ -248,6 +250,11 @@ def repartition(g: OpGraph, old: Partition, new: Partition, microbatches: int | 
     if per_rank.min() != m_obs or len(per_rank) != len(steps) * len(dps) * p:
         raise ValueError("the trace's ranks do not all run the same micro-batches in every step: cannot rebuild its pipeline")
     m = int(microbatches or m_obs)
+    size = len(steps) * len(dps) * n * (4 * m + 12)
+    if size > MAX_REBUILT_OPS:
+        raise ValueError(f"the rebuilt trace would hold about {size:,} ops ({n} stages x {m} micro-batches x DP "
+                         f"{len(dps)} x {len(steps)} steps), more than {MAX_REBUILT_OPS:,}: fewer stages, micro-batches "
+                         "or steps")
     seq = o["seq_id"].to_numpy(np.int64)
     shape = (p, len(dps), len(steps), m_obs)
 

@@ -126,13 +126,17 @@ def restructure(g: OpGraph, scenarios: list[Scenario], meta: dict) -> tuple[OpGr
 
     last = {sc.kind: sc for sc in scenarios}
     pp, layers, mb = last.get("scale-pp"), last.get("layers"), last.get("microbatches")
+    from prism.whatif.repartition import fit_layer_models, layer_factors, observed_partition, repartition
+
     if pp is None and layers is None:
         if mb is None:
             return g, 1.0, {}, []
-        from prism.whatif.schedule import rebuild_microbatches
-
-        return OpGraph(rebuild_microbatches(g.ops, int(mb.value), meta.get("pp_size"))), 1.0, {}, []
-    from prism.whatif.repartition import fit_layer_models, layer_factors, observed_partition, repartition
+        # the observed partition rebuilt for M micro-batches: each op's work from its own observation
+        part = observed_partition(g.ops, meta)
+        try:
+            return OpGraph(repartition(g, part, part, int(mb.value))), 1.0, {}, []
+        except ValueError as e:
+            raise ValueError(f"--scenario {mb}: {e}") from None
 
     old = observed_partition(g.ops, meta)
     warnings = []
@@ -153,11 +157,7 @@ def restructure(g: OpGraph, scenarios: list[Scenario], meta: dict) -> tuple[OpGr
     else:
         assert layers is not None and total is not None
         new = old.scaled(total, str(layers))
-        gp = g
-        if mb is not None:
-            from prism.whatif.schedule import rebuild_microbatches
-
-            gp = OpGraph(rebuild_microbatches(g.ops, int(mb.value), meta.get("pp_size")))
+        gp = g if mb is None else OpGraph(repartition(g, old, old, int(mb.value), models))
         factor = layer_factors(gp.ops, models, old, new)
     note: dict[str, Any] = {"observed_stages": old.stages, "stages": new.stages,
             "observed_layers_per_stage": list(old.layers) if old.known else None,

@@ -18,7 +18,7 @@
                            replays only; :mod:`.netreplay`)
 ``heal-link:A>B``          the same for one link (``switches.csv`` names it)
 ``microbatches:M``         the pipeline rebuilt for M micro-batches per step
-                           (op traces; :mod:`.schedule`)
+                           (op traces; :mod:`.repartition`)
 ``scale-pp:N``             the layers re-partitioned over N pipeline stages,
                            the 1F1B step rebuilt (op traces;
                            :mod:`.repartition`)
@@ -160,7 +160,7 @@ def apply_op_scenarios(graph_builder: OpGraph, scenarios: list[Scenario], dp_siz
             dp_coll = ops["optype"].isin(["grads-reduce-scatter", "params-all-gather"]).to_numpy()
             comm_scale *= np.where(dp_coll, f, 1.0)
         elif sc.kind in STRUCTURAL:
-            continue  # applied to the trace or its work before (schedule, repartition)
+            continue  # applied to the trace or its work before (repartition)
         else:
             raise ValueError(f"--scenario {sc}: not available for op traces (heal-switch and heal-link need a network replay)")
     return d * comm_scale

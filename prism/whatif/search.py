@@ -21,7 +21,8 @@ Pruning, before simulating:
   compute for M micro-batches, less 5%, no bubble and no communication) is
   below the ``top``-th best found so far (candidates are simulated best
   bound first);
-* the layers do not split over PP stages, or the global batch over DP.
+* the layers do not split over PP stages, or the global batch over DP;
+* **cannot simulate**: the rebuilt trace would be too large.
 
 Each simulated configuration uses the first ``steps`` steps of the trace.
 """
@@ -135,7 +136,11 @@ def search_configs(trace_path: str | Path, meta: dict, gpus: int, microbatches: 
         t0 = time.perf_counter()
         scenarios = [Scenario("scale-pp", str(row["pp"])), Scenario("microbatches", str(row["microbatches"])),
                      Scenario("scale-dp", str(row["dp"]))]
-        gp, factor, _, _ = restructure(g, scenarios, {**meta, "pp_size": pp0})
+        try:
+            gp, factor, _, _ = restructure(g, scenarios, {**meta, "pp_size": pp0})
+        except ValueError as e:  # e.g. too large a rebuilt trace
+            rows.append({**row, "status": "pruned", "reason": f"cannot simulate: {e}"})
+            continue
         pred = simulate(gp.graph(apply_op_scenarios(gp, scenarios, dp0) * factor, launch_delay=False))
         step = float(gp.step_seconds(pred).mean())
         tput = row["microbatches"] / (row["pp"] * step) / base_tput
