@@ -168,6 +168,7 @@ def test_microbatches_rebuilds_the_pipeline(trial, tmp_path):
     job = json.loads((tmp_path / "o" / "summary.json").read_text())["jobs"][trial]
     assert job["predicted_step_s"] == pytest.approx(double, rel=1e-9)
     assert job["predicted_step_s"] > job["baseline_step_s"]
+    assert job["predicted_bubble_fraction"] < job["baseline_bubble_fraction"]  # more micro-batches, less bubble
 
 
 @needs_sa

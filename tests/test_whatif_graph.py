@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from prism.cli import main
 from prism.whatif.graph import simulate
@@ -49,6 +51,21 @@ def test_rebuilt_1f1b_bubble_is_the_formula_for_uniform_stages(stages, microbatc
     g = OpGraph(job.trace())
     steps, gp, r = _predict(g, {"num_layers": 24, "pp_size": stages}, stages=new_stages)
     per_stage = (job.fwd + job.bwd) * 24 / new_stages
+    assert steps.iloc[0] == pytest.approx((microbatches + new_stages - 1) * per_stage, rel=1e-9)
+    assert bubble_fraction(gp, r) == pytest.approx((new_stages - 1) / (microbatches + new_stages - 1), abs=1e-9)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stages=st.integers(2, 5), new_stages=st.integers(1, 10), microbatches=st.integers(1, 12), dp=st.integers(1, 3),
+       fwd=st.floats(0.001, 0.1), bwd=st.floats(0.001, 0.2))
+def test_bubble_property_for_any_uniform_pipeline(stages, new_stages, microbatches, dp, fwd, bwd):
+    """The same property for random depths, micro-batches, DP and costs, with the layers unknown (continuous shares:
+    any N)."""
+    job = PipelineJob(stages=stages, dp=dp, microbatches=microbatches, layers=stages, fwd=fwd, bwd=bwd, p2p=0.0, ag=0.0,
+                      rs=0.0, opt=0.0, emb=0.0, steps=1)
+    g = OpGraph(job.trace())
+    steps, gp, r = _predict(g, {"pp_size": stages}, stages=new_stages)
+    per_stage = (fwd + bwd) * stages / new_stages
     assert steps.iloc[0] == pytest.approx((microbatches + new_stages - 1) * per_stage, rel=1e-9)
     assert bubble_fraction(gp, r) == pytest.approx((new_stages - 1) / (microbatches + new_stages - 1), abs=1e-9)
 

@@ -134,9 +134,11 @@ def restructure(g: OpGraph, scenarios: list[Scenario], meta: dict) -> tuple[OpGr
         # the observed partition rebuilt for M micro-batches: each op's work from its own observation
         part = observed_partition(g.ops, meta)
         try:
-            return OpGraph(repartition(g, part, part, int(mb.value))), 1.0, {}, []
+            gp = OpGraph(repartition(g, part, part, int(mb.value)))
         except ValueError as e:
             raise ValueError(f"--scenario {mb}: {e}") from None
+        observed_m = int(g.ops[g.ops["optype"] == "forward-compute"].groupby(["step", "rank"]).size().max())
+        return gp, 1.0, {str(mb): {"observed_microbatches": observed_m, "microbatches": int(mb.value)}}, []
 
     old = observed_partition(g.ops, meta)
     warnings = []
