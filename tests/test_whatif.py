@@ -661,3 +661,16 @@ def test_kineto_replay_of_the_real_dlrm_job(dlrm, tmp_path):
     job = json.loads((tmp_path / "o" / "summary.json").read_text())["jobs"]["dlrm_kineto"]
     assert job["ranks"] == 8 and job["steps"] == 1 and job["replay_error_max_pct"] < 0.5
     assert job["predicted_step_s"] >= job["baseline_step_s"]
+
+
+@pytest.mark.skipif(not (KINETO / "hta" / "trace_filter").is_dir(), reason=f"{KINETO} not present (PRISM_SHARED_DATA names the real-data directory)")
+def test_kineto_a_sample_of_ranks_is_refused_unless_partial(tmp_path, capsys):
+    pair = KINETO / "hta" / "trace_filter"  # ranks 0 and 1 of a 128-rank job
+    assert main(["whatif", "--kineto", str(pair), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "missing rank(s) 2, 3" in err and "world size 128" in err and "sampled_rank-0.json.gz" in err
+    assert main(["whatif", "--kineto", str(pair), "--partial", "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    job = json.loads((tmp_path / "o" / "summary.json").read_text())["jobs"]["trace_filter"]
+    assert job["ranks"] == 2 and job["steps"] == 2 and job["collectives"] == {"world/SendRecv": 10}
+    assert any("2 of 128 ranks" in w for w in job["warnings"])
+    assert job["replay_error_max_pct"] < 0.1  # measured 0.004%

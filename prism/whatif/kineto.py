@@ -28,15 +28,15 @@ Its dependencies:
   just after a GPU operation ended waited for it: it runs from that end,
   its own time is what remains;
 * **threads**: each CPU thread's calls in order; a thread's first call of a
-  step, or after an idle spell, follows the rank's main thread (the one with
-  most calls), and the main thread after an idle spell follows the others'
+  step, or after an idle spell, follows the rank's main thread (the one that
+  launched most GPU work), and the main thread after an idle spell follows the others'
   latest call (the autograd thread of the backward pass);
 * **collectives**: the Nth NCCL kernel of a kind (AllReduce, SendRecv, ...)
   on a communicator is one collective on all its ranks. The communicator is
   the kernel's ``Process Group Name`` and ``Process Group Ranks`` when the
   trace records them, else every rank (one world communicator);
 * **steps**: a rank's ``ProfilerStep#N+1`` begins when its step N ended
-  (the last call of step N plus the host time after it), the first step at
+  (the main thread's last call of step N plus the host time after it), the first step at
   its observed start. A GPU operation belongs to the step its launch call is
   in.
 
@@ -330,7 +330,9 @@ class KinetoGraph:
 
         # threads: in order; the main thread's first call of a step after the step's begin; bursts join the other threads
         tid = calls["tid"].to_numpy(object)
-        main = calls["tid"].value_counts().index[0] if len(calls) else None
+        # the main thread launches the most GPU work (a watchdog or a polling thread may make more calls)
+        launches = pd.Series(tid[gcall[gcall >= 0]]).value_counts() if (gcall >= 0).any() else calls["tid"].value_counts()
+        main = launches.index[0] if len(launches) else None
         is_main = tid == main
         last_main_before = _latest_ended_before(ct, ce, is_main)  # per call, the main-thread call that ended last before it
         last_other_before = _latest_ended_before(ct, ce, ~is_main)
@@ -357,9 +359,11 @@ class KinetoGraph:
                 ok = (m >= 0) & (csi[np.clip(m, 0, None)] == csi[b])
                 it.edge(cidx[m[ok]], cidx[b[ok]], ct[b[ok]] - ce[m[ok]])
                 it.edge(begin[csi[b[~ok]]], cidx[b[~ok]], ct[b[~ok]] - s_start[csi[b[~ok]]])
-        # the step ends the host time after its last call (of any thread)
+        # the step ends the host time after the main thread's last call of the step (any thread's, if it made none)
         for si in range(n_s):
-            k = np.flatnonzero(csi == si)
+            k = np.flatnonzero((csi == si) & is_main)
+            if not len(k):
+                k = np.flatnonzero(csi == si)
             if len(k):
                 last = k[np.argmax(ce[k])]
                 it.edge([cidx[last]], [end[si]], [s_end[si] - ce[last]])

@@ -7,7 +7,7 @@ Outputs in ``--out``:
   ...}}, "skipped": {job_id: reason}, "warnings": [...]}``; step times are
   means over the complete steps modelled (observed in the input, simulated
   unchanged, simulated as the scenarios' starting point (op traces: without
-  launch delays; network: the replay itself), simulated under the
+  launch delays; network and Kineto: the replay itself), simulated under the
   scenarios); ``predicted_speedup`` is baseline over predicted, and the
   attribution uses the same means, as StragglerAnalysis does;
 * ``steps.csv``: per job and step, those step times;
