@@ -37,7 +37,7 @@ def test_a_cycle_is_a_clear_error():
 
 
 def test_scenario_parsing_rejects_nonsense():
-    for bad in ["faster", "scale-comm", "scale-comm:-1", "scale-dp:two", "remove-stragglers:1", "heal-switch", "heal-link",
+    for bad in ["faster", "scale-comm", "scale-comm:-1", "scale-compute", "scale-compute:0", "scale-dp:two", "remove-stragglers:1", "heal-switch", "heal-link",
                 "heal-link:spine-00"]:
         with pytest.raises(ValueError):
             parse_scenario(bad)
@@ -76,6 +76,7 @@ def test_scenarios_on_real_traces_move_the_right_way():
     ideal = median_step(["ideal"])
     assert ideal < no_stragglers < base
     assert median_step(["scale-comm:0.5"]) < base < median_step(["scale-comm:2"])
+    assert median_step(["scale-compute:0.5"]) < base < median_step(["scale-compute:2"])
     assert median_step(["scale-dp:64"]) > base > median_step(["scale-dp:8"])  # bigger rings, longer collectives
     # the baseline of the scenarios (observed work, no launch delays) is the observed step within 1%
     assert abs(base / float(observed_step_times(ops).median()) - 1) < 0.01
@@ -606,6 +607,7 @@ def test_kineto_scale_scenarios_move_the_step_the_known_amount(tmp_path):
     ("missing rank", "missing rank(s) 2 of world size 3"),
     ("mismatched", "NCCL AllReduce kernel(s) on communicator world"),
     ("no steps", "no ProfilerStep#N"),
+    ("duplicate rank", "rank 0 again"),
 ])
 def test_kineto_bad_input_is_a_clear_error_naming_the_file(tmp_path, capsys, case, match):
     d = _write_kineto(tmp_path / "k", [100.0, 120.0])
@@ -623,6 +625,8 @@ def test_kineto_bad_input_is_a_clear_error_naming_the_file(tmp_path, capsys, cas
         t = _kineto_rank(1, 2, 120.0, 120.0)
         t["traceEvents"] = [e for e in t["traceEvents"] if not e["name"].startswith("nccl")]
         bad.write_text(json.dumps(t))
+    elif case == "duplicate rank":
+        bad.write_text(json.dumps(_kineto_rank(0, 2, 120.0, 120.0)))
     elif case == "no steps":
         t = _kineto_rank(1, 2, 120.0, 120.0)
         t["traceEvents"] = [e for e in t["traceEvents"] if not e["name"].startswith("ProfilerStep")]

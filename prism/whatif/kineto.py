@@ -514,8 +514,7 @@ class KinetoGraph:
                 raise ValueError(f"{path_of[lo]}: {counts[lo]} NCCL {kind} kernel(s) on communicator {comm} in the steps modelled, "
                                  f"but {path_of[hi]} (rank {hi}) has {counts[hi]}: the collectives cannot be matched across ranks "
                                  f"(per rank: {', '.join(f'{k}: {v}' for k, v in counts.items())})")
-        items = self.items if hasattr(self, "items") else None
-        assert items is not None
+        items = self.items  # set before the collectives are matched
         t = t.drop(columns=["path", "comm_ranks"])
         t["ts"] = items["ts"].to_numpy()[t["item"].to_numpy()]
         t["end"] = items["end"].to_numpy()[t["item"].to_numpy()]
