@@ -640,7 +640,7 @@ def test_keda_scales_each_stage_on_its_own_consumer_groups_lag():
     values["config"] = {"kafka.group-id": "prism-a", "kafka.job-topic": "jobs-a", "kafka.job-topic-partitions": 8,
                         "kafka.bootstrap-servers": "k1:9092,k2:9092"}
     objs = objects(render(values))
-    expect = {"ingest": ("prism-a", "prism-flows", 1, 6, "50000"), "analyse": ("prism-a-analyse", "jobs-a", 2, 8, "2000")}
+    expect = {"ingest": ("prism-a", "prism-flows", 1, 6, "50000"), "analyse": ("prism-a-analyse", "jobs-a", 2, 8, "1000")}
     for stage, (group, topic, low, high, lag) in expect.items():
         so = objs[f"ScaledObject/prism-{stage}"]
         assert so["apiVersion"] == "keda.sh/v1alpha1"
