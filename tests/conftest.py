@@ -29,3 +29,20 @@ def tiny_dir(tiny_cluster, tmp_path_factory):
 @pytest.fixture
 def data_dir():
     return DATA
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """SYNTHETIC tiny cluster, 8 s: four jobs, a slow step, a slow server, a degraded switch (the daemon's tests' stream)."""
+    return preset("tiny", seed=0, duration_s=8.0).generate()
+
+
+@pytest.fixture(scope="module")
+def broker():
+    """A real Kafka-protocol broker (Tansu, in-memory storage) for one test module: the daemon's tests talk to it as
+    to Apache Kafka; each module starts its own, so one module's topics and groups are never another's."""
+    from prism.serve.broker import LocalBroker
+
+    b = LocalBroker().start()
+    yield b
+    b.stop()

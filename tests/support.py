@@ -9,7 +9,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["wait_for", "scrape_total", "make_pki", "stop_process"]
+__all__ = ["DAEMON_SETTINGS", "wait_for", "scrape_total", "make_pki", "stop_process"]
+
+#: the daemon tests' windows (MonitorSettings): short, so the 8-s tiny cluster spans several
+DAEMON_SETTINGS = dict(window_s=3, step_s=1, switch_window_s=2, lateness_s=0.1, idle_flush_s=3)
 
 
 def wait_for(cond, timeout=60.0, what="condition", progress=None):

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support import DAEMON_SETTINGS as SETTINGS
 from support import scrape_total as _scrape_total
 from support import stop_process, wait_for
 
@@ -34,22 +35,6 @@ from prism.serve.monitor import Monitor, MonitorSettings
 from prism.serve.produce import FlowProducer
 from prism.serve.settings import DaemonSettings, KafkaSettings
 from prism.serve.sources import ensure_topic
-from synthetic import preset
-
-SETTINGS = dict(window_s=3, step_s=1, switch_window_s=2, lateness_s=0.1, idle_flush_s=3)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """SYNTHETIC tiny cluster, 8 s: four jobs, a slow step, a slow server, a degraded switch."""
-    return preset("tiny", seed=0, duration_s=8.0).generate()
-
-
-@pytest.fixture(scope="module")
-def broker():
-    b = LocalBroker().start()
-    yield b
-    b.stop()
 
 
 @pytest.fixture

@@ -515,3 +515,206 @@ def test_numba_cache_can_outlive_the_pod(cache, volume):
         chart.render({"topology": {"csv": TOPOLOGY}, "numbaCache": {"volume": "persistentVolumeClaim"}}, name="prism", namespace="monitoring")
     with pytest.raises(helm_errors.HelmValuesError):
         chart.validate_schema({"topology": {"csv": TOPOLOGY}, "numbaCache": {"volume": "image"}})
+
+
+# ------------------------------------------------------ two stages, autoscaling
+
+SPLIT = {"stages": {"mode": "split",
+                    "ingest": {"replicas": 3, "resources": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "6Gi"}},
+                               "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1}},
+                    "analyse": {"replicas": 2, "resources": {"requests": {"cpu": "1", "memory": "3Gi"}, "limits": {"memory": "8Gi"}},
+                                "podDisruptionBudget": {"enabled": True, "maxUnavailable": 0}}},
+         "serviceMonitor": {"enabled": True}, "collector": {"enabled": True},
+         "networkPolicy": {"enabled": True, "egress": {"brokers": [{"ipBlock": {"cidr": "10.0.5.0/24"}}]}}}
+STAGES = ("ingest", "analyse")
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """Whether a Kubernetes label selector (matchLabels and matchExpressions) selects these labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        ok = {"In": labels.get(key) in values, "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return bool(selector.get("matchLabels") or selector.get("matchExpressions"))
+
+
+def test_selects_reads_match_labels_and_expressions():
+    pod = {"app": "prism", "tier": "ingest"}
+    assert selects({"matchLabels": {"app": "prism"}}, pod)
+    assert not selects({"matchLabels": {"app": "prism", "tier": "analyse"}}, pod)
+    assert selects({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["ingest", "analyse"]}]}, pod)
+    assert not selects({"matchLabels": {"app": "prism"}, "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["ingest"]}]}, pod)
+    assert not selects({}, pod)  # an empty selector would select every pod: never what the chart means
+
+
+def _pod_labels(objs, key):
+    return objs[key]["spec"]["template"]["metadata"]["labels"]
+
+
+def test_split_mode_renders_two_deployments_with_their_roles():
+    """stages.mode=split: <name>-ingest (--role ingest) and <name>-analyse (--role analyse), each sized on its own."""
+    import kubernetes_validate
+
+    from prism.cli import build_parser
+
+    objs = objects(render(SPLIT))
+    assert {k for k in objs if k.split("/")[0] in ("Deployment", "Service", "ServiceMonitor", "PodDisruptionBudget")} == {
+        f"{kind}/prism-{stage}" for kind in ("Deployment", "Service", "ServiceMonitor", "PodDisruptionBudget") for stage in STAGES}
+    assert not any(k.startswith("ScaledObject/") for k in objs)  # autoscaling is off unless asked for
+    parser = build_parser()
+    for stage in STAGES:
+        dep = objs[f"Deployment/prism-{stage}"]
+        for key in (f"Deployment/prism-{stage}", f"Service/prism-{stage}", f"PodDisruptionBudget/prism-{stage}"):
+            kubernetes_validate.validate(objs[key], KUBE_VERSION, strict=True)
+        assert dep["spec"]["replicas"] == SPLIT["stages"][stage]["replicas"]
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        assert c["resources"] == SPLIT["stages"][stage]["resources"]
+        assert c["args"][0] == "daemon" and [a for a in c["args"] if a.startswith("--role")] == [f"--role={stage}"]
+        assert parser.parse_args(c["args"]).role == stage
+        # the same Kafka settings: one config file, one topology
+        vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+        assert vols["config"]["configMap"]["name"] == "prism" and vols["topology"]["configMap"]["name"] == "prism-topology"
+        assert objs[f"PodDisruptionBudget/prism-{stage}"]["spec"]["maxUnavailable"] == SPLIT["stages"][stage]["podDisruptionBudget"]["maxUnavailable"]
+
+
+def test_split_mode_selectors_do_not_overlap():
+    """Each stage's Deployment, Service, ServiceMonitor and PodDisruptionBudget select its own pods and no other's."""
+    objs = objects(render(SPLIT))
+    pods = {"ingest": _pod_labels(objs, "Deployment/prism-ingest"), "analyse": _pod_labels(objs, "Deployment/prism-analyse"),
+            "collector": _pod_labels(objs, "DaemonSet/prism-collector")}
+    for stage in STAGES:
+        assert pods[stage]["app.kubernetes.io/component"] == stage
+        selectors = {"Deployment": objs[f"Deployment/prism-{stage}"]["spec"]["selector"],
+                     "Service": {"matchLabels": objs[f"Service/prism-{stage}"]["spec"]["selector"]},
+                     "PodDisruptionBudget": objs[f"PodDisruptionBudget/prism-{stage}"]["spec"]["selector"]}
+        for kind, sel in selectors.items():
+            assert [p for p, labels in pods.items() if selects(sel, labels)] == [stage], (kind, stage, sel)
+        # the ServiceMonitor picks its stage's Service (by the Service's labels) and not the other's
+        sm = objs[f"ServiceMonitor/prism-{stage}"]["spec"]
+        assert [s for s in STAGES if selects(sm["selector"], objs[f"Service/prism-{s}"]["metadata"]["labels"])] == [stage]
+        assert sm["jobLabel"] == "app.kubernetes.io/name"  # job="prism" for both: the alert rules select on it
+    # one NetworkPolicy for the two stages, another for the collectors
+    assert [p for p, labels in pods.items() if selects(objs["NetworkPolicy/prism"]["spec"]["podSelector"], labels)] == ["ingest", "analyse"]
+    assert [p for p, labels in pods.items() if selects(objs["NetworkPolicy/prism-collector"]["spec"]["podSelector"], labels)] == ["collector"]
+
+
+def test_all_mode_is_the_default_and_renders_one_daemon():
+    default = render({"serviceMonitor": {"enabled": True}, "podDisruptionBudget": {"enabled": True}})
+    assert render({"stages": {"mode": "all"}, "serviceMonitor": {"enabled": True}, "podDisruptionBudget": {"enabled": True}}) == default
+    objs = objects(default)
+    assert {k for k in objs if k.split("/")[0] in ("Deployment", "Service", "ServiceMonitor", "PodDisruptionBudget")} == {
+        "Deployment/prism", "Service/prism", "ServiceMonitor/prism", "PodDisruptionBudget/prism"}
+    (c,) = objs["Deployment/prism"]["spec"]["template"]["spec"]["containers"]
+    assert not any(a.startswith("--role") for a in c["args"])  # --role all, the daemon's default
+    # the stages' values do not leak into the single daemon
+    objs = objects(render({"stages": {"ingest": {"replicas": 5, "resources": {"requests": {"cpu": "3"}}}}}))
+    assert objs["Deployment/prism"]["spec"]["replicas"] == 1
+    assert objs["Deployment/prism"]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
+
+
+def test_split_mode_lints_clean():
+    values = {"topology": {"csv": TOPOLOGY}, **SPLIT,
+              "stages": {**SPLIT["stages"], "analyse": {**SPLIT["stages"]["analyse"], "autoscaling": {"enabled": True}}}}
+    report = helm_chart.lint(str(CHART), values, strict=True, kube_version="v" + KUBE_VERSION)
+    errors = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not errors and not report.get("errors"), report
+
+
+def test_notes_name_both_stages():
+    chart = helm_chart.Chart.load(str(CHART))
+    notes = chart.render({"topology": {"csv": TOPOLOGY}, **SPLIT}, name="prism", namespace="monitoring", is_install=True)["prism/templates/NOTES.txt"]
+    assert "prism-ingest: 3 replica(s) of `prism daemon --role ingest`" in notes
+    assert "prism-analyse: 2 replica(s) of `prism daemon --role analyse`" in notes and "svc/prism-analyse" in notes
+
+
+def _autoscaled(**stages) -> dict:
+    return {"stages": {"mode": "split", **{s: {"autoscaling": {"enabled": True, **kw}} for s, kw in stages.items()}}}
+
+
+def test_keda_scales_each_stage_on_its_own_consumer_groups_lag():
+    values = _autoscaled(ingest={"maxReplicas": 6, "lagThreshold": 50000}, analyse={"minReplicas": 2, "maxReplicas": 8})
+    values["config"] = {"kafka.group-id": "prism-a", "kafka.job-topic": "jobs-a", "kafka.job-topic-partitions": 8,
+                        "kafka.bootstrap-servers": "k1:9092,k2:9092"}
+    objs = objects(render(values))
+    expect = {"ingest": ("prism-a", "prism-flows", 1, 6, "50000"), "analyse": ("prism-a-analyse", "jobs-a", 2, 8, "1000")}
+    for stage, (group, topic, low, high, lag) in expect.items():
+        so = objs[f"ScaledObject/prism-{stage}"]
+        assert so["apiVersion"] == "keda.sh/v1alpha1"
+        spec = so["spec"]
+        assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"prism-{stage}"}
+        assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (low, high)
+        (trigger,) = spec["triggers"]
+        assert trigger["type"] == "kafka" and "authenticationRef" not in trigger
+        meta = trigger["metadata"]
+        assert meta["bootstrapServers"] == "k1:9092,k2:9092" and meta["consumerGroup"] == group and meta["topic"] == topic
+        assert meta["lagThreshold"] == lag and meta["allowIdleConsumers"] == "false"
+        assert all(isinstance(v, str) for v in meta.values())  # KEDA's metadata is a map of strings
+        # KEDA owns the replica count: the Deployment leaves it out, so an upgrade does not reset it
+        assert "replicas" not in objs[f"Deployment/prism-{stage}"]["spec"]
+    # the analyse stage's group is the one the daemon derives
+    from prism.serve.jobtopic import analyse_group
+    assert objs["ScaledObject/prism-analyse"]["spec"]["triggers"][0]["metadata"]["consumerGroup"] == analyse_group("prism-a")
+    # one stage only
+    objs = objects(render(_autoscaled(analyse={})))
+    assert "ScaledObject/prism-analyse" in objs and "ScaledObject/prism-ingest" not in objs
+    assert objs["Deployment/prism-ingest"]["spec"]["replicas"] == 1
+
+
+def test_keda_is_not_needed_unless_asked_for():
+    for values in ({}, {"stages": {"mode": "split"}}, {"stages": {"ingest": {"autoscaling": {"enabled": True}}}}):
+        rendered = render(values)
+        assert not [d for docs in rendered.values() for d in docs if "keda.sh" in d["apiVersion"]], values
+
+
+def test_keda_and_stage_values_that_cannot_work_fail_to_render():
+    chart = helm_chart.Chart.load(str(CHART))
+
+    def fails(values, match):
+        with pytest.raises(Exception, match=match):
+            chart.render({"topology": {"csv": TOPOLOGY}, **values}, name="prism", namespace="monitoring")
+
+    secured = {"securityProtocol": "SASL_SSL", "sasl": {"username": "prism", "existingSecret": "kafka-sasl"}}
+    fails({**_autoscaled(ingest={}), "kafka": secured}, "stages.keda.triggerAuthentication is required")
+    fails(_autoscaled(analyse={"maxReplicas": 13}), r"maxReplicas \(13\) is more than the job topic's partitions")
+    fails(_autoscaled(ingest={"minReplicas": 5, "maxReplicas": 2}), r"minReplicas \(5\) is more than maxReplicas \(2\)")
+    fails({"stages": {"mode": "split", "analyse": {"replicas": 5}}, "config": {"kafka.job-topic-partitions": 4}},
+          r"stages.analyse.replicas \(5\) is more than the job topic's partitions")
+    # with a TriggerAuthentication, a secured Kafka scales
+    objs = objects(render({**_autoscaled(ingest={}), "kafka": secured, "stages": {**_autoscaled(ingest={})["stages"],
+                                                                                   "keda": {"triggerAuthentication": "prism-kafka"}}}))
+    assert objs["ScaledObject/prism-ingest"]["spec"]["triggers"][0]["authenticationRef"] == {"name": "prism-kafka"}
+    for bad in ({"stages": {"mode": "both"}}, {"stages": {"ingest": {"autoscaling": {"minReplicas": 0}}}},
+                {"stages": {"analyse": {"replica": 2}}}, {"config": {"kafka.job-topic-partitions": 0}}):
+        with pytest.raises(helm_errors.HelmValuesError):
+            chart.validate_schema({"topology": {"csv": TOPOLOGY}, **bad})
+
+
+def test_collector_network_policy_allows_only_the_brokers_and_dns():
+    import kubernetes_validate
+
+    egress = {"brokers": [{"ipBlock": {"cidr": "10.0.5.0/24"}}], "brokerPorts": [9093]}
+    objs = objects(render({"networkPolicy": {"enabled": True, "egress": egress}, "collector": {"enabled": True}}))
+    pol = objs["NetworkPolicy/prism-collector"]
+    kubernetes_validate.validate(pol, KUBE_VERSION, strict=True)
+    spec = pol["spec"]
+    assert selects(spec["podSelector"], _pod_labels(objs, "DaemonSet/prism-collector"))
+    assert not selects(spec["podSelector"], _pod_labels(objs, "Deployment/prism"))
+    assert not selects(objs["NetworkPolicy/prism"]["spec"]["podSelector"], _pod_labels(objs, "DaemonSet/prism-collector"))
+    # no ingress at all (the collector serves no port), egress to the brokers on their ports and to DNS only
+    assert spec["policyTypes"] == ["Ingress", "Egress"] and spec["ingress"] == []
+    brokers, dns = spec["egress"]
+    assert brokers == {"to": egress["brokers"], "ports": [{"port": 9093, "protocol": "TCP"}]}
+    assert dns["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    # a collector writing files needs no network
+    pol = objects(render({"networkPolicy": {"enabled": True, "egress": egress}, "collector": {"enabled": True, "output": "/var/lib/prism/flows"}}))
+    assert pol["NetworkPolicy/prism-collector"]["spec"]["egress"] == []
+    # egress left open: the ingress lock alone
+    pol = objects(render({"networkPolicy": {"enabled": True, "egress": {"enabled": False}}, "collector": {"enabled": True}}))
+    assert pol["NetworkPolicy/prism-collector"]["spec"]["policyTypes"] == ["Ingress"] and "egress" not in pol["NetworkPolicy/prism-collector"]["spec"]
+    # no collectors, or no policies: no collector policy
+    assert "NetworkPolicy/prism-collector" not in objects(render({"networkPolicy": {"enabled": True, "egress": egress}}))
+    assert "NetworkPolicy/prism-collector" not in objects(render({"collector": {"enabled": True}}))

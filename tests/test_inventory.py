@@ -64,6 +64,38 @@ def test_a_bad_inventory_names_file_line_and_field(tmp_path, cluster, text, need
     assert str(path) in str(e.value) and needle in str(e.value)
 
 
+
+@pytest.mark.parametrize("problem, needle", [
+    ("directory", "is a directory; "),
+    ("latin-1", "not UTF-8 text (byte 22 of the file)"),
+    ("truncated gzip", "cannot read the "),
+    ("long field", ":line 3: not a readable CSV file: field larger than field limit"),
+])
+def test_the_inventory_and_the_topology_read_a_bad_file_alike(tmp_path, cluster, problem, needle):
+    """One reader (prism.ingest.csvrows) for both files: the same errors, each naming its file (and the CSV line)."""
+    import gzip
+
+    good = "server,ip,job_name\nsrv1,10.0.0.1,a\n"
+    for reader, what in ((lambda p: JobNames.from_csv(p), "job inventory"), (Topology.from_csv, "topology")):
+        path = tmp_path / what.replace(" ", "-") / ("t.csv.gz" if problem == "truncated gzip" else "t.csv")
+        path.parent.mkdir(exist_ok=True)
+        if problem == "directory":
+            path.mkdir()
+        elif problem == "latin-1":
+            path.write_bytes("server,ip,job_name\nsrv\xe9,10.0.0.1,a\n".encode("latin-1"))
+        elif problem == "truncated gzip":
+            path.write_bytes(gzip.compress(good.encode() * 50)[:30])
+        else:
+            path.write_text(good + "srv2,10.0.0.2," + "x" * 200_000 + "\n")
+        with pytest.raises(FlowFormatError) as e:
+            reader(str(path))
+        msg = str(e.value)
+        assert msg.startswith(str(path)) and needle in msg, msg
+        if problem == "truncated gzip":
+            assert f"cannot read the {what}: " in msg
+    with pytest.raises(FileNotFoundError, match="no such job inventory file"):
+        JobNames.from_csv(str(tmp_path / "missing.csv"))
+
 def test_replay_carries_the_names_and_is_unchanged_without(tmp_path, cluster, capsys):
     cluster.write(tmp_path / "c")
     _inventory(cluster).to_csv(tmp_path / "inventory.csv", index=False)

@@ -9,32 +9,16 @@ daemon on the same stream, each job's series from exactly one replica.
 import uuid
 
 import pytest
+from support import DAEMON_SETTINGS as SETTINGS
 from support import wait_for
 
 from prism.ingest.topology import Topology
-from prism.serve.broker import LocalBroker
 from prism.serve.build import build_daemon
 from prism.serve.live import stream_flows
 from prism.serve.monitor import MonitorSettings
 from prism.serve.produce import FlowProducer
 from prism.serve.settings import DaemonSettings, KafkaSettings
 from prism.serve.sources import ensure_topic
-from synthetic import preset
-
-SETTINGS = dict(window_s=3, step_s=1, switch_window_s=2, lateness_s=0.1, idle_flush_s=3)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """SYNTHETIC tiny cluster, 8 s: four jobs, a slow step, a slow server, a degraded switch."""
-    return preset("tiny", seed=0, duration_s=8.0).generate()
-
-
-@pytest.fixture(scope="module")
-def broker():
-    b = LocalBroker().start()
-    yield b
-    b.stop()
 
 
 class Running:

@@ -25,7 +25,28 @@ the analyses already gave, with or without the job's steps.
 pause longer than ``min_pause_ns`` (20 us: the chunks of one collective
 leave gaps of nanoseconds, compute between collectives takes far longer)
 or than :data:`PAUSE_SHARE` of the burst so far (a ring whose steps wait
-for its slowest edge pauses between them for a few percent of a step).
+for its slowest edge pauses between them for a few percent of a step),
+**unless the pause is a rendezvous**: a DP, EP or CP burst does not end
+at a pause whose next flow comes from a NIC that sent in the group's
+previous burst and has not yet sent in this one. NCCL's network transport
+moves a ring edge once both its ends have entered the collective, so the
+ranks entering microseconds to milliseconds apart (their compute clocks
+drift) leave waits inside one collective as long as the pauses between
+collectives, and the pause alone cannot tell them apart (on the
+SYNTHETIC rendezvous DDP at 0.3 s steps it counted 29.6 all-reduces a
+step for 11; at 5 s, 88 for 41). What tells them apart is who sends
+next: after a wait inside a collective, the member whose entry ended it
+(and its ring predecessor, whose edge waited for it) send their first
+messages of the collective; a new collective's first messages come from
+members that have sent already once the last one is whole. So a burst
+cannot close before every member of the previous burst has sent in it,
+and a member that sends nothing in a collective holds no burst open
+beyond the next pause that a present member ends (the next collective
+is its own). A group's first burst awaits every NIC not yet seen. A
+group's last burst still missing members of the one before is
+``waiting`` (:data:`INSTANCE_COLUMNS`), and :func:`settled` keeps it
+open for the next piece. The wait is in the collective's duration, as
+it is in NCCL's own timing of the early ranks.
 A DP, EP or CP group is a component of that kind's pairs, joined with
 the others that share a server: all rails together (each rail's NICs run
 their own ring over the same servers at once: one collective over those
@@ -62,12 +83,14 @@ the daemon's windows) combine: :func:`settled` takes a piece's bursts
 that end in a span no other piece takes. :func:`summarise` gives the
 per-(job, kind) table ``prism replay`` writes (:data:`COLLECTIVE_COLUMNS`).
 
-Vectorised: the groups are found per pair and per NIC, and two compiled
-passes over the flows in the order they come (each job's in start
-order; the first counts the bursts, the second fills them in) cut every
-group's flows into bursts at once, with no sort and no array over the
-flows; the loops left in Python run over kinds, and over jobs and kinds
-in :func:`summarise`. About 35 ns a flow (0.45 s of a 13.6M-flow replay).
+Vectorised: the groups are found per pair and per NIC, and one compiled
+pass over the flows in the order they come (each job's in start order;
+the table of bursts grows by doubling) cuts every group's flows into
+bursts at once, with no sort and no array over the flows (per NIC and
+kind of group, the burst it last sent in: that is all the rendezvous rule
+needs); the loops left in Python run over kinds, and over jobs and kinds
+in :func:`summarise`. About 17 ns a flow of CPU (37 ms for the demo
+preset's 2.1M GPU flows, as before the rendezvous rule).
 """
 from __future__ import annotations
 
@@ -91,8 +114,10 @@ MIN_PAUSE_NS = 20_000
 #: ... if it is also longer than this share of the burst so far
 PAUSE_SHARE = 0.25
 
-#: one row per collective instance (burst): its job, kind, first flow start, last flow end, flows, wire bytes and sending NICs
-INSTANCE_COLUMNS = ["job_id", "kind", "start_ns", "end_ns", "flows", "bytes", "nics"]
+#: one row per collective instance (burst): its job, kind, first flow start, last flow end, flows, wire bytes, sending NICs,
+#: and (a group's last burst) the sending NICs of the group's previous burst that have not sent in it yet: a collective
+#: some members have not entered, which a later flow of theirs would continue after any pause (see :func:`settled`)
+INSTANCE_COLUMNS = ["job_id", "kind", "start_ns", "end_ns", "flows", "bytes", "nics", "waiting"]
 #: ``collectives.csv``: per job and kind. ``per_step``: the instances that start inside the job's whole steps over those
 #: steps (empty without steps); ``nics``: median sending NICs of an instance; busbw (GB/s, 1e9 bytes a second): over all
 #: instances (their bytes over their NIC-seconds) and the median of the instances'
@@ -175,7 +200,7 @@ def collective_instances(kind: np.ndarray, a: np.ndarray, b: np.ndarray, start: 
     out = _bursts(np.zeros(0, np.int64), *args)
     if out is None:  # a group's flows not in start order: in the order of their starts
         out = _bursts(np.argsort(start, kind="stable"), *args)
-    g, first, b0, b1, flows, nbytes, nics = out
+    g, first, b0, b1, flows, nbytes, nics, waiting = out
     kcode = np.where(g < n_set, np.asarray(group_kind + [PP], np.int64)[np.minimum(g, n_set)], PP)
     job_label = np.asarray(labels)[np.asarray(a)[first]].astype(np.int64) + 1  # 0: a NIC of no job (none here: pairs are within jobs)
     present = np.flatnonzero(np.bincount(job_label, minlength=1))
@@ -185,7 +210,7 @@ def collective_instances(kind: np.ndarray, a: np.ndarray, b: np.ndarray, start: 
     # categoricals: a code per burst, no string per row
     return pd.DataFrame({"job_id": pd.Categorical.from_codes(code_of[job_label], categories=job_ids),
                          "kind": pd.Categorical.from_codes(kcode, categories=pd.Index(KINDS, dtype=object)), "start_ns": b0, "end_ns": b1,
-                         "flows": flows, "bytes": nbytes, "nics": nics})
+                         "flows": flows, "bytes": nbytes, "nics": nics, "waiting": waiting})
 
 
 def _server_set_groups(used: np.ndarray, pair_a: np.ndarray, pair_b: np.ndarray, n_nics: int, server_of: np.ndarray) -> tuple[np.ndarray, int]:
@@ -218,70 +243,92 @@ def _used_pairs(kind, flow_pair, n_pairs):  # pragma: no cover - compiled
 
 @numba.njit(cache=True)
 def _bursts(order, kind, a, b, flow_pair, start, end, size, nic_group, n_set, n_groups, min_pause, share):  # pragma: no cover - compiled
-    """Cut each group's flows into bursts, in two passes over the flows (``order``, or as given when it is empty): a burst
-    opens at a group's first flow and at each pause over ``min_pause`` and over ``share`` of the burst so far (start minus
-    the end of every earlier flow of the group). A flow's group: its NIC's server-set group for DP, EP and CP (``nic_group`` rows), its directed pair for PP.
-    Per burst, in the order they open: its group, first flow, first start, last end, flows, bytes and distinct sources.
-    None when a group's flows are not in start order (the caller passes an order by start)."""
+    """Cut each group's flows into bursts, in one pass over the flows (``order``, or as given when it is empty).
+
+    A flow's group: its NIC's server-set group for DP, EP and CP (``nic_group`` rows), its directed pair for PP. Per
+    burst, in the order they open: its group, first flow, first start, last end, flows, bytes, distinct sources, and
+    for each group's last burst the sources of the group's burst before it that have not sent in it (0 for the
+    others, which a later burst closed, and for a group's first: who it awaits is not known). None when a group's flows are not in start order (the caller passes an order
+    by start). The rule is :func:`_run`'s; the table per burst grows by doubling between its calls (no array over the
+    flows, and none reassigned inside the loop over them, which would cost numba a reference count a flow).
+    """
     n = len(order) if len(order) else len(kind)
     cur = np.full(n_groups, -1, np.int64)  # the group's open burst
+    prev = np.full(n_groups, -1, np.int64)  # the burst before it (-1: none, so every NIC not yet seen is awaited)
     busy = np.zeros(n_groups, np.int64)  # the group's latest end so far
     opened = np.zeros(n_groups, np.int64)  # when the group's open burst began
     last = np.zeros(n_groups, np.int64)  # the group's latest start so far
-    nb = 0
-    for i in range(n):  # count the bursts (and check the order) first: the outputs are per burst, not per flow
-        f = order[i] if len(order) else i
-        g = _group(kind[f], a[f], b[f], flow_pair[f], nic_group, n_set)
-        if g < 0:
-            continue
-        if cur[g] < 0 or start[f] - busy[g] > max(min_pause, share * (busy[g] - opened[g])):
-            if cur[g] >= 0 and start[f] < last[g]:
-                return None
-            cur[g] = nb
-            nb += 1
-            busy[g] = end[f]
-            opened[g] = start[f]
-        else:
-            if start[f] < last[g]:
-                return None
-            busy[g] = max(busy[g], end[f])
-        last[g] = start[f]
-    grp = np.empty(nb, np.int64)
-    first = np.empty(nb, np.int64)
-    b0 = np.empty(nb, np.int64)
-    b1 = np.empty(nb, np.int64)
-    flows = np.zeros(nb, np.int64)
-    nbytes = np.zeros(nb, np.int64)
-    nics = np.zeros(nb, np.int64)
-    seen = np.full((3, len(nic_group[0])), -1, np.int64)  # per kind of server-set group: the burst a NIC was last counted in
-    cur[:] = -1
-    k = 0
-    for i in range(n):
+    seen = np.full((3, len(nic_group[0])), -1, np.int64)  # per kind of server-set group and NIC: the burst it last sent in
+    out = np.zeros((max(1024, n >> 6), 8), np.int64)  # per burst: group, first flow, start, end, flows, bytes, sources, kept
+    i, nb = 0, 0
+    while True:
+        i, nb = _run(i, nb, out, order, kind, a, b, flow_pair, start, end, size, nic_group, n_set, min_pause, share, cur, prev, busy,
+                     opened, last, seen)
+        if i < 0:
+            return None
+        if i >= n:
+            break
+        grown = np.zeros((2 * len(out), 8), np.int64)
+        grown[:nb] = out[:nb]
+        out = grown
+    waiting = np.zeros(nb, np.int64)
+    for g in range(n_set):
+        if cur[g] >= 0 and prev[g] >= 0:
+            waiting[cur[g]] = out[prev[g], 6] - out[cur[g], 7]
+    return (out[:nb, 0].copy(), out[:nb, 1].copy(), out[:nb, 2].copy(), out[:nb, 3].copy(), out[:nb, 4].copy(), out[:nb, 5].copy(),
+            out[:nb, 6].copy(), waiting)
+
+
+@numba.njit(cache=True)
+def _run(i0, nb, out, order, kind, a, b, flow_pair, start, end, size, nic_group, n_set, min_pause, share, cur, prev, busy, opened,
+         last, seen):  # pragma: no cover - compiled
+    """:func:`_bursts`' pass from flow ``i0`` (``nb`` bursts so far, in ``out``): (where it stopped, bursts): the end of
+    the flows, or the flow that opens a burst ``out`` has no row for; -1 when a group's flows are out of start order.
+
+    A burst opens at a group's first flow and at a flow after a pause (its start minus the latest end of the group's
+    earlier flows) over ``min_pause`` and over ``share`` of the burst so far, unless the pause is a rendezvous: the
+    flow's source (DP, EP or CP) sent in the group's previous burst and not yet in this one, a member that entered
+    the collective late (the module docstring). ``out[j, 7]``: the sources of burst ``j`` that sent in the group's
+    previous burst too.
+    """
+    n = len(order) if len(order) else len(kind)
+    for i in range(i0, n):
         f = order[i] if len(order) else i
         g = _group(kind[f], a[f], b[f], flow_pair[f], nic_group, n_set)
         if g < 0:
             continue
         j = cur[g]
-        if j < 0 or start[f] - b1[j] > max(min_pause, share * (b1[j] - b0[j])):
-            j = k
-            k += 1
+        if j >= 0 and start[f] < last[g]:
+            return -1, nb
+        member = g < n_set  # a server-set group's flow (a PP group has one source)
+        row = 0 if kind[f] == 0 else kind[f] - 1
+        if j < 0 or (start[f] - busy[g] > max(min_pause, share * (busy[g] - opened[g])) and not (member and seen[row, a[f]] == prev[g])):
+            if nb == len(out):
+                return i, nb
+            prev[g] = j
+            j = nb
+            nb += 1
             cur[g] = j
-            grp[j] = g
-            first[j] = f
-            b0[j] = start[f]
-            b1[j] = end[f]
-        elif end[f] > b1[j]:
-            b1[j] = end[f]
-        flows[j] += 1
-        nbytes[j] += size[f]
-        if g >= n_set:  # a PP send: one source
-            nics[j] = 1
-        else:  # a NIC is in one server-set group of each kind, whose bursts follow one another
-            row = 0 if kind[f] == 0 else kind[f] - 1
-            if seen[row, a[f]] != j:
-                seen[row, a[f]] = j
-                nics[j] += 1
-    return grp, first, b0, b1, flows, nbytes, nics
+            busy[g] = end[f]
+            opened[g] = start[f]
+            out[j, 0] = g
+            out[j, 1] = f
+            out[j, 2] = start[f]
+            out[j, 3] = end[f]
+        elif end[f] > busy[g]:
+            busy[g] = end[f]
+            out[j, 3] = end[f]
+        last[g] = start[f]
+        out[j, 4] += 1
+        out[j, 5] += size[f]
+        if not member:  # a PP send: one source
+            out[j, 6] = 1
+        elif seen[row, a[f]] != j:  # a NIC is in one server-set group of each kind, whose bursts follow one another
+            out[j, 6] += 1
+            if seen[row, a[f]] == prev[g]:
+                out[j, 7] += 1
+            seen[row, a[f]] = j
+    return n, nb
 
 
 @numba.njit(cache=True, inline="always")
@@ -323,7 +370,7 @@ def settled(instances: pd.DataFrame | None, after_ns: int | None, settle_ns: int
     if settle_ns is None:
         return instances[keep], after_ns
     s = instances["start_ns"].to_numpy(np.int64)
-    open_ = e + np.maximum(min_pause_ns, pause_share * (e - s)) >= settle_ns  # a flow after the piece could continue it
+    open_ = _open(instances, s, e, settle_ns, min_pause_ns, pause_share)
     horizon = int(settle_ns) - int(min_pause_ns)
     if open_.any():
         horizon = min(horizon, int(s[open_].min()) - 1)
@@ -349,11 +396,19 @@ def settled_by_job(instances: pd.DataFrame, after: dict, settle_ns: int | None, 
     if settle_ns is None:
         return instances[keep], {j: after.get(j) for j in ids}
     s = instances["start_ns"].to_numpy(np.int64)
-    open_ = e + np.maximum(min_pause_ns, pause_share * (e - s)) >= settle_ns
+    open_ = _open(instances, s, e, settle_ns, min_pause_ns, pause_share)
     horizon = np.full(len(ids), int(settle_ns) - int(min_pause_ns), dtype=np.int64)
     np.minimum.at(horizon, codes[open_], s[open_] - 1)
     keep &= e <= horizon[codes]
     return instances[keep], dict(zip(ids, np.maximum(horizon, prev).tolist()))
+
+
+def _open(instances: pd.DataFrame, s: np.ndarray, e: np.ndarray, settle_ns: int, min_pause_ns: int, pause_share: float) -> np.ndarray:
+    """Per instance: could a flow after ``settle_ns`` continue it (a pause under its threshold, or a member it waits for)."""
+    open_ = e + np.maximum(min_pause_ns, pause_share * (e - s)) >= settle_ns
+    if "waiting" in instances:
+        open_ |= instances["waiting"].to_numpy(np.int64) > 0
+    return open_
 
 
 def _later(a: int | None, b: int | None) -> int | None:

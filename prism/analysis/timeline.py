@@ -31,6 +31,10 @@ between steps, so a threshold that cuts at the pause cuts at every layer.
 The pause is then a class of gaps of its own, once a step: :func:`class_cut`
 cuts at one class alone (and at a checkpoint's longer gaps), where that
 gives regular steps that carry alike traffic and the threshold does not.
+Where the pause is as long as a layer's gap, no class isolates it either;
+what shows it then is what it splits: the next micro-batch's first
+all-gather follows the last reduce-scatter at once, one piece, except
+after the optimizer, once a step (:func:`optimizer_splits`).
 
 Steps cut by the capture's edges are not whole and are not reported: a
 step needs a boundary on both sides, and the last boundary is trusted only
@@ -53,7 +57,7 @@ from scipy.stats import binom
 from prism.common.components import connected_components
 from prism.common.ordering import order_by
 
-__all__ = ["StepTimeline", "natural_break", "class_cut", "accumulation_period", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
+__all__ = ["StepTimeline", "natural_break", "class_cut", "accumulation_period", "optimizer_splits", "pause_splits", "piece_period", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
 
 STEP_COLUMNS = [
     "job_id", "step", "start_ns", "end_ns", "duration_ns",
@@ -292,6 +296,109 @@ def accumulation_period(lead: np.ndarray, max_pieces: int = 8, min_wins: float =
             if float(np.median(x[:, phase] / np.median(rest, axis=1))) <= max_excess:
                 return m, phase
     return None
+
+
+def _alike(a: np.ndarray, b: np.ndarray, tol: float) -> np.ndarray:
+    """Element-wise: ``a`` and ``b`` within ``tol`` of the larger (bytes of pieces)."""
+    return np.abs(a - b) <= tol * np.maximum(np.abs(a), np.abs(b))
+
+
+def piece_period(b: np.ndarray, min_periods: int = 3, min_match: float = 0.9, tol: float = 0.05, max_q: int = 1024,
+                 head: int = 8192) -> int | None:
+    """The shortest period (in pieces) of a sequence of pieces' bytes: ``b[i]`` like ``b[i + q]`` for ``min_match`` of ``i``.
+
+    Periods up to ``max_q`` pieces (a micro-batch of 3 collectives on 340
+    layers), looked for in the first ``head`` pieces: O(max_q head) at most.
+
+    >>> piece_period(np.tile([3.0, 1.0, 1.0], 6))
+    3
+    >>> piece_period(np.random.default_rng(0).uniform(1, 2, 30)) is None
+    True
+    """
+    b = np.asarray(b, dtype=np.float64)[:head]
+    for q in range(1, min(max_q, len(b) // min_periods) + 1):
+        if _alike(b[:-q], b[q:], tol).mean() >= min_match:
+            return q
+    return None
+
+
+def pause_splits(b: np.ndarray, q: int, tol: float = 0.05, follow: float = 0.9) -> np.ndarray:
+    """Pieces ``j`` that end where a pause split what is one piece every micro-batch before: ``b[j] + b[j + 1]`` like ``b[j - q]``.
+
+    ``q`` is the micro-batch's period in pieces (:func:`piece_period`).
+    Where the next micro-batch starts at once, its first collective runs
+    on from the last one's and the two are one piece; the optimizer's pause
+    cuts them in two, once a step. Piece ``j`` is such a split when it is
+    unlike the piece a period before, it and the next together are like
+    it, and the next ``q - 1`` pieces repeat the period before shifted by
+    the one extra piece (in ``follow`` of them).
+
+    >>> mb = [3.0, 1.0, 1.0]  # a micro-batch: its first piece holds the last one's reduction (1.0) and its start (2.0)
+    >>> b = np.array(mb * 3 + [1.0, 2.0, 1.0, 1.0] + mb * 2 + [1.0, 2.0, 1.0, 1.0] + mb * 2)
+    >>> pause_splits(b, 3).tolist()
+    [9, 19]
+    """
+    b = np.asarray(b, dtype=np.float64)
+    j = np.arange(q, len(b) - q - 1)
+    cand = j[_alike(b[j] + b[j + 1], b[j - q], tol) & ~_alike(b[j], b[j - q], tol)]
+    if len(cand) == 0 or q < 2:
+        return cand
+    after = cand[:, None] + np.arange(2, q + 1)[None, :]
+    return cand[_alike(b[after], b[after - q - 1], tol).mean(axis=1) >= follow]
+
+
+def optimizer_splits(gap: np.ndarray, busy_end: np.ndarray, weight: np.ndarray, min_jump: float = 1.2, min_steps: int = 3,
+                     floor_ns: int = 1, max_score: float = 0.1) -> np.ndarray | None:
+    """Step ends at the optimizer's pause where it is as long as a layer's gap: the one place a micro-batch's traffic splits.
+
+    FSDP and HSDP reduce every micro-batch, and the next micro-batch's
+    first all-gather follows the last reduce-scatter at once. The
+    optimizer's pause between steps can be as long as the layers' gaps
+    (1% of a 5 s step is one layer's backward), so no class of gaps holds
+    it alone (:func:`class_cut`). What shows it is what it splits: once a
+    step, the piece that every other micro-batch boundary keeps whole is
+    in two. The pieces' bytes repeat with the micro-batch
+    (:func:`piece_period`, at a threshold of the candidate jumps); the
+    splits (:func:`pause_splits`) are step ends when they recur every
+    ``M q + 1`` pieces (``M`` >= 2 micro-batches of ``q`` pieces, and the
+    split) in every step and the steps between them are regular (score
+    at most ``max_score``). Steps are taken only between consecutive
+    splits, the longest run of them: a split not seen (a record lost)
+    would make a step of two. None: no threshold shows such splits.
+    """
+    g = np.maximum(np.asarray(gap, dtype=np.float64), floor_ns)
+    w = np.asarray(weight, dtype=np.float64)
+    u = np.unique(g)
+    best: np.ndarray | None = None
+    for i in np.flatnonzero(u[1:] / u[:-1] >= min_jump):
+        cut = np.flatnonzero(g >= np.sqrt(u[i] * u[i + 1]))
+        if len(cut) < 2 * min_steps:
+            continue
+        piece = np.zeros(len(w), dtype=np.int64)
+        piece[cut + 1] = 1
+        b = np.bincount(np.cumsum(piece), weights=w)[1:-1]  # b[i]: the whole piece after cut i
+        q = piece_period(b)
+        if q is None:
+            continue
+        d = pause_splits(b, q)
+        if len(d) < min_steps + 1:
+            continue
+        step = int(np.median(np.diff(d)))
+        if step % q != 1 or step // q < 2 or np.mean(np.diff(d) % step == 0) < 0.9:
+            continue
+        ends = busy_end[cut[d + 1]]
+        dur = np.diff(ends).astype(np.float64)
+        one = np.diff(d) == step
+        med = float(np.median(dur[one]))
+        if float(np.median(np.abs(dur[one] - med))) / med > max_score:
+            continue
+        # the longest run of consecutive splits: a split not seen would make a step of two
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], one.astype(np.int8), [0]])))
+        runs = edges.reshape(-1, 2)
+        lo, hi = runs[np.argmax(runs[:, 1] - runs[:, 0])]
+        if hi - lo >= min_steps and (best is None or hi - lo + 1 > len(best)):
+            best = ends[lo: hi + 1]
+    return best
 
 
 class _Cut(NamedTuple):
@@ -1000,11 +1107,17 @@ class StepTimeline:
             self.breaks_[label] = by_class.tau
             return self._last_step(by_class.ends, busy_end, float(np.max(gap)), capture_end, o_start)
         self.breaks_[label] = tau if alike else np.inf
-        if threshold is not None and not alike:
-            # the most regular cut's "steps" carry different traffic, and no class of gaps isolates the steps
-            # either: no steps, rather than wrong ones
-            self.unlike_.add(label)
         if not alike:
+            # no gap isolates the steps: the optimizer's pause may still show by splitting, once a step, what
+            # every other micro-batch boundary keeps as one piece
+            by_pause = None if size is None or pair is None or not dp.any() else optimizer_splits(gap, busy_end, size[marker],
+                                                                                              self.min_jump, self.min_steps)
+            if by_pause is not None:
+                return by_pause.astype(np.int64)
+            if threshold is not None:
+                # the most regular cut's "steps" carry different traffic, and nothing else isolates the steps
+                # either: no steps, rather than wrong ones
+                self.unlike_.add(label)
             return np.zeros(0, dtype=np.int64)
         grouped = accumulation_period(gap[cut]) if dp.any() and len(cut) >= 2 * self.min_steps else None
         if grouped is not None:

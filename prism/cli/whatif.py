@@ -22,8 +22,11 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         description=(
             "Turn an observed timeline into an execution graph (tasks on ranks or DP groups; pipeline send/receive "
             "pairs and collectives as synchronisations all members join) and simulate it, unchanged and under "
-            "--scenario. Input: a 'prism replay' output directory (network only), or an op-level trace with --ops "
-            "(the StragglerAnalysis schema: dp_rank, stage, rank, step, optype, start_ts, duration, seq_id). "
+            "--scenario. Input: a 'prism replay' output directory (network only), an op-level trace with --ops "
+            "(the StragglerAnalysis schema: dp_rank, stage, rank, step, optype, start_ts, duration, seq_id), or "
+            "PyTorch profiler (Kineto) traces with --kineto, one per rank (GPU kernels on their streams, the host "
+            "calls that launched them, NCCL collectives matched across ranks, steps from ProfilerStep#N; the "
+            "summary's replay_error_* compares the unchanged graph's step times with the measured ones). "
             "Writes OUT/summary.json (per job: observed, replayed, baseline and predicted mean step time and the "
             "predicted speed-up, baseline over predicted; "
             "jobs that could not be modelled, with why), OUT/steps.csv, OUT/timeline.json (the predicted "
@@ -33,6 +36,12 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("replay_dir", nargs="?", metavar="REPLAY_DIR", help="output directory of 'prism replay'")
     p.add_argument("--ops", metavar="TRACE", help="op-level trace (.parquet or .csv) instead of REPLAY_DIR")
+    p.add_argument("--kineto", nargs="+", metavar="TRACE",
+                   help="PyTorch profiler (Kineto) traces instead of REPLAY_DIR: a directory of them or the files "
+                        "(.json, .json.gz), one per rank; every rank of the job (distributedInfo.world_size) must be there")
+    p.add_argument("--partial", action="store_true",
+                   help="with --kineto: model the ranks given although the job had more (a collective's last arrival "
+                        "is then the last among them)")
     p.add_argument("--meta", metavar="YAML", help="with --ops: the job's parallel sizes (dp_size, pp_size, trial_name)")
     p.add_argument("--topology", metavar="CSV", help="with REPLAY_DIR: the topology (ip,server,rail,leaf) for heal-switch to tell which DP rings cross the switch")
     p.add_argument("--scenario", action="append", default=[], metavar="S", help=SCENARIO_HELP)
@@ -55,7 +64,7 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    from prism.whatif.run import whatif_ops, whatif_replay, write_outputs
+    from prism.whatif.run import whatif_kineto, whatif_ops, whatif_replay, write_outputs
     from prism.whatif.scenarios import parse_scenario
 
     try:
@@ -66,8 +75,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             raise ValueError("--search needs --gpus N (the GPU budget, N >= 1)")
         if args.search and args.search_steps < 1:
             raise ValueError(f"--search-steps {args.search_steps}: at least 1")
-        if bool(args.ops) == bool(args.replay_dir):
-            raise ValueError("give either REPLAY_DIR or --ops TRACE")
+        if sum(map(bool, (args.ops, args.replay_dir, args.kineto))) != 1:
+            raise ValueError("give one of REPLAY_DIR, --ops TRACE or --kineto TRACE...")
+        if args.partial and not args.kineto:
+            raise ValueError("--partial goes with --kineto")
         if args.replay_dir and Path(args.replay_dir).is_file():
             raise ValueError(f"{args.replay_dir} is a file; an op-level trace goes with --ops, a 'prism replay' output directory as REPLAY_DIR")
         if args.ops:
@@ -79,6 +90,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             result = whatif_ops(args.ops, meta, scenarios, attribution=args.attribute)
             if args.search:
                 _search(args, meta, result)
+        elif args.kineto:
+            if args.attribute:
+                raise ValueError("--attribute is not available for Kineto traces")
+            result = whatif_kineto(args.kineto, scenarios, partial=args.partial)
         else:
             result = whatif_replay(args.replay_dir, scenarios, args.topology, attribution=args.attribute)
     except (ValueError, OSError) as e:

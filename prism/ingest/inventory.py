@@ -17,11 +17,11 @@ servers is listed. The name travels beside the job id: replay's
 """
 from __future__ import annotations
 
-import csv
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+from prism.ingest.csvrows import read_csv_rows
 from prism.ingest.records import FlowFormatError, normalise_address
 from prism.ingest.topology import Topology
 
@@ -50,18 +50,7 @@ class JobNames:
             server named twice with different jobs; the message names the
             file, line and field.
         """
-        try:
-            with open(path, newline="", encoding="utf-8-sig") as f:
-                rows = list(csv.DictReader(f))
-                header = list(rows[0].keys()) if rows else []
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: no such job inventory file") from None
-        except IsADirectoryError:
-            raise FlowFormatError(f"{path}: is a directory; the job inventory is a CSV file (server,job_name or ip,job_name)") from None
-        except UnicodeDecodeError as e:
-            raise FlowFormatError(f"{path}: not UTF-8 text (byte {e.start})") from None
-        except (OSError, csv.Error) as e:
-            raise FlowFormatError(f"{path}: cannot read the job inventory: {e}") from None
+        rows, header = read_csv_rows(path, "job inventory", "the job inventory is a CSV file (server,job_name or ip,job_name)")
         if not rows:
             raise FlowFormatError(f"{path}: the job inventory is empty (expected a header server,job_name or ip,job_name and one row each)")
         key = "server" if "server" in header else "ip" if "ip" in header else None

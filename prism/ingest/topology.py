@@ -6,8 +6,6 @@ from any other address (storage, management) is not training traffic.
 """
 from __future__ import annotations
 
-import csv
-import gzip
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -15,6 +13,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
+from prism.ingest.csvrows import read_csv_rows
 from prism.ingest.records import FlowFormatError, normalise_address
 
 __all__ = ["Topology"]
@@ -47,22 +46,7 @@ class Topology:
             server name, or an address listed twice; the message names the
             file and line.
         """
-        opener = gzip.open if str(path).endswith(".gz") else open
-        try:
-            # utf-8-sig: a byte-order mark (as spreadsheet programs write) is no part of the first column's name
-            with opener(path, "rt", newline="", encoding="utf-8-sig") as f:
-                rows = list(csv.DictReader(f))
-                header = list(rows[0].keys()) if rows else []
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: no such topology file") from None
-        except IsADirectoryError:
-            raise FlowFormatError(f"{path}: is a directory; --topology takes a CSV file (ip,server[,rail,leaf])") from None
-        except UnicodeDecodeError as e:
-            raise FlowFormatError(f"{path}: not UTF-8 text (byte {e.start} of the {'decompressed ' if opener is gzip.open else ''}file)") from None
-        except (OSError, EOFError) as e:  # truncated or corrupt gzip, unreadable file
-            raise FlowFormatError(f"{path}: cannot read: {e}") from None
-        except csv.Error as e:
-            raise FlowFormatError(f"{path}: not a readable CSV file: {e}") from None
+        rows, header = read_csv_rows(path, "topology", "--topology takes a CSV file (ip,server[,rail,leaf])")
         if not rows:
             raise FlowFormatError(f"{path}: topology is empty (expected a header with {', '.join(REQUIRED)} and one row per GPU NIC)")
         missing = [c for c in REQUIRED if c not in header]

@@ -1,9 +1,10 @@
 """What-if replay: execution graphs from observed timelines, simulated under scenarios.
 
-:mod:`.graph` holds the graph and the simulator, :mod:`.optrace` and
-:mod:`.netreplay` build graphs from op-level traces and from ``prism
-replay`` output, :mod:`.scenarios` changes durations, :mod:`.run` is the
-front-end of ``prism whatif``.
+:mod:`.graph` holds the graph and the simulator; :mod:`.optrace`,
+:mod:`.netreplay` and :mod:`.kineto` build graphs from op-level traces,
+from ``prism replay`` output and from PyTorch profiler traces of every
+rank; :mod:`.scenarios` changes durations; :mod:`.run` is the front-end
+of ``prism whatif``.
 """
 __all__ = ["ExecutionGraph", "GraphCycleError", "SimResult", "simulate"]
 

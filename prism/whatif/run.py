@@ -7,7 +7,7 @@ Outputs in ``--out``:
   ...}}, "skipped": {job_id: reason}, "warnings": [...]}``; step times are
   means over the complete steps modelled (observed in the input, simulated
   unchanged, simulated as the scenarios' starting point (op traces: without
-  launch delays; network: the replay itself), simulated under the
+  launch delays; network and Kineto: the replay itself), simulated under the
   scenarios); ``predicted_speedup`` is baseline over predicted, and the
   attribution uses the same means, as StragglerAnalysis does;
 * ``steps.csv``: per job and step, those step times;
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from prism.whatif.netreplay import ReplayGraph
     from prism.whatif.optrace import OpGraph
 
-__all__ = ["WhatIfResult", "whatif_ops", "whatif_replay", "write_outputs"]
+__all__ = ["WhatIfResult", "whatif_ops", "whatif_replay", "whatif_kineto", "write_outputs"]
 
 
 @dataclass
@@ -361,6 +361,72 @@ def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: s
         raise ValueError(f"{replay_dir}: no job can be modelled ({reasons})")
     return WhatIfResult(jobs, pd.concat(tables, ignore_index=True), events,
                         pd.concat(attributions, ignore_index=True) if attributions else None, skipped, run_warnings)
+
+
+def whatif_kineto(sources: list[str | Path], scenarios: list[Scenario], partial: bool = False) -> WhatIfResult:
+    """PyTorch profiler (Kineto) traces, one per rank -> their :class:`WhatIfResult` (:mod:`.kineto`).
+
+    ``replayed``: the graph with measured durations (fidelity: compare with ``observed``); the scenarios start from
+    it (``baseline`` is the replay). Step times are the job's: from the earliest rank's ``ProfilerStep#N`` begin to
+    the last end of a host call or GPU operation of step N on any rank.
+    """
+    from prism.whatif.graph import GraphCycleError
+    from prism.whatif.kineto import KinetoGraph, read_kineto
+    from prism.whatif.scenarios import apply_kineto_scenarios
+
+    ranks = read_kineto(sources, partial=partial)
+    names = sorted({Path(r.path).parent.name or Path(r.path).name for r in ranks})
+    job = names[0] if len(names) == 1 else "kineto"
+    t0 = time.perf_counter()
+    warnings = []
+    g = KinetoGraph(ranks, partial=partial)
+    try:
+        replay = simulate(g.graph())
+    except GraphCycleError:
+        # inferred cross-stream waits can close a cycle on timestamps that tie: model without them
+        g = KinetoGraph(ranks, partial=partial, wait_event_edges=False, inferred_edges=False)
+        try:
+            replay = simulate(g.graph())
+        except GraphCycleError as e:
+            raise ValueError(f"{', '.join(r.path for r in ranks)}: the dependencies read from the traces form a cycle ({e})") from e
+        warnings.append("the cross-stream waits inferred from the traces formed a cycle: modelled without them (stream order, "
+                        "launches, host waits and collectives only)")
+    pred = simulate(g.graph(apply_kineto_scenarios(g, scenarios))) if scenarios else replay
+    sim_s = time.perf_counter() - t0
+    obs, rep, prd = g.observed_steps(), g.simulated_steps(replay), g.simulated_steps(pred)
+    job_steps = obs.groupby("step")["job_step_s"].first()
+    steps = pd.DataFrame({"job_id": job, "step": job_steps.index, "observed_s": job_steps.to_numpy(),
+                          "replayed_s": rep.groupby("step")["job_step_s"].first().reindex(job_steps.index).to_numpy()})
+    steps["baseline_s"] = steps["replayed_s"]
+    steps["predicted_s"] = prd.groupby("step")["job_step_s"].first().reindex(job_steps.index).to_numpy()
+    err = (steps["replayed_s"] / steps["observed_s"] - 1).abs()
+    rank_err = (rep["step_s"] / obs["step_s"] - 1).abs()
+    if partial and ranks[0].world_size and len(ranks) < ranks[0].world_size:
+        warnings.append(f"{len(ranks)} of {ranks[0].world_size} ranks: a collective's last arrival among the ranks given may "
+                        "not be the last one, so part of its wait counts as its transfer")
+    if g.clock_spread_us > 50:
+        warnings.append(f"the members of a collective end {g.clock_spread_us:.0f} us apart (median): the ranks' clocks may not "
+                        "agree, so the last arrival and the transfers are uncertain")
+    kinds = g.collectives.groupby(["comm", "kind"])["instance"].nunique() if len(g.collectives) else pd.Series(dtype=int)
+    summary = {
+        "source": "kineto", "ranks": len(ranks), "steps": len(steps), "step_ids": [int(x) for x in g.step_ids],
+        "gpu_ops": int(g.is_gpu.sum()), "host_calls": int((g.items["kind"] == "call").sum()), "tasks": int(g.n_nodes),
+        "collectives": {f"{c}/{k}": int(n) for c, k, n in zip(kinds.index.get_level_values(0), kinds.index.get_level_values(1), kinds.to_numpy())}
+        if len(kinds) else {},
+        "clock_spread_us": round(g.clock_spread_us, 3),
+        "launch_latency_us": {str(k): round(v, 3) for k, v in g.launch_latency_us.items()},
+        "observed_step_s": float(steps["observed_s"].mean()), "replayed_step_s": float(steps["replayed_s"].mean()),
+        "baseline_step_s": float(steps["baseline_s"].mean()), "predicted_step_s": float(steps["predicted_s"].mean()),
+        "predicted_speedup": float(steps["baseline_s"].mean() / steps["predicted_s"].mean()) if scenarios else 1.0,
+        "replay_error_mean_pct": round(float(err.mean() * 100), 4), "replay_error_max_pct": round(float(err.max() * 100), 4),
+        "replay_error_rank_max_pct": round(float(rank_err.max() * 100), 4),
+        "scenarios": [str(s) for s in scenarios], "warnings": warnings, "simulation_seconds": round(sim_s, 3),
+    }
+    it = g.items
+    keep = (it["kind"] == "gpu").to_numpy() | (it["kind"] == "call").to_numpy()
+    rows = pd.DataFrame({"name": it["name"].to_numpy(), "track": "rank " + it["rank"].astype(str) + " " + it["track"].astype(str),
+                         "start": pred.start[g.node], "dur": pred.finish[g.node] - pred.start[g.node], "step": it["step"].to_numpy()})[keep]
+    return WhatIfResult({job: summary}, steps, _trace_events(job, rows))
 
 
 def write_outputs(out: str | Path, result: WhatIfResult) -> None:

@@ -11,6 +11,9 @@
                            transfer of its type (no straggler, no stage or
                            sequence-length imbalance)
 ``scale-comm:X``           every communication op's transfer X times as long
+``scale-compute:X``        every compute op (op traces: anything but
+                           communication; Kineto: every GPU operation but
+                           NCCL kernels) X times as long
 ``scale-dp:N``             DP group size N: reduce-scatter and all-gather scale
                            by the ring's (N-1)/N; per-rank work unchanged
 ``heal-switch:NAME``       transfers through the switch re-costed at the
@@ -42,19 +45,20 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
+    from prism.whatif.kineto import KinetoGraph
     from prism.whatif.optrace import OpGraph
 
-__all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "ideal_op_work", "SCENARIO_HELP"]
+__all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "apply_kineto_scenarios", "ideal_op_work", "SCENARIO_HELP"]
 
-SCENARIO_HELP = ("remove-stragglers, ideal, scale-comm:X, scale-dp:N, microbatches:M, scale-pp:N, layers:L, "
-                 "heal-switch:NAME, heal-link:A>B (repeatable; applied in order)")
+SCENARIO_HELP = ("remove-stragglers, ideal, scale-comm:X, scale-compute:X, scale-dp:N, microbatches:M, scale-pp:N, "
+                 "layers:L, heal-switch:NAME, heal-link:A>B (repeatable; applied in order)")
 #: a real pipeline runs tens to hundreds of micro-batches a step
 MAX_MICROBATCHES = 1024
 #: guards against a typo building an enormous graph (a rebuilt trace grows with stages x micro-batches)
 MAX_STAGES = 256
 MAX_LAYERS = 4096
-_KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-dp", "heal-switch", "heal-link", "microbatches", "scale-pp",
-          "layers")
+_KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-compute", "scale-dp", "heal-switch", "heal-link", "microbatches",
+          "scale-pp", "layers")
 #: scenarios that rebuild or re-cost the graph itself (applied before the others)
 STRUCTURAL = ("microbatches", "scale-pp", "layers")
 
@@ -86,17 +90,17 @@ def parse_scenario(text: str) -> Scenario:
         raise ValueError(f"--scenario {text!r}: unknown; use {SCENARIO_HELP}")
     if kind in ("remove-stragglers", "ideal") and sep:
         raise ValueError(f"--scenario {text!r}: {kind} takes no argument")
-    if kind in ("scale-comm", "scale-dp", "microbatches", "scale-pp", "layers", "heal-switch", "heal-link") and not arg:
+    if kind in ("scale-comm", "scale-compute", "scale-dp", "microbatches", "scale-pp", "layers", "heal-switch", "heal-link") and not arg:
         example = {"heal-switch": "spine-00", "heal-link": "leaf-g00-r0>spine-00"}.get(kind, "2")
         raise ValueError(f"--scenario {text!r}: {kind} needs a value, e.g. {kind}:{example}")
     if kind == "heal-link" and arg.count(">") != 1:
         raise ValueError(f"--scenario {text!r}: heal-link takes a link as switches.csv names it, FROM>TO")
-    if kind == "scale-comm":
+    if kind in ("scale-comm", "scale-compute"):
         try:
             if not 0 < float(arg) < math.inf:
                 raise ValueError
         except ValueError:
-            raise ValueError(f"--scenario {text!r}: scale-comm takes a positive, finite factor") from None
+            raise ValueError(f"--scenario {text!r}: {kind} takes a positive, finite factor") from None
     if kind in ("scale-dp", "microbatches", "scale-pp", "layers"):
         if not arg.isdigit() or int(arg) < 1:
             raise ValueError(f"--scenario {text!r}: {kind} takes a positive whole number")
@@ -151,6 +155,8 @@ def apply_op_scenarios(graph_builder: OpGraph, scenarios: list[Scenario], dp_siz
             d = ideal_op_work(graph_builder)
         elif sc.kind == "scale-comm":
             comm_scale *= np.where(comm, float(sc.value), 1.0)
+        elif sc.kind == "scale-compute":
+            comm_scale *= np.where(comm, 1.0, float(sc.value))
         elif sc.kind == "scale-dp":
             if not dp_size:
                 raise ValueError("scale-dp needs the trace's DP size (--meta with dp_size)")
@@ -164,3 +170,37 @@ def apply_op_scenarios(graph_builder: OpGraph, scenarios: list[Scenario], dp_siz
         else:
             raise ValueError(f"--scenario {sc}: not available for op traces (heal-switch and heal-link need a network replay)")
     return d * comm_scale
+
+
+def apply_kineto_scenarios(graph_builder: KinetoGraph, scenarios: list[Scenario]) -> np.ndarray:
+    """Per item of a :class:`~prism.whatif.kineto.KinetoGraph`, its work (µs) under the scenarios.
+
+    Starts from the work (an NCCL kernel's transfer, a host call's time after its wait); the compute operations are
+    the GPU operations that are not NCCL kernels, and their peers the same kernel (name and occurrence in the step) on
+    the other ranks. ``remove-stragglers``: no compute operation slower than its peers' lower median; ``ideal``: every
+    compute operation at its peers' mean over ranks and steps, every NCCL transfer at the median of its collective's
+    instances over the steps; ``scale-comm:X``/``scale-compute:X``: NCCL transfers / compute X times as long.
+    """
+    g = graph_builder
+    it = g.items
+    d = g.work()
+    comm, compute = g.is_comm, g.is_gpu & ~g.is_comm
+    occurrence = it.groupby(["rank", "step", "name"], sort=False).cumcount().to_numpy()
+    for sc in scenarios:
+        if sc.kind == "remove-stragglers":
+            peers = pd.DataFrame({"step": it["step"], "name": it["name"], "k": occurrence}).groupby(
+                ["step", "name", "k"], sort=False).ngroup().to_numpy()
+            d = np.where(compute, np.minimum(d, _lower_median(d, peers)), d)
+        elif sc.kind == "ideal":
+            key = [it["name"].to_numpy(), occurrence]
+            w = pd.Series(d)
+            d = np.where(compute, w.groupby(key).transform("mean").to_numpy(),
+                         np.where(comm, w.groupby(key).transform("median").to_numpy(), d))
+        elif sc.kind == "scale-comm":
+            d = np.where(comm, d * float(sc.value), d)
+        elif sc.kind == "scale-compute":
+            d = np.where(compute, d * float(sc.value), d)
+        else:
+            raise ValueError(f"--scenario {sc}: not available for Kineto traces (use remove-stragglers, ideal, scale-comm:X, "
+                             "scale-compute:X)")
+    return d

@@ -147,3 +147,31 @@ app.kubernetes.io/instance: {{ .Release.Name }}
     sizeLimit: {{ .Values.numbaCache.sizeLimit }}
 {{- end }}
 {{- end }}
+
+{{/* The daemon's stages: "daemon" (stages.mode=all: one Deployment, `--role all`), or "ingest" and "analyse" (split). */}}
+{{- define "prism.stages" -}}
+{{- if eq .Values.stages.mode "split" }}ingest analyse{{ else }}daemon{{ end }}
+{{- end }}
+
+{{/* A stage's object names: the full name for the whole daemon, <fullname>-<stage> for a stage (kept within 63 characters). */}}
+{{- define "prism.stageName" -}}
+{{- if eq .stage "daemon" }}
+{{- include "prism.fullname" .root }}
+{{- else }}
+{{- printf "%s-%s" (include "prism.fullname" .root | trunc (int (sub 62 (len .stage))) | trimSuffix "-") .stage }}
+{{- end }}
+{{- end }}
+
+{{/* A stage's consumer group and topic, as the daemon derives them (prism/serve/jobtopic.py: analyse_group). */}}
+{{- define "prism.stageGroup" -}}
+{{- $group := index .root.Values.config "kafka.group-id" | default "prism" }}
+{{- if eq .stage "analyse" }}{{ printf "%s-analyse" $group }}{{ else }}{{ $group }}{{ end }}
+{{- end }}
+
+{{- define "prism.stageTopic" -}}
+{{- if eq .stage "analyse" }}
+{{- index .root.Values.config "kafka.job-topic" | default "prism-jobs" }}
+{{- else }}
+{{- index .root.Values.config "kafka.topic" | default "prism-flows" }}
+{{- end }}
+{{- end }}
