@@ -296,3 +296,12 @@ def test_a_rebuilt_trace_too_large_is_refused(tmp_path, capsys):
     assert main(["whatif", "--ops", str(SA / "trace-SE.parquet"), "--meta", str(SA / "meta-SE.yaml"), "--scenario", "scale-pp:64",
                  "--out", str(tmp_path / "o")]) == 2
     assert "scale-pp:64: the rebuilt trace would hold about" in capsys.readouterr().err
+
+
+@needs_sa
+def test_a_trace_missing_a_stage_is_refused(tmp_path, capsys):
+    ops = read_op_trace(SA / "trace-ST.parquet")
+    ops[ops["stage"] != 2].to_parquet(tmp_path / "ops.parquet")
+    assert main(["whatif", "--ops", str(tmp_path / "ops.parquet"), "--meta", str(SA / "meta-ST.yaml"), "--scenario", "scale-pp:2",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "the trace has stages 0, 1, 3 but pp_size is 4" in capsys.readouterr().err

@@ -242,8 +242,9 @@ def repartition(g: OpGraph, old: Partition, new: Partition, microbatches: int | 
     ti = t_of.reindex(o["step"]).to_numpy()
     di = d_of.reindex(o["dp_rank"]).to_numpy()
     si = o["stage"].to_numpy(np.int64)
-    if si.max() >= p:
-        raise ValueError(f"the trace has stage {int(si.max())} but pp_size is {p}")
+    seen = sorted(int(x) for x in np.unique(si))
+    if seen != list(range(p)):
+        raise ValueError(f"the trace has stages {', '.join(map(str, seen))} but pp_size is {p}: every stage must be there")
     fc = o[o["optype"] == "forward-compute"]
     per_rank = fc.groupby(["step", "dp_rank", "stage"]).size()
     m_obs = int(per_rank.max())

@@ -102,6 +102,7 @@ def search_configs(trace_path: str | Path, meta: dict, gpus: int, microbatches: 
     if gpus < tp:
         raise ValueError(f"--gpus {gpus}: fewer than the job's tensor-parallel size ({tp})")
     base = float(g.step_seconds(simulate(g.graph(g.work(), launch_delay=False))).mean())
+    restructure(g, [Scenario("scale-pp", str(pp0))], {**meta, "pp_size": pp0})  # a trace that cannot be rebuilt: say so once
     base_tput = m0 / (pp0 * base)
     layers = int(old.total) if old.known else None
 
