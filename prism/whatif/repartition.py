@@ -207,7 +207,7 @@ def layer_factors(ops: pd.DataFrame, models: dict[str, LayerModel], old: Partiti
     f = np.ones(len(ops))
     stage = ops["stage"].to_numpy(np.int64)
     for optype, m in models.items():
-        ratio = np.array([m.value(new, k) / m.value(old, k) for k in range(old.stages)])
+        ratio = np.array([max(m.value(new, k), 0.0) / m.value(old, k) for k in range(old.stages)])
         sel = (ops["optype"] == optype).to_numpy()
         f[sel] = ratio[stage[sel]]
     return f
@@ -283,7 +283,7 @@ def repartition(g: OpGraph, old: Partition, new: Partition, microbatches: int | 
             v = v + mdl.first * r[0]
         if k == n - 1:
             v = v + mdl.last * r[p - 1]
-        return v
+        return np.maximum(v, 0.0)  # a negative extra fitted on noise must not make a thin stage's op negative
 
     # the observed boundary (after old stage b) nearest each new boundary (after new stage k)
     ob, nb = old.bounds[1:-1] / old.total, new.bounds[1:-1] / new.total
