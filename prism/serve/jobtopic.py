@@ -145,29 +145,11 @@ class IngestMonitor(Monitor):
             return self._tick(final, force)
 
     def _tick(self, final: bool, force: bool) -> MonitorView | None:
-        if self.max_start is None:
-            return None
         t0 = time.perf_counter()
-        wm = self.max_start if final else self.watermark()
-        if wm is None:
+        bounds = self._advance(final, force)
+        if bounds is None:
             return None
-        lateness = self.lateness_ns()
-        end = wm - (0 if final else lateness)
-        if self.analysed_to is not None and end <= self.analysed_to:
-            if not force:
-                return None
-            end = self.analysed_to
-        win_ns = int(self.s.window_s * 1e9)
-        begin = end - win_ns
-        if self.analysed_to is not None:
-            begin = min(begin, self.analysed_to - win_ns // 2)
-        elif self.min_start is not None:
-            begin = min(begin, self.min_start)
-        self.window.evict(begin)
-        self.dedupe.evict(begin - lateness)
-        self.switch_bw.forget_before(begin)
-        live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
-        self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
+        begin, end, lateness = bounds
         span = self._log_window(begin, end, lateness, final)
         self._label(end)
         self.forwarded_to, self.final = end, final
@@ -566,15 +548,8 @@ class JobTopicSource(KafkaSource):
         self._to_commit = offsets
 
     def commit(self, only: Collection[Any] | None = None) -> None:
-        from kafka.structs import OffsetAndMetadata
-
-        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._to_commit.items() if only is None or tp in only}
-        if offsets:
-            try:
-                self.consumer.commit(offsets)
-                self._committed.update(offsets)
-            except Exception as e:  # noqa: BLE001 - the published state holds the offset too
-                log.warning("offset commit failed (%s); the published state keeps the offsets", e)
+        """Commit the replay offsets the last :meth:`publish` wrote (not where reading stands)."""
+        self._commit_offsets(self._to_commit, only)
 
     def _job_key(self, job_id: str) -> str:
         return f"jobstate/{self.group_id}/{job_id}"

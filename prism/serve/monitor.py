@@ -478,34 +478,12 @@ class Monitor:
         input (another replica's job membership changed). Returns the new
         view, or None if there was nothing to analyse.
         """
-        if self.max_start is None:
-            return None
         t0 = time.perf_counter()
-        wm = self.max_start if final else self.watermark()
-        if wm is None:
+        bounds = self._advance(final, force)
+        if bounds is None:
             return None
-        lateness = self.lateness_ns()
-        end = wm - (0 if final else lateness)
-        if self.analysed_to is not None and end <= self.analysed_to:
-            if not force:
-                return None
-            end = self.analysed_to
+        begin, end, lateness = bounds
         win_ns = int(self.s.window_s * 1e9)
-        begin = end - win_ns
-        if self.analysed_to is not None:
-            # catching up (a backlog, one big poll): reach back to half a window
-            # before the last analysis, so no step falls between two windows
-            begin = min(begin, self.analysed_to - win_ns // 2)
-        elif self.min_start is not None:
-            # the first window: everything read so far (starting on a backlog,
-            # the first polls can hold more than a window: its steps count too)
-            begin = min(begin, self.min_start)
-        self.window.evict(begin)
-        self.dedupe.evict(begin - lateness)
-        self.switch_bw.forget_before(begin)
-        live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
-        self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
-
         span = self._log_window(begin, end, lateness, final)
         if span.incomplete:
             return self._publish(end, lateness, self.view.switches, t0, incomplete=True)
@@ -533,6 +511,44 @@ class Monitor:
             log.debug("window analysed", extra={"fields": {"from": _iso(begin), "to": _iso(end), "flows": cut, "jobs": len(self._jobs),
                                                            "final": final, "seconds": round(time.perf_counter() - t0, 3)}})
         return view
+
+    def _advance(self, final: bool, force: bool) -> tuple[int, int, int] | None:
+        """The next window's ``(begin, end, lateness)``, with what is older than it forgotten; None if none is due.
+
+        The end is the watermark less the lateness wait (the last record for
+        ``final``); ``force`` re-runs the last window. The window reaches back
+        ``window_s``, and further: over everything read for the first window,
+        to half a window before the last one while catching up. The flows,
+        record hashes, switch sums and GPU pairs older than it are dropped.
+        (:meth:`tick` and the ingest stage's tick share it: the same windows.)
+        """
+        if self.max_start is None:
+            return None
+        wm = self.max_start if final else self.watermark()
+        if wm is None:
+            return None
+        lateness = self.lateness_ns()
+        end = wm - (0 if final else lateness)
+        if self.analysed_to is not None and end <= self.analysed_to:
+            if not force:
+                return None
+            end = self.analysed_to
+        win_ns = int(self.s.window_s * 1e9)
+        begin = end - win_ns
+        if self.analysed_to is not None:
+            # catching up (a backlog, one big poll): reach back to half a window
+            # before the last analysis, so no step falls between two windows
+            begin = min(begin, self.analysed_to - win_ns // 2)
+        elif self.min_start is not None:
+            # the first window: everything read so far (starting on a backlog,
+            # the first polls can hold more than a window: its steps count too)
+            begin = min(begin, self.min_start)
+        self.window.evict(begin)
+        self.dedupe.evict(begin - lateness)
+        self.switch_bw.forget_before(begin)
+        live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
+        self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
+        return begin, end, lateness
 
     def _publish(self, end: int, lateness: int, switches, t0: float, incomplete: bool = False) -> MonitorView:
         """The window up to ``end`` is done (analysed, or not for being ``incomplete``): its view, and the tick's time."""

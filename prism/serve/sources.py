@@ -575,9 +575,14 @@ class KafkaSource(Source):
         self.producer.flush(timeout=30)
 
     def commit(self, only: Collection[Any] | None = None) -> None:
+        """Commit the offsets read up to (of ``only`` those partitions)."""
+        self._commit_offsets(self.positions, only)
+
+    def _commit_offsets(self, positions: dict, only: Collection[Any] | None = None) -> None:
+        """Commit ``positions`` (partition -> next offset), of ``only`` those partitions if given; a failure is logged."""
         from kafka.structs import OffsetAndMetadata
 
-        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self.positions.items() if only is None or tp in only}
+        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in positions.items() if only is None or tp in only}
         if offsets:
             try:
                 self.consumer.commit(offsets)
