@@ -49,6 +49,7 @@ stream (``content-type`` header); control messages carry a
 """
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import threading
@@ -63,7 +64,7 @@ import pyarrow as pa
 from prism.analysis.analyse import label_names
 from prism.ingest.messages import ARROW_CONTENT_TYPE, arrow_ipc, decode_messages
 from prism.ingest.records import RejectCounter
-from prism.serve.monitor import Monitor, MonitorView
+from prism.serve.monitor import Monitor, MonitorView, WindowSpan, _iso
 from prism.serve.sources import KafkaSource, ensure_topic
 from prism.serve.window import FlowWindow
 
@@ -133,6 +134,7 @@ class IngestMonitor(Monitor):
         self._ids: list[str] = []
         self.flows_forwarded = 0
         self.rekeyed = 0  # jobs re-keyed (their window sent again under a new id)
+        self.flags: list[list] = []  # windows turned incomplete since the last watermark: [begin, end, late flows, after, why]
         self.out_lock = threading.Lock()  # a window's labelling vs. a revocation's (on the consumer's poll, during an analysis)
 
     def tick(self, final: bool = False, force: bool = False) -> MonitorView | None:
@@ -199,6 +201,14 @@ class IngestMonitor(Monitor):
         have = self.forward.get(job_id)
         self.forward[job_id] = cols if have is None else tuple(np.concatenate([x, y]) for x, y in zip(have, cols))
 
+    def _flag(self, span: WindowSpan, after: bool) -> None:
+        self.flags.append([int(span.begin), int(span.end), int(span.late), bool(after), span.why])
+
+    def take_flags(self) -> list[list]:
+        """The windows turned incomplete since the last call (for the next watermark), emptied."""
+        out, self.flags = self.flags, []
+        return out
+
     def take_forward(self) -> tuple[dict[str, tuple], dict[str, str]]:
         """What to send (flows by job id, retired ids), emptied."""
         out, self.forward = self.forward, {}
@@ -236,6 +246,11 @@ class AnalyseMonitor(Monitor):
         self.flows_received = 0
         self.retired: list[str] = []
         self.restored: dict[str, dict] = {}  # job id -> state published by a previous owner, taken when the job is next seen
+        # ingest windows flagged incomplete, not yet applied: (replica, begin, end, after) -> {"at": the watermark it came with, ...}
+        self.flags: dict[tuple, dict] = {}
+        self._flags_done: dict[tuple, int] = {}  # applied (each comes once per job-topic partition): key -> its watermark
+        self.ends: list[int] = []  # the ingest stage's window ends received, past the last window here (sorted)
+        self._tick_to: int | None = None  # the end of the window being analysed
 
     def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
         self.flows_received += len(flows)
@@ -249,6 +264,16 @@ class AnalyseMonitor(Monitor):
         for p, end in value["partitions"].items():
             p = int(p)
             marks[p] = (max(int(end), marks.get(p, (int(end), False))[0]), bool(value.get("final")))
+        at = value.get("end")
+        if at is None:
+            return
+        i = bisect.bisect_left(self.ends, int(at))
+        if i == len(self.ends) or self.ends[i] != int(at):
+            self.ends.insert(i, int(at))
+        for begin, end, late, after, why in value.get("incomplete", ()):
+            key = (str(value.get("replica", "")), int(begin), int(end), bool(after))
+            if key not in self._flags_done:
+                self.flags.setdefault(key, {"at": int(at), "late": int(late), "why": str(why)})
 
     def complete_to(self) -> int | None:
         """Event time every input partition has been forwarded up to, on every job-topic partition held;
@@ -273,8 +298,36 @@ class AnalyseMonitor(Monitor):
         return self.inputs is not None and bool(self.owned) and all(
             self.marks.get(q, {}).get(p, (0, False))[1] for q in self.owned for p in range(self.inputs))
 
+    # -- windows at the ingest stage's window ends ---------------------------------
+    # A window here ends where an ingest replica's window ended: the first end
+    # received a ``--window.step`` past the last window, once every input
+    # partition has been forwarded up to it. Every end up to the event time
+    # complete here has been received (on each job-topic partition a replica's
+    # watermarks come in order, and each goes to every partition), so the
+    # windows are a function of the ingest stage's windows, not of the order in
+    # which the job topic's partitions were read: a successor replaying the job
+    # topic cuts the same windows, and with one ingest replica they are its own
+    # (so one daemon's, reading alike).
+
+    def _next_end(self) -> int | None:
+        """The end of the next window due (not the last one of input gone quiet: the final window's), or None."""
+        to = self.complete_to()
+        if to is None:
+            return None
+        step = int(self.s.step_s * 1e9)
+        last = self.analysed_to
+        for e in self.ends:
+            if e > to:
+                break
+            if last is None or e - last >= step:
+                return None if e >= to and self.all_final() else e
+        return None
+
+    def due(self) -> bool:
+        return self._next_end() is not None
+
     def watermark(self) -> int | None:
-        return self.complete_to()
+        return self._tick_to if self._tick_to is not None else self.complete_to()
 
     def lateness_ns(self) -> int:
         return 0  # waited for by the ingest stage
@@ -294,10 +347,84 @@ class AnalyseMonitor(Monitor):
         final = final and self.all_final()
         if final:  # the last window reaches the ingest stage's tail, not only this replica's latest flow
             self.max_start = max(self.max_start or to, to)
-        return super().tick(final=final, force=force)
+            view = super().tick(final=True, force=force)
+        else:
+            self._tick_to = self._next_end()
+            if self._tick_to is None and not force:
+                return None
+            try:
+                view = super().tick(final=False, force=force)
+            finally:
+                self._tick_to = None
+        if self.analysed_to is not None:
+            del self.ends[:bisect.bisect_right(self.ends, self.analysed_to)]
+        return view
 
     def counters_snapshot(self) -> dict[str, dict]:
         return {}
+
+    # -- incomplete windows: the ingest stage's word ----------------------------------
+    # The ingest stage knows which of its windows miss GPU flows of their time
+    # (dropped as too old, or input more out of order than it waits for) and
+    # sends each with the watermark of the window it was found at. A window
+    # here is incomplete when a flag came with a watermark in its span from
+    # the last window's end: the rule is a function of the windows, not of
+    # when the flags were read (every copy of a flag precedes, on each
+    # job-topic partition, the watermarks that let a window past it).
+
+    def _too_late(self, start: np.ndarray) -> np.ndarray:
+        return np.zeros(len(start), dtype=bool)  # the ingest stage dropped (and counted) what was too late
+
+    def _note_late(self, dropped: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
+        """Nothing: the ingest stage counts late flows and flags their windows (a late flow it forwards is not late here)."""
+
+    def _log_window(self, begin: int, end: int, lateness: int, final: bool) -> WindowSpan:
+        prev = self.analysed_to
+        due = sorted((k, f) for k, f in self.flags.items() if f["at"] <= end)
+        for k, f in due:
+            del self.flags[k]
+            self._flags_done[k] = f["at"]
+        horizon = end - int(self.s.pair_ttl_s * 1e9)
+        for k in [k for k, at in self._flags_done.items() if at < horizon]:
+            del self._flags_done[k]
+        late, why = 0, []
+        for (replica, _, e, after), f in due:
+            if after and prev is not None and e <= prev:
+                self._incomplete_after(e, f["late"], f"ingest replica {replica}: {f['why']}")
+            else:
+                late += f["late"]
+                why.append(f"ingest replica {replica}: {f['why']}")
+        incomplete = bool(why)
+        if self.windows and self.windows[-1].end == end:  # the last window re-run (force)
+            span = self.windows[-1]
+            span.late += late
+            incomplete = incomplete and not span.incomplete
+            span.incomplete = span.incomplete or incomplete
+        else:
+            span = WindowSpan(begin, end, late, incomplete)
+            self.windows.append(span)
+            while len(self.windows) > 1 and self.windows[0].end < horizon:
+                self.windows.popleft()
+        if incomplete:
+            self.windows_incomplete += 1
+            span.why = "; ".join(why)
+            log.warning("window incomplete (late input): no steps or anomalies reported from it; %s", span.why,
+                        extra={"fields": {"from": _iso(begin), "to": _iso(end), "late_flows": late}})
+        return span
+
+    def _incomplete_after(self, at: int, late: int, why: str) -> None:
+        """The window analysed here whose span from the previous window's end holds ``at`` missed late flows (the
+        ingest stage's window ending at ``at`` had them after it): it turns incomplete, once."""
+        ends = [w.end for w in self.windows]
+        if not ends:
+            return
+        w = self.windows[min(int(np.searchsorted(ends, at, side="left")), len(ends) - 1)]
+        w.late += late
+        if not w.incomplete:
+            w.incomplete, w.why = True, why
+            self.windows_incomplete += 1
+            log.warning("window analysed before GPU flows of its time came: its steps and anomalies were reported without them",
+                        extra={"fields": {"from": _iso(w.begin), "to": _iso(w.end), "late_flows": w.late}})
 
     def job_states(self) -> dict[str, dict]:
         """What a successor needs of each job not to report a step or an anomaly twice, and to count on (JSON-able).
@@ -426,8 +553,8 @@ class ForwardingSource(KafkaSource):
         inputs = self._input_count()
         if end is not None and inputs is not None:
             owned = sorted(tp.partition for tp in self.consumer.assignment() if tp not in self._revoked)
-            value = json.dumps({"inputs": inputs, "partitions": {str(p): end for p in owned}, "final": m.final,
-                                "replica": self.replica_id}).encode()
+            value = json.dumps({"inputs": inputs, "partitions": {str(p): end for p in owned}, "final": m.final, "end": end,
+                                "replica": self.replica_id, "incomplete": m.take_flags()}).encode()
             for p in parts:
                 self.producer.send(self.job_topic, key=b"", value=value, partition=p, headers=[(CONTROL_HEADER, b"watermark")])
         self.producer.flush(timeout=30)

@@ -176,6 +176,7 @@ class WindowSpan:
     end: int
     late: int = 0  # GPU flows of (previous end, end] that came after the window, or were dropped before it
     incomplete: bool = False  # not analysed (see Monitor.tick), or late flows of its time came after it
+    why: str = ""  # what made it incomplete (for the log)
 
 
 class _JobState:
@@ -263,9 +264,7 @@ class Monitor:
             start = start[new]
         if len(flows) == 0:
             return
-        wm = self.watermark()
-        horizon = None if wm is None else wm - int(self.s.window_s * 1e9)
-        late = start < horizon if horizon is not None else np.zeros(len(start), dtype=bool)
+        late = self._too_late(start)
         traffic = gpu_traffic(self.topology, flows["src"], flows["dst"], late)
         a, b, gpu = traffic.a, traffic.b, traffic.gpu
         with self.lock:
@@ -289,6 +288,17 @@ class Monitor:
         self.window.add(a, b, start, duration, size)
         self._see_pairs(a, b, start)
         self.switch_bw.partial_fit(start, duration, size, flows["switches"].array[gpu], src=a, dst=b)  # stays categorical: no re-factorising
+
+    def _too_late(self, start: np.ndarray) -> np.ndarray:
+        """Which records are older than the next window can reach (dropped, counted as ``ignored:late``)."""
+        wm = self.watermark()
+        if wm is None:
+            return np.zeros(len(start), dtype=bool)
+        return start < wm - int(self.s.window_s * 1e9)
+
+    def _flag(self, span: WindowSpan, after: bool) -> None:
+        """``span`` turned incomplete: before its analysis, or (``after``) when late flows of its time came after it.
+        A hook (the ingest stage passes the flag on to the analyse stage); nothing here."""
 
     def _note_late(self, dropped: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
         """Count the GPU flows that came late, each against the window of its time.
@@ -325,7 +335,9 @@ class Monitor:
             w.late += k
             if not w.incomplete:
                 w.incomplete = True
+                w.why = f"{w.late} GPU flows of its time came after it was analysed"
                 self.windows_incomplete += 1
+                self._flag(w, after=True)
                 log.warning("window analysed before GPU flows of its time came: its steps and anomalies were reported without them",
                             extra={"fields": {"from": _iso(w.begin), "to": _iso(w.end), "late_flows": w.late}})
 
@@ -606,7 +618,9 @@ class Monitor:
             if disorder > lateness:
                 why.append(f"records arrive up to {disorder / 1e9:.1f} s behind their partition's latest, "
                            f"the window waits {lateness / 1e9:.1f} s (at most half a window)")
-            log.warning("window incomplete (late input): no steps or anomalies reported from it; %s", "; ".join(why),
+            span.why = "; ".join(why)
+            self._flag(span, after=False)
+            log.warning("window incomplete (late input): no steps or anomalies reported from it; %s", span.why,
                         extra={"fields": {"from": _iso(begin), "to": _iso(end), "late_flows": late, "disorder_s": round(disorder / 1e9, 3),
                                           "lateness_s": round(lateness / 1e9, 3)}})
         return span
