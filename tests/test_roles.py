@@ -367,3 +367,75 @@ def test_incomplete_windows_are_flagged_to_the_analyse_stage(broker, cluster, ca
         for d in everyone:
             d.stop()
 
+
+def _summary_records(broker, topic):
+    """Every record of the summaries topic, in order: (key, value or None for a tombstone)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", group_id=None)
+    try:
+        tp = TopicPartition(topic, 0)
+        c.assign([tp])
+        c.seek_to_beginning(tp)
+        end = c.end_offsets([tp])[tp]
+        out = []
+        wait_for(lambda: out.extend((r.key.decode(), r.value) for recs in c.poll(timeout_ms=200).values() for r in recs) or c.position(tp) >= end,
+                 60, "the summaries topic read")
+        return out
+    finally:
+        c.close()
+
+
+def test_a_retired_jobs_state_is_deleted(broker, cluster):
+    """A job that ends (its pairs unseen for --jobs.ttl) has its state record deleted (a tombstone), once no successor
+    could replay its flows; a successor recovering the partitions' states takes the others' and not it."""
+    from prism.analysis.jobs import job_id_for
+
+    topic = f"flows-{uuid.uuid4().hex[:8]}"
+    ensure_topic(broker.bootstrap, topic, 4)
+    jobs_topic = f"jobs-{topic}"
+    ttl = dict(pair_ttl_s=1.0)
+    ing = Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic, **ttl)
+    first = Running(broker, cluster, "analyse", topic, f"g-{topic}", "a0", jobs_topic, **ttl)
+    everyone = [ing, first]
+    try:
+        wait_for(lambda: all(len(d.source.consumer.assignment()) == 4 for d in everyone), 180, "the groups to settle")
+        flows = cluster.flows
+        t0 = int(flows["start_ns"].min())
+        servers = dict(zip(cluster.topology["ip"], cluster.topology["server"]))
+        job = cluster.jobs[cluster.jobs["job_id"] == "tp8-dp4"]
+        ended = job_id_for({servers[ip] for ip in job["ip"]})
+        ips = set(job["ip"])
+        of_job = flows["src"].astype(str).isin(ips) & flows["dst"].astype(str).isin(ips)
+        flows = flows[~(of_job & (flows["start_ns"] >= t0 + 3_000_000_000))]  # the job stops after 3 s of the 8
+        p = FlowProducer(broker.bootstrap, topic, fmt="arrow")
+        stream_flows(p, flows, speed=0)
+        p.flush()
+        p.close()
+        m = first.monitor
+        wait_for(lambda: ing.monitor.final and m.all_final() and m.analysed_to is not None and m.analysed_to >= m.complete_to(), 180,
+                 "the analyse replica", progress=lambda: (ing.monitor.analysed_to, m.analysed_to))
+        wait_for(lambda: m.tombstones >= 1, 60, "the ended job's tombstone")
+        first.stop()
+        last = {}
+        had_state = set()
+        for key, value in _summary_records(broker, f"sum-{topic}"):
+            if key.startswith(f"jobstate/g-{topic}-analyse/"):
+                last[key.rsplit("/", 1)[1]] = value
+                if value is not None:
+                    had_state.add(key.rsplit("/", 1)[1])
+        assert ended in had_state and last[ended] is None, "the ended job's state, then its tombstone"
+        live = {j for j, v in last.items() if v is not None}
+        assert len(live) == cluster.jobs["job_id"].nunique() - 1 and m.tombstones == 1
+        steps = {j: first.series("prism_steps_total").get(j) for j in live}
+        # a successor takes the live jobs' states and not the ended one's
+        successor = Running(broker, cluster, "analyse", topic, f"g-{topic}", "a1", jobs_topic, **ttl)
+        everyone.append(successor)
+        s = successor.monitor
+        wait_for(lambda: s.all_final() and s.analysed_to is not None and s.analysed_to >= s.complete_to(), 180, "the successor",
+                 progress=lambda: s.analysed_to)
+        assert ended not in s.restored and ended not in successor.series("prism_job_info")
+        assert {j: successor.series("prism_steps_total").get(j) for j in live} == steps
+    finally:
+        for d in everyone:
+            d.stop()

@@ -251,6 +251,8 @@ class AnalyseMonitor(Monitor):
         self._flags_done: dict[tuple, int] = {}  # applied (each comes once per job-topic partition): key -> its watermark
         self.ends: list[int] = []  # the ingest stage's window ends received, past the last window here (sorted)
         self._tick_to: int | None = None  # the end of the window being analysed
+        self.gone: set[str] = set()  # jobs retired (ended, re-keyed, absorbed) since the last publish: their states are deleted
+        self.tombstones = 0  # job states deleted (tombstones written)
 
     def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
         self.flows_received += len(flows)
@@ -454,7 +456,10 @@ class AnalyseMonitor(Monitor):
             self.restored[job_id] = state
 
     def _merge_jobs(self, jobs: pd.DataFrame, an: Any, end: int) -> None:
+        before = {j for j, st in self._jobs.items() if st.view.job_id == j}
         super()._merge_jobs(jobs, an, end)
+        self.gone |= before - set(self._jobs)
+        self.gone -= set(self._jobs)  # back under the same id (a job restarted on its servers): a state of its own again
         for job_id in [j for j in self.restored if j in self._jobs]:
             state, st = self.restored.pop(job_id), self._jobs[job_id]
             if st.view.steps:
@@ -566,6 +571,8 @@ class JobTopicSource(KafkaSource):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._replay: dict = {}  # partition -> [(event time complete to, offset after its watermark)]
         self._to_commit: dict = {}
+        self._replay_from: dict = {}  # partition -> the replay offset last published (a successor reads from there)
+        self._last_msg: dict[str, tuple[Any, int]] = {}  # job id (message key) -> (partition, offset) of its last message read
         super().__init__(*args, **kwargs)
 
     def _decode(self, batch: dict) -> list:
@@ -578,6 +585,8 @@ class JobTopicSource(KafkaSource):
             run: list = []
             rejects = RejectCounter()
             for r in recs:
+                if r.key:
+                    self._last_msg[r.key.decode("utf-8", "replace")] = (tp, r.offset)
                 kind = dict(r.headers or ()).get(CONTROL_HEADER)
                 if kind is None:
                     run.append(r)
@@ -660,6 +669,7 @@ class JobTopicSource(KafkaSource):
         if not isinstance(m, AnalyseMonitor):
             return
         offsets = self.replay_offsets()
+        self._replay_from.update(offsets)
         now = time.time()
         for tp, off in offsets.items():
             if (only is not None and tp not in only) or (only is None and tp in self._revoked):
@@ -668,11 +678,37 @@ class JobTopicSource(KafkaSource):
             self.producer.send(self.summary_topic, key=self._state_key(tp).encode(), value=json.dumps(value).encode())
         parts = self.consumer.partitions_for_topic(self.topic) or set()
         mine = {tp.partition for tp in (only if only is not None else self.consumer.assignment())}
-        for job_id, state in m.job_states().items():
+        states = m.job_states()
+        if only is None:
+            self._tombstone(m, set(states), mine)
+        for job_id, state in states.items():
             if parts and job_partition(job_id, len(parts)) in mine:
                 self.producer.send(self.summary_topic, key=self._job_key(job_id).encode(), value=json.dumps(state).encode())
         self.producer.flush(timeout=30)
         self._to_commit = offsets
+
+    def _tombstone(self, m: AnalyseMonitor, alive: set[str], mine: set[int]) -> None:
+        """Delete the states of retired jobs (a tombstone: the compacted topic forgets them, a successor takes none).
+
+        Not before a successor's replay starts past the job's last message
+        on the job topic (its last flows, or its retire): a successor that
+        replayed them without the state would report the job's steps again.
+        A job of a partition no longer held is its new owner's to delete.
+        """
+        for job_id in sorted(m.gone - alive):
+            tp, off = self._last_msg.get(job_id, (None, -1))
+            if tp is not None and tp.partition not in mine:
+                m.gone.discard(job_id)
+                continue
+            if tp is not None and self._replay_from.get(tp, -1) <= off:
+                continue  # a successor would still replay it
+            self.producer.send(self.summary_topic, key=self._job_key(job_id).encode(), value=None)
+            m.gone.discard(job_id)
+            self._last_msg.pop(job_id, None)
+            m.tombstones += 1
+        for job_id in [j for j, (tp, off) in self._last_msg.items()
+                       if j not in m.gone and j not in alive and self._replay_from.get(tp, -1) > off]:
+            del self._last_msg[job_id]  # a key never recognised as a job here (re-keyed away at once), now past replay
 
     def commit(self, only: Collection[Any] | None = None) -> None:
         """Commit the replay offsets the last :meth:`publish` wrote (not where reading stands)."""
@@ -680,6 +716,14 @@ class JobTopicSource(KafkaSource):
 
     def _job_key(self, job_id: str) -> str:
         return f"jobstate/{self.group_id}/{job_id}"
+
+    def read_summaries(self, catch_up_s: float = 0.0) -> None:
+        """As :meth:`KafkaSource.read_summaries`; a job state deleted meanwhile (its job retired) is not taken."""
+        super().read_summaries(catch_up_s)
+        m = self.monitor
+        if isinstance(m, AnalyseMonitor) and m.restored:
+            for job_id in [j for j in m.restored if self._job_key(j) not in self.summaries]:
+                del m.restored[job_id]
 
     def _settle_assigned(self, batch: dict) -> None:
         super()._settle_assigned(batch)
