@@ -149,8 +149,20 @@ def test_stages_give_one_daemons_answers(broker, cluster, ingest, analyse):
         assert one.job_anomalies(), "the tiny cluster's slow step and slow server"
         # the input counted once, by the ingest stage; the analyse stage exports no flow counters
         assert all(not d.monitor.counters_snapshot() for d in ans)
-        if ingest == 1:  # the fabric diagnosis stays with the ingest stage: one replica sees all of it
-            assert ins[0].fabric_anomalies() == one.fabric_anomalies()
+        # the fabric (switches and links) diagnosed by one analyse replica over every ingest replica's switch sums:
+        # one daemon's anomalies and, over the same sums, its last switch window's bandwidths to the bit
+        def switch_bw(d):
+            return {s.labels["switch"]: s.value for f in d.registry.collect() for s in f.samples
+                    if s.name == "prism_switch_bandwidth_bytes_per_second"}
+
+        fabric = [d for d in ans if d.fabric_anomalies() or switch_bw(d)]
+        assert len(fabric) == 1 and fabric[0].monitor.owns_fabric(), "the fabric from exactly one analyse replica"
+        assert not any(d.fabric_anomalies() or switch_bw(d) for d in ins), "no fabric diagnosis at ingest"
+        (owner,) = fabric
+        assert owner.fabric_anomalies() == one.fabric_anomalies()
+        assert {k for k, _ in one.fabric_anomalies()} >= {"slow_switch"}, "the tiny cluster's degraded switch"
+        assert switch_bw(owner) == switch_bw(one) and switch_bw(one)
+        assert owner.total("prism_anomalies_total", job_id="") == one.total("prism_anomalies_total", job_id="")
     finally:
         for d in everyone:
             d.stop()
@@ -251,8 +263,10 @@ def test_an_analyse_replica_lost_mid_stream_is_succeeded_exactly(broker, cluster
         for job_id, steps in one.steps().items():
             assert successor.steps()[job_id] == steps, job_id
             assert successor.series("prism_steps_total")[job_id] == one.series("prism_steps_total")[job_id]
-        # each anomaly reported once, by one of the two
+        # each anomaly reported once, by one of the two; the fabric's too (its state goes with the jobs')
         assert sorted(first.job_anomalies() + successor.job_anomalies()) == one.job_anomalies()
+        assert sorted(first.fabric_anomalies() + successor.fabric_anomalies()) == one.fabric_anomalies()
+        assert successor.total("prism_anomalies_total", job_id="") == one.total("prism_anomalies_total", job_id="")
         # the successor replayed from the committed offsets (a window back), not from the start; it took the published states
         assert 0 < m.flows_received < ing.monitor.flows_forwarded
         # (so the steps before its first flow, equal above, are the published history)
@@ -304,10 +318,50 @@ def _wait_done(one, ins, ans, n):
     wait_for(lambda: all(d.service.health.incomplete_windows == d.monitor.recent_incomplete() for d in everyone), 60, "/readyz")
 
 
+class Recorder:
+    """What a monitor was given, in order: each batch (with the partitions the source said were behind) and each
+    window asked for (with the end it reached), to give one plain daemon's monitor exactly the same input."""
+
+    def __init__(self, m):
+        self.calls = []
+        ingest, tick = m.ingest, m.tick
+
+        def on_ingest(flows, partition="0"):
+            self.calls.append(("ingest", flows, partition, set(m.backlogged)))
+            return ingest(flows, partition)
+
+        def on_tick(final=False, force=False):
+            view = tick(final=final, force=force)
+            self.calls.append(("tick", final, force, None if view is None else m.analysed_to))
+            return view
+
+        m.ingest, m.tick = on_ingest, on_tick
+
+    def replay(self, cluster):
+        """A plain daemon's monitor (``--role all``) given the same batches and windows: it, and its events."""
+        from prism.serve.monitor import Monitor
+
+        ref = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
+        events = []
+        for call in self.calls:
+            if call[0] == "ingest":
+                ref.backlogged = call[3]
+                ref.ingest(call[1], call[2])
+            else:
+                view = ref.tick(final=call[1], force=call[2])
+                assert (None if view is None else ref.analysed_to) == call[3], "the same window"
+                events.extend(ref.events)
+                ref.events.clear()
+        return ref, events
+
+
 def test_incomplete_windows_are_flagged_to_the_analyse_stage(broker, cluster, caplog):
     """A backlog sent pair by pair (each partition out of time order by the whole 8 s; the lateness cap 1.5 s): the ingest
     stage flags the windows it cannot fill to the analyse stage with its watermarks, and the analyse replicas analyse none
-    of them, log and count them and say degraded, as one daemon does: the same (no) anomalies, the same late counts."""
+    of them, log and count them and say degraded, as one daemon does. One daemon given the stream as the ingest replica
+    read it says exactly what the stages say: the same late counts, windows incomplete, (no) anomalies and steps. (Two
+    processes reading the same topic do not read it alike: which records come late depends on how far the other
+    partitions had been read, so the live single daemon beside them is held to the truth, not to their counts.)"""
     topic = f"flows-{uuid.uuid4().hex[:8]}"
     ensure_topic(broker.bootstrap, topic, 4)
     jobs_topic = f"jobs-{topic}"
@@ -315,6 +369,7 @@ def test_incomplete_windows_are_flagged_to_the_analyse_stage(broker, cluster, ca
     ins = [Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic)]
     ans = [Running(broker, cluster, "analyse", topic, f"g-{topic}", f"a{k}", jobs_topic) for k in range(2)]
     everyone = [one, *ins, *ans]
+    rec = Recorder(ins[0].monitor)
     try:
         _settle(one, ins, ans)
         with caplog.at_level(logging.WARNING, logger="prism.monitor"):
@@ -336,7 +391,8 @@ def test_incomplete_windows_are_flagged_to_the_analyse_stage(broker, cluster, ca
               "analyse", [(d.monitor.windows_incomplete, d.monitor.view.ticks) for d in ans])
         # the analyse replicas cut their windows at the ingest stage's window ends and take its word on each: a window
         # ending where an ingest window ended is incomplete exactly when that one is (before or after it was analysed),
-        # with its late flows (those known when it turned incomplete); the first window of a replica also answers for the ingest windows before it
+        # with its late flows (those known when it turned incomplete); the first window of a replica also answers for
+        # the ingest windows before it
         theirs = {w.end: w for w in ing.monitor.windows}
         for d in ans:
             m = d.monitor
@@ -353,8 +409,20 @@ def test_incomplete_windows_are_flagged_to_the_analyse_stage(broker, cluster, ca
             assert not any(d.from_incomplete), "an event from a window known incomplete"
         warned = [r for r in caplog.records if r.getMessage().startswith("window incomplete (late input)") and "ingest replica i0" in r.getMessage()]
         assert warned and all(set(r.fields) >= {"from", "to", "late_flows"} for r in warned)  # type: ignore[attr-defined]
-        # the same (no) anomalies as the single daemon, all true; the steps (from complete windows only) true steps
-        assert sorted(a for d in ans for a in d.job_anomalies()) == one.job_anomalies()
+        # one plain daemon given the stream as the ingest replica read it (the same batches, the same windows): the same
+        # late counts, the same windows incomplete, the same anomalies and steps as the two stages
+        ref, events = rec.replay(cluster)
+        assert (ref.late_flows, ref.windows_incomplete) == (ing.monitor.late_flows, ing.monitor.windows_incomplete)
+        assert sum(c.get("ignored:late", 0) for c in ref.counters_snapshot().values()) == ing.total("prism_flows_ignored_total", reason="late")
+        assert [(w.end, w.incomplete) for w in ref.windows] == [(w.end, w.incomplete) for w in ing.monitor.windows]
+        ref_anomalies = sorted((e["kind"], e["job_id"], str(e["subject"]), int(e["step"])) for k, e in events
+                               if k == "anomaly" and isinstance(e.get("job_id"), str) and e["job_id"])
+        assert sorted(a for d in ans for a in d.job_anomalies()) == ref_anomalies
+        ref_steps = {j: list(zip(g["start_ns"], g["end_ns"])) for j, g in ref.steps_frame().groupby("job_id")}
+        assert {j: s for d in ans for j, s in d.steps().items()} == ref_steps
+        print("one daemon on the ingest replica's reads: windows incomplete", [(w.end, w.incomplete) for w in ref.windows],
+              "anomalies", ref_anomalies, "steps", sum(map(len, ref_steps.values())))
+        # and every anomaly, of the live single daemon and of the stages, true; every step reported a true one
         for d in (one, *ans):
             names = job_name_map(d.monitor.jobs_, cluster.jobs)
             anomalies = pd.DataFrame([e for k, e in d.events if k == "anomaly"], columns=ANOMALY_COLUMNS)
@@ -439,3 +507,4 @@ def test_a_retired_jobs_state_is_deleted(broker, cluster):
     finally:
         for d in everyone:
             d.stop()
+

@@ -11,13 +11,14 @@ This module repartitions by job, as Kafka Streams does with a
     decodes, validates, dedupes and counts the input (the flow counters are
     exported here), keeps the per-pair state and recognises whole jobs (job
     membership exchanged through the summaries topic, as replicas always
-    did), runs the fabric diagnosis (switches and links) over its share,
-    and at every window (``--window.step`` of event time) forwards the GPU
+    did), and at every window (``--window.step`` of event time) forwards the GPU
     flows it took in since the last one to the **job topic**
     (``--kafka.job-topic``), one Arrow IPC message per job keyed by the job
     id, followed on every job-topic partition by a **watermark**: for each
     input partition it owns, the event time up to which it has forwarded
-    (its window's end). Only then does it publish its partition state and
+    (its window's end). The switch sums of its flows (per short window and
+    path, see ``Monitor._fold_fabric``) go, once a window has passed them,
+    under the fixed key :data:`FABRIC_KEY`. Only then does it publish its partition state and
     commit its input offsets (at least once; the analyse stage drops
     re-deliveries by record hash).
 ``--role analyse`` (consumer group ``<group-id>-analyse`` on the job topic)
@@ -27,7 +28,11 @@ This module repartitions by job, as Kafka Streams does with a
     latest watermark for each: a window is analysed once every ingest
     replica has forwarded everything of its time. It runs the same
     analyses as one daemon: jobs, steps, the per-job diagnosis, and exports
-    the per-job metrics, each job from exactly one replica. It commits the
+    the per-job metrics, each job from exactly one replica. The replica
+    holding :data:`FABRIC_KEY`'s partition adds up every ingest replica's
+    switch sums and diagnoses the fabric (switches and links) over them, as
+    one daemon does over its own: the fabric's anomalies and metrics come
+    from it alone (its state travels with the jobs'). It commits the
     job-topic offset a successor must replay from (just after the last
     watermark a window before its analysis) and publishes every job's state
     (stitcher, step history, counts, anomalies reported) to the summaries
@@ -45,7 +50,8 @@ flows (the job is gone from its metrics at the next window).
 
 Message formats on the job topic: flow batches are the input's Arrow IPC
 stream (``content-type`` header); control messages carry a
-``prism-control`` header (``watermark`` or ``retire``) and a JSON value.
+``prism-control`` header (``watermark`` or ``retire``) and a JSON value,
+or (``fabric``) an Arrow IPC stream of switch sums.
 """
 from __future__ import annotations
 
@@ -68,13 +74,15 @@ from prism.serve.monitor import Monitor, MonitorView, WindowSpan, _iso
 from prism.serve.sources import KafkaSource, ensure_topic
 from prism.serve.window import FlowWindow
 
-__all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "analyse_group", "job_partition"]
+__all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "FABRIC_KEY", "analyse_group", "job_partition"]
 
 log = logging.getLogger("prism.jobtopic")
 
 CONTROL_HEADER = "prism-control"
+#: the key (and so the job-topic partition) of the switch sums: the analyse replica holding its partition owns the fabric
+FABRIC_KEY = "prism-fabric"
 _ARROW = ARROW_CONTENT_TYPE.encode()
-#: the columns forwarded; switches are not (the fabric diagnosis stays in the ingest stage)
+#: the columns forwarded; switches are not (their sums go to the fabric's owner instead)
 _SCHEMA = pa.schema([("start_ns", pa.int64()), ("duration_ns", pa.int64()), ("src", pa.string()), ("dst", pa.string()),
                      ("size", pa.int64()), ("switches", pa.string())])
 
@@ -135,10 +143,11 @@ class IngestMonitor(Monitor):
         self.flows_forwarded = 0
         self.rekeyed = 0  # jobs re-keyed (their window sent again under a new id)
         self.flags: list[list] = []  # windows turned incomplete since the last watermark: [begin, end, late flows, after, why]
+        self.fabric_out: list[pd.DataFrame] = []  # switch sums of the short windows passed, to forward to the fabric's owner
         self.out_lock = threading.Lock()  # a window's labelling vs. a revocation's (on the consumer's poll, during an analysis)
 
     def tick(self, final: bool = False, force: bool = False) -> MonitorView | None:
-        """The window up to the watermark: jobs recognised, flows labelled for forwarding, the fabric diagnosed.
+        """The window up to the watermark: jobs recognised, flows and switch sums ready to forward.
 
         The same window bounds as :meth:`Monitor.tick` (the lateness wait, the
         first window over everything read, the reach back while catching up).
@@ -155,8 +164,19 @@ class IngestMonitor(Monitor):
         span = self._log_window(begin, end, lateness, final)
         self._label(end)
         self.forwarded_to, self.final = end, final
-        switches = self.view.switches if span.incomplete else self._merge_switches(final)
-        return self._publish(end, lateness, switches, t0, incomplete=span.incomplete)
+        return self._publish(end, lateness, {}, t0, incomplete=span.incomplete)  # the fabric is diagnosed by its owner
+
+    def _fold_fabric(self, rows: pd.DataFrame) -> None:
+        if len(rows):
+            self.fabric_out.append(rows)
+
+    def take_fabric(self, all_: bool = False) -> pd.DataFrame | None:
+        """The switch sums to forward (with ``all_``, also those of short windows not yet passed: a revocation), emptied."""
+        with self.out_lock:
+            if all_:
+                self._fold_fabric(self.fabric_in.take_before(None))
+            out, self.fabric_out = self.fabric_out, []
+        return pd.concat(out, ignore_index=True) if out else None
 
     def label(self, end: int | None) -> None:
         """Take the outbox's flows up to ``end`` into :attr:`forward`, each under its job's id; re-key jobs whose id changed."""
@@ -251,6 +271,8 @@ class AnalyseMonitor(Monitor):
         self._flags_done: dict[tuple, int] = {}  # applied (each comes once per job-topic partition): key -> its watermark
         self.ends: list[int] = []  # the ingest stage's window ends received, past the last window here (sorted)
         self._tick_to: int | None = None  # the end of the window being analysed
+        self.fabric_part: int | None = None  # the job-topic partition of the switch sums (FABRIC_KEY): its holder owns the fabric
+        self.fabric_rows = 0  # switch-sum rows received
         self.gone: set[str] = set()  # jobs retired (ended, re-keyed, absorbed) since the last publish: their states are deleted
         self.tombstones = 0  # job states deleted (tombstones written)
 
@@ -347,6 +369,8 @@ class AnalyseMonitor(Monitor):
         if to is None:
             return None
         final = final and self.all_final()
+        if not self.owns_fabric() and (len(self.switch_bw.table()) or len(self.fabric_in.table()) or self._switch_last):
+            self._drop_fabric()
         if final:  # the last window reaches the ingest stage's tail, not only this replica's latest flow
             self.max_start = max(self.max_start or to, to)
             view = super().tick(final=True, force=force)
@@ -364,6 +388,44 @@ class AnalyseMonitor(Monitor):
 
     def counters_snapshot(self) -> dict[str, dict]:
         return {}
+
+    # -- the fabric (switches and links): one owner -----------------------------------
+    # Every ingest replica forwards the switch sums of its flows, per short
+    # window (see Monitor._fold_fabric), under FABRIC_KEY; the replica holding
+    # that partition adds them up across ingest replicas and, once a window
+    # passes a short window's end (so every input partition has been
+    # forwarded past it), moves it into the diagnosis's windows: the fabric is
+    # diagnosed over one daemon's sums, from one replica.
+
+    def owns_fabric(self) -> bool:
+        return self.fabric_part is not None and self.fabric_part in self.owned
+
+    def take_fabric(self, rows: pd.DataFrame) -> None:
+        """An ingest replica's switch sums (:meth:`SwitchBandwidth.take_before`'s rows)."""
+        self.fabric_in.add_rows(rows)
+        self.fabric_rows += len(rows)
+
+    def _drop_fabric(self) -> None:
+        """The fabric partition went to another replica: its sums, the anomalies it reported, its metrics go with it."""
+        hosts = self.switch_bw.hosts
+        self.switch_bw = type(self.switch_bw)(self.s.switch_window_s, hosts=hosts)
+        self.fabric_in = type(self.fabric_in)(self.fabric_in.window_ns / 1e9, hosts=hosts)
+        self._switch_last, self._links_pending = {}, set()
+        self._fabric_anomalies.clear()
+        self._recent.pop("", None)
+
+    def fabric_state(self) -> dict:
+        """What a successor needs not to report a switch or link anomaly twice, and to count on (JSON-able)."""
+        return {"fabric": True, "switch_last": [[k[0], k[1], int(w)] for k, w in self._switch_last.items()],
+                "links_pending": [list(k) for k in self._links_pending], "anomalies": dict(self._fabric_anomalies)}
+
+    def _restore_fabric(self, state: dict) -> None:
+        for kind, subject, w in state.get("switch_last", ()):
+            key = (kind, subject)
+            self._switch_last[key] = max(int(w), self._switch_last.get(key, int(w)))
+        self._links_pending |= {tuple(k) for k in state.get("links_pending", ())}
+        for kind, n in state.get("anomalies", {}).items():
+            self._fabric_anomalies[kind] = max(int(n), self._fabric_anomalies[kind])
 
     # -- incomplete windows: the ingest stage's word ----------------------------------
     # The ingest stage knows which of its windows miss GPU flows of their time
@@ -447,10 +509,16 @@ class AnalyseMonitor(Monitor):
                 # lagging servers flagged by the last window: still lagging at the next is the same anomaly
                 "ongoing": [[_plain(x) for x in k] for k, t in self._active.items() if k[1] == job_id and t == self._ticks - 1],
             }
+        if self.owns_fabric():
+            out[FABRIC_KEY] = self.fabric_state()
         return out
 
     def restore_job(self, job_id: str, state: dict) -> None:
-        """A previous owner's state of ``job_id`` (:meth:`job_states`), taken when the job is next recognised here."""
+        """A previous owner's state of ``job_id`` (:meth:`job_states`), taken when the job is next recognised here
+        (the fabric's at once)."""
+        if job_id == FABRIC_KEY:
+            self._restore_fabric(state)
+            return
         st = self._jobs.get(job_id)
         if st is None or not st.view.steps:
             self.restored[job_id] = state
@@ -525,20 +593,29 @@ class ForwardingSource(KafkaSource):
             self._inputs = len(parts) if parts else None
         return self._inputs
 
+    #: switch-sum rows per message (about 60 bytes a row)
+    FABRIC_ROWS = 10_000
+
     def publish(self, only: Collection[Any] | None = None) -> None:
         m = self.monitor
         if isinstance(m, IngestMonitor):
             if only is not None:
                 # revoked: what was taken in past the last window goes now, before the partition's state
-                # (its next owner resumes after it)
+                # (its next owner resumes after it); the switch sums too (they add up at the fabric's owner)
                 m.label(None)
-                self._send(m, None)
+                self._send(m, None, fabric=m.take_fabric(all_=True))
             elif m.forwarded_to is not None:
-                self._send(m, m.forwarded_to)
+                self._send(m, m.forwarded_to, fabric=m.take_fabric())
         super().publish(only)
 
-    def _send(self, m: IngestMonitor, end: int | None) -> None:
+    def _send(self, m: IngestMonitor, end: int | None, fabric: pd.DataFrame | None = None) -> None:
         parts = self._job_partitions()
+        if fabric is not None and len(fabric):
+            p = parts[job_partition(FABRIC_KEY, len(parts))]
+            for lo in range(0, len(fabric), self.FABRIC_ROWS):
+                table = pa.Table.from_pandas(fabric.iloc[lo:lo + self.FABRIC_ROWS], preserve_index=False)
+                self.producer.send(self.job_topic, key=FABRIC_KEY.encode(), value=arrow_ipc(table), partition=p,
+                                   headers=[(CONTROL_HEADER, b"fabric")])
         flows, retire = m.take_forward()
         # a retired id first: its owner forgets the job's flows, then the new id's owner gets them (when both ids
         # are on one partition, nothing is retired: the flows sent again are re-deliveries there)
@@ -594,8 +671,11 @@ class JobTopicSource(KafkaSource):
                 items.extend(self._frames(tp, run, rejects))
                 run = []
                 try:
-                    items.append((kind.decode(), json.loads(r.value), r.offset))
-                except ValueError:
+                    if kind == b"fabric":
+                        items.append(("fabric", pa.ipc.open_stream(r.value).read_all().to_pandas(), r.offset))
+                    else:
+                        items.append((kind.decode(), json.loads(r.value), r.offset))
+                except (ValueError, pa.ArrowException):
                     log.warning("job topic: unreadable control message at %s[%s]@%s", tp.topic, tp.partition, r.offset)
             items.extend(self._frames(tp, run, rejects))
             out.append((tp, items, rejects.counts, recs[0].offset, recs[-1].offset + 1, len(recs)))
@@ -620,6 +700,8 @@ class JobTopicSource(KafkaSource):
                             self._note_replay(monitor, tp, offset + 1)
                         elif kind == "retire":
                             monitor.retire_job(str(value["job"]), list(value.get("ips", ())))
+                        elif kind == "fabric":
+                            monitor.take_fabric(value)
                 else:
                     monitor.ingest(item, part)
             monitor.reject(rejects, part)
@@ -628,6 +710,9 @@ class JobTopicSource(KafkaSource):
         monitor.backlogged = self._backlog({})
         if isinstance(monitor, AnalyseMonitor):
             monitor.owned = {tp.partition for tp in self.consumer.assignment()}
+            parts = self.consumer.partitions_for_topic(self.topic)
+            if parts:
+                monitor.fabric_part = job_partition(FABRIC_KEY, len(parts))
         return n
 
     # -- a successor resumes exactly ----------------------------------------------

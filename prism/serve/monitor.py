@@ -62,7 +62,7 @@ from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_ha
 
 log = logging.getLogger("prism.monitor")
 
-__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "CollectiveView", "WindowSpan", "STEP_BUCKETS_S", "bucket_index",
+__all__ = ["MonitorSettings", "Monitor", "fabric_slice_s", "MonitorView", "JobView", "CollectiveView", "WindowSpan", "STEP_BUCKETS_S", "bucket_index",
            "RECENT_ANOMALIES_PER_JOB", "RECENT_ANOMALIES"]
 
 #: Step-duration histogram buckets (seconds): LLM steps run from tenths of
@@ -80,6 +80,20 @@ _RECENT_FIELDS = ("kind", "job_id", "subject", "step", "start_ns", "score", "exp
 def _iso(ns: int) -> str:
     """Event time as UTC ISO 8601 with milliseconds (for logs)."""
     return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat(timespec="milliseconds")
+
+
+def fabric_slice_s(s: "MonitorSettings") -> float:
+    """The short windows the switch sums are taken in before the diagnosis: about ``step_s`` (at most the switch
+    window), a whole divisor of the switch window so that each lies inside one of its windows.
+
+    >>> fabric_slice_s(MonitorSettings()), fabric_slice_s(MonitorSettings(window_s=3, step_s=1, switch_window_s=2))
+    (15.0, 1.0)
+    """
+    sw = int(s.switch_window_s * 1e9)
+    k = max(1, -(-sw // max(int(s.step_s * 1e9), 1)))
+    while sw % k:
+        k += 1
+    return sw / k / 1e9
 
 
 def bucket_index(bounds: Sequence[float], value: float) -> int:
@@ -217,6 +231,9 @@ class Monitor:
         self.window = FlowWindow(self.s.max_window_flows)
         self.dedupe = RecordDeduper(max_records=2 * self.s.max_window_flows)
         self.switch_bw = SwitchBandwidth(self.s.switch_window_s, hosts=topology.servers[topology.server_codes])
+        # the flows' switch sums as they come, in short windows (a divisor of the switch window), moved into
+        # switch_bw once a window passes their end (see _fold_fabric)
+        self.fabric_in = SwitchBandwidth(fabric_slice_s(self.s), hosts=topology.servers[topology.server_codes])
         self.counters: dict[str, Counter] = defaultdict(Counter)
         self._n = len(topology)
         self._pair_keys = np.empty(0, dtype=np.int64)
@@ -287,7 +304,7 @@ class Monitor:
         size = flows["size"].to_numpy()[gpu]
         self.window.add(a, b, start, duration, size)
         self._see_pairs(a, b, start)
-        self.switch_bw.partial_fit(start, duration, size, flows["switches"].array[gpu], src=a, dst=b)  # stays categorical: no re-factorising
+        self.fabric_in.partial_fit(start, duration, size, flows["switches"].array[gpu], src=a, dst=b)  # stays categorical: no re-factorising
 
     def _too_late(self, start: np.ndarray) -> np.ndarray:
         """Which records are older than the next window can reach (dropped, counted as ``ignored:late``)."""
@@ -557,10 +574,16 @@ class Monitor:
             begin = min(begin, self.min_start)
         self.window.evict(begin)
         self.dedupe.evict(begin - lateness)
+        self._fold_fabric(self.fabric_in.take_before(None if final else end))
         self.switch_bw.forget_before(begin)
         live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
         self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
         return begin, end, lateness
+
+    def _fold_fabric(self, rows: pd.DataFrame) -> None:
+        """The switch sums of short windows a window has passed (:meth:`SwitchBandwidth.take_before`): into the
+        switch diagnosis's windows (the ingest stage forwards them to the fabric's owner instead)."""
+        self.switch_bw.add_rows(rows)
 
     def _publish(self, end: int, lateness: int, switches, t0: float, incomplete: bool = False) -> MonitorView:
         """The window up to ``end`` is done (analysed, or not for being ``incomplete``): its view, and the tick's time."""
