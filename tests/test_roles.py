@@ -6,18 +6,22 @@ replicas split the job topic. Whatever the replica counts, the jobs, their
 steps (count and boundaries) and their anomalies are those of one plain
 daemon on the same stream, each job's series from exactly one replica.
 """
+import json
 import logging
+import signal
+import subprocess
+import sys
 import urllib.request
 import uuid
 
 import pandas as pd
 import pytest
-from support import pair_by_pair, produce_as_ordered, wait_for
+from support import pair_by_pair, produce_as_ordered, scrape_total, stop_process, wait_for
 
 from prism.analysis.diagnosis import ANOMALY_COLUMNS
 from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps
 from prism.ingest.topology import Topology
-from prism.serve.broker import LocalBroker
+from prism.serve.broker import LocalBroker, free_port
 from prism.serve.build import build_daemon
 from prism.serve.live import stream_flows
 from prism.serve.monitor import MonitorSettings
@@ -458,6 +462,7 @@ def test_a_retired_jobs_state_is_deleted(broker, cluster):
     """A job that ends (its pairs unseen for --jobs.ttl) has its state record deleted (a tombstone), once no successor
     could replay its flows; a successor recovering the partitions' states takes the others' and not it."""
     from prism.analysis.jobs import job_id_for
+    from prism.serve.jobtopic import FABRIC_KEY
 
     topic = f"flows-{uuid.uuid4().hex[:8]}"
     ensure_topic(broker.bootstrap, topic, 4)
@@ -477,8 +482,13 @@ def test_a_retired_jobs_state_is_deleted(broker, cluster):
         of_job = flows["src"].astype(str).isin(ips) & flows["dst"].astype(str).isin(ips)
         flows = flows[~(of_job & (flows["start_ns"] >= t0 + 3_000_000_000))]  # the job stops after 3 s of the 8
         p = FlowProducer(broker.bootstrap, topic, fmt="arrow")
-        stream_flows(p, flows, speed=0)
-        p.flush()
+        for k in range(8):  # a second at a time, each once the ingest replica has forwarded up to the one before: a window a
+            # second (a backlog's one window over all 8 s would find the stopped job's pairs expired, and forward none of it)
+            lo, hi = t0 + k * 1_000_000_000, t0 + (k + 1) * 1_000_000_000
+            wait_for(lambda hi=hi: (ing.monitor.forwarded_to or t0) >= hi - 2_000_000_000, 120, "the ingest replica's windows",
+                     progress=lambda: ing.monitor.forwarded_to)
+            stream_flows(p, flows[(flows["start_ns"] >= lo) & (flows["start_ns"] < hi)], speed=0)
+            p.flush()
         p.close()
         m = first.monitor
         wait_for(lambda: ing.monitor.final and m.all_final() and m.analysed_to is not None and m.analysed_to >= m.complete_to(), 180,
@@ -493,7 +503,8 @@ def test_a_retired_jobs_state_is_deleted(broker, cluster):
                 if value is not None:
                     had_state.add(key.rsplit("/", 1)[1])
         assert ended in had_state and last[ended] is None, "the ended job's state, then its tombstone"
-        live = {j for j, v in last.items() if v is not None}
+        live = {j for j, v in last.items() if v is not None and j != FABRIC_KEY}  # the fabric's state beside the jobs'
+        assert last.get(FABRIC_KEY) is not None
         assert len(live) == cluster.jobs["job_id"].nunique() - 1 and m.tombstones == 1
         steps = {j: first.series("prism_steps_total").get(j) for j in live}
         # a successor takes the live jobs' states and not the ended one's
@@ -508,3 +519,118 @@ def test_a_retired_jobs_state_is_deleted(broker, cluster):
         for d in everyone:
             d.stop()
 
+
+def _ingest_process(broker, topic, jobs_topic, topology_csv, port, replica):
+    """``prism daemon --role ingest`` as its own process, with the in-process replicas' settings."""
+    cmd = [sys.executable, "-m", "prism", "daemon", "--role", "ingest", "--topology", str(topology_csv), "--kafka.bootstrap-servers",
+           broker.bootstrap, "--kafka.topic", topic, "--kafka.group-id", f"g-{topic}", "--kafka.summary-topic", f"sum-{topic}",
+           "--kafka.replica-id", replica, "--kafka.job-topic", jobs_topic, "--kafka.job-topic-partitions", "4",
+           "--kafka.max-poll-interval", "3s", "--kafka.session-timeout", "3s", "--web.listen-address", f"127.0.0.1:{port}",
+           "--window", "3s", "--window.step", "1s", "--window.lateness", "100ms", "--switch.window", "2s", "--log.level", "warning"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_an_ingest_replica_killed_mid_stream_loses_nothing(broker, cluster, tmp_path):
+    """An ingest replica (a ``prism daemon --role ingest`` process) is killed with SIGKILL after a window, holding flows
+    it read past that window's end (the lateness wait); the other ingest replica takes its partitions over, reads them
+    again from where everything before had been forwarded, and counts them once. Every GPU flow reaches the analyse
+    stage, the input is counted exactly once, and the steps and anomalies are one daemon's."""
+    topic = f"flows-{uuid.uuid4().hex[:8]}"
+    ensure_topic(broker.bootstrap, topic, 4)
+    jobs_topic = f"jobs-{topic}"
+    topology_csv = tmp_path / "topology.csv"
+    cluster.topology.to_csv(topology_csv, index=False)
+    one = Running(broker, cluster, "all", topic, f"one-{topic}", "one", jobs_topic)
+    an = Running(broker, cluster, "analyse", topic, f"g-{topic}", "a0", jobs_topic)
+    received = set()  # every flow the analyse stage was given, re-deliveries once
+    ingest = an.monitor.ingest
+
+    def on_ingest(flows, partition="0"):
+        received.update(zip(flows["start_ns"].tolist(), flows["src"].astype(str).tolist(), flows["dst"].astype(str).tolist(),
+                            flows["size"].tolist()))
+        return ingest(flows, partition)
+
+    an.monitor.ingest = on_ingest
+    port = free_port()
+    victim = _ingest_process(broker, topic, jobs_topic, topology_csv, port, "i1")
+    survivor = Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic)
+    everyone = [one, an, survivor]
+    try:
+        wait_for(lambda: len(one.source.consumer.assignment()) == 4 and len(an.source.consumer.assignment()) == 4
+                 and len(survivor.source.consumer.assignment()) == 2 and scrape_total(port, "prism_ready") == 1, 180, "the groups to settle")
+        flows = cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
+        t0 = int(flows["start_ns"].min())
+        cut = t0 + 5_500_000_000
+        first = flows[flows["start_ns"] < cut]
+        p = FlowProducer(broker.bootstrap, topic, fmt="arrow")
+
+        def victim_to():
+            return (scrape_total(port, "prism_analysed_until_timestamp_seconds") or 0) * 1e9
+
+        def windows():
+            return scrape_total(port, "prism_windows_total") or 0
+
+        # in two parts, the second once the victim has a window past 2.5 s; at its first window after the second
+        # (a step past the last, short of the part's end by the lateness wait; the tail it sends only once the input
+        # has been quiet for 3 s), it is killed: it has read flows it has not sent
+        stream_flows(p, first[first["start_ns"] < t0 + 3_500_000_000], speed=0)
+        p.flush()
+        wait_for(lambda: victim_to() >= t0 + 2_500_000_000, 120, "the victim's windows", progress=victim_to)
+        before = windows()
+        stream_flows(p, first[first["start_ns"] >= t0 + 3_500_000_000], speed=0)
+        p.flush()
+        wait_for(lambda: windows() > before, 120, "the victim's window after the second part", progress=victim_to)
+        read, at = scrape_total(port, "prism_flows_ingested_total"), victim_to()
+        victim.send_signal(signal.SIGKILL)
+        assert at < cut - 50_000_000, "killed after its tail was sent: the case is not exercised"
+        victim.wait(timeout=10)
+        wait_for(lambda: len(survivor.source.consumer.assignment()) == 4, 60, "the survivor to take the partitions over")
+        stream_flows(p, flows[flows["start_ns"] >= cut], speed=0)
+        p.flush()
+        p.close()
+        n = len(flows)
+
+        def progress():
+            return [d.monitor.analysed_to for d in everyone]
+
+        def ingested(d):
+            return sum(c.get("ingested", 0) for c in d.monitor.counters_snapshot().values())
+
+        wait_for(lambda: one.monitor.analysed_to is not None and one.monitor.analysed_to >= one.monitor.max_start and ingested(one) == n, 180,
+                 "the single daemon", progress=progress)
+        wait_for(lambda: ingested(survivor) >= n and survivor.monitor.final and survivor.monitor.analysed_to >= survivor.monitor.max_start, 180,
+                 "the survivor", progress=progress)
+        m = an.monitor
+        wait_for(lambda: m.all_final() and m.analysed_to is not None and m.analysed_to >= m.complete_to() >= survivor.monitor.analysed_to, 180,
+                 "the analyse replica", progress=progress)
+        # the input counted once: the survivor's counts (its partitions', and the victim's taken from what it published,
+        # then read again from there) are the stream's, record for record
+        c = survivor.monitor.counters_snapshot()
+        assert ingested(survivor) == n, (ingested(survivor), n, read)
+        assert sum(v.get("windowed", 0) for v in c.values()) + sum(x for v in c.values() for k, x in v.items() if k.startswith("ignored:")) == n
+        assert sum(v.get("duplicate", 0) for v in c.values()) == 0
+        # every GPU flow reached the analyse stage; some twice (sent by the victim, read again by the survivor), kept once
+        ips = set(cluster.topology["ip"])
+        gpu = flows[flows["src"].astype(str).isin(ips) & flows["dst"].astype(str).isin(ips) & (flows["src"] != flows["dst"])]
+        want = set(zip(gpu["start_ns"].tolist(), gpu["src"].astype(str).tolist(), gpu["dst"].astype(str).tolist(), gpu["size"].tolist()))
+        missing = want - received
+        assert not missing, f"{len(missing)} GPU flows never reached the analyse stage"
+        again = sum(v.get("duplicate", 0) for v in m.counters.values())
+        # the victim had read records it had not forwarded: its last published counts are short of what it read
+        # (the survivor resumed there, and counted the rest once, above)
+        published = {}
+        for key, value in _summary_records(broker, f"sum-{topic}"):
+            if key.startswith(f"partition/g-{topic}/{topic}/") and value is not None and json.loads(value).get("replica") == "i1":
+                published[key] = json.loads(value)["counters"].get("ingested", 0)
+        assert len(published) == 2 and sum(published.values()) < read, (published, read)
+        # one daemon's steps, to the nanosecond, and its anomalies
+        assert an.steps() == one.steps()
+        assert an.series("prism_steps_total") == one.series("prism_steps_total")
+        assert an.job_anomalies() == one.job_anomalies() and an.fabric_anomalies() == one.fabric_anomalies()
+        print("victim read", read, "of", len(first), "records before it was killed, published", sum(published.values()),
+              "; flows the analyse stage got twice", again)
+    finally:
+        if victim.poll() is None:
+            stop_process(victim)
+        for d in everyone:
+            d.stop()

@@ -19,14 +19,19 @@ This module repartitions by job, as Kafka Streams does with a
     (its window's end). The switch sums of its flows (per short window and
     path, see ``Monitor._fold_fabric``) go, once a window has passed them,
     under the fixed key :data:`FABRIC_KEY`. Only then does it publish its partition state and
-    commit its input offsets (at least once; the analyse stage drops
+    commit its input offsets: for each partition, the first offset of the
+    oldest poll batch not all forwarded, with the counts as they were
+    before it (at least once, counted once: a replica that takes the
+    partition over reads those records again; the analyse stage drops
     re-deliveries by record hash).
 ``--role analyse`` (consumer group ``<group-id>-analyse`` on the job topic)
     holds whole jobs: each job's flows are in one job-topic partition, and
     so in one replica. Its event time is the minimum, over the input
     topic's partitions (their count travels with the watermarks), of the
     latest watermark for each: a window is analysed once every ingest
-    replica has forwarded everything of its time. It runs the same
+    replica has forwarded everything of its time; its windows end where
+    the ingest stage's did, and one the ingest stage flagged incomplete
+    (late input, in its watermark) is not analysed. It runs the same
     analyses as one daemon: jobs, steps, the per-job diagnosis, and exports
     the per-job metrics, each job from exactly one replica. The replica
     holding :data:`FABRIC_KEY`'s partition adds up every ingest replica's
@@ -60,6 +65,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Collection
 from typing import Any
 
@@ -144,6 +150,8 @@ class IngestMonitor(Monitor):
         self.rekeyed = 0  # jobs re-keyed (their window sent again under a new id)
         self.flags: list[list] = []  # windows turned incomplete since the last watermark: [begin, end, late flows, after, why]
         self.fabric_out: list[pd.DataFrame] = []  # switch sums of the short windows passed, to forward to the fabric's owner
+        self.resuming: set[str] = set()  # input partitions just taken over, read again from their resume point until the next window
+        self._resumed = False  # the batch being ingested is a resuming partition's
         self.out_lock = threading.Lock()  # a window's labelling vs. a revocation's (on the consumer's poll, during an analysis)
 
     def tick(self, final: bool = False, force: bool = False) -> MonitorView | None:
@@ -164,6 +172,8 @@ class IngestMonitor(Monitor):
         span = self._log_window(begin, end, lateness, final)
         self._label(end)
         self.forwarded_to, self.final = end, final
+        if not force:
+            self.resuming.clear()  # their records are forwarded with this window, and its watermark covers them
         return self._publish(end, lateness, {}, t0, incomplete=span.incomplete)  # the fabric is diagnosed by its owner
 
     def _fold_fabric(self, rows: pd.DataFrame) -> None:
@@ -177,6 +187,26 @@ class IngestMonitor(Monitor):
                 self._fold_fabric(self.fabric_in.take_before(None))
             out, self.fabric_out = self.fabric_out, []
         return pd.concat(out, ignore_index=True) if out else None
+
+    # A partition taken over (its replica died, a rebalance) is read again from where its
+    # last owner had forwarded everything before (see ForwardingSource._resume_point):
+    # its records up to this replica's next window are not late for the analyse stage,
+    # whose event time that partition's watermark has held back (those its last owner
+    # forwarded already are dropped there as re-deliveries).
+
+    def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
+        self._resumed = partition in self.resuming
+        try:
+            super().ingest(flows, partition)
+        finally:
+            self._resumed = False
+
+    def _too_late(self, start: np.ndarray) -> np.ndarray:
+        return np.zeros(len(start), dtype=bool) if self._resumed else super()._too_late(start)
+
+    def _note_late(self, dropped: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
+        if not self._resumed:
+            super()._note_late(dropped, a, b, start)
 
     def label(self, end: int | None) -> None:
         """Take the outbox's flows up to ``end`` into :attr:`forward`, each under its job's id; re-key jobs whose id changed."""
@@ -573,6 +603,8 @@ class ForwardingSource(KafkaSource):
         ensure_topic(bootstrap_servers, job_topic, job_partitions, security=kwargs.get("security"))
         self._job_parts: list[int] | None = None
         self._inputs: int | None = None
+        # per input partition, the poll batches not all forwarded yet: (first offset, the counts before it, latest start)
+        self._unsent: dict[Any, deque] = {}
 
     #: flows per job-topic message: about 600 kB of Arrow, under the producer's 1 MiB request size
     MESSAGE_FLOWS = 10_000
@@ -596,6 +628,43 @@ class ForwardingSource(KafkaSource):
     #: switch-sum rows per message (about 60 bytes a row)
     FABRIC_ROWS = 10_000
 
+    # -- a successor resumes where everything before was forwarded ------------------
+    # The published (and committed) offset of a partition is not where reading
+    # stands but the first offset of the oldest poll batch whose flows have not
+    # all been forwarded (some start past the last window's end: the lateness
+    # wait, the step in progress), with the counts as they were before it: a
+    # replica that takes the partition over (this one died, a rebalance) reads
+    # those records again and counts them once, and the analyse stage gets every
+    # flow (those sent already are dropped there as re-deliveries).
+
+    #: poll batches kept per partition at most (a record far in the future would hold the resume point back)
+    MAX_UNSENT = 10_000
+
+    def _before_batch(self, monitor: Monitor, tp: Any, frames: list, first_offset: int) -> None:
+        starts = [int(f["start_ns"].max()) for f in frames if len(f)]
+        if not starts:
+            return
+        q = self._unsent.setdefault(tp, deque(maxlen=self.MAX_UNSENT))
+        q.append((first_offset, monitor.counters_snapshot().get(self.partition_name(tp), {}), max(starts)))
+
+    def _resume_point(self, tp: Any, offset: int, counters: dict) -> tuple[int, dict]:
+        m = self.monitor
+        q = self._unsent.get(tp)
+        if not q or not isinstance(m, IngestMonitor):
+            return offset, counters
+        while q and m.forwarded_to is not None and q[0][2] <= m.forwarded_to:
+            q.popleft()
+        return (q[0][0], q[0][1]) if q else (offset, counters)
+
+    def _settle_assigned(self, batch: dict) -> None:
+        pending = set(self._pending)
+        super()._settle_assigned(batch)
+        owned = self.consumer.assignment()
+        for tp in [tp for tp in self._unsent if tp not in owned]:
+            del self._unsent[tp]  # its new owner resumes it
+        if isinstance(self.monitor, IngestMonitor):
+            self.monitor.resuming |= {self.partition_name(tp) for tp in pending if tp in owned}
+
     def publish(self, only: Collection[Any] | None = None) -> None:
         m = self.monitor
         if isinstance(m, IngestMonitor):
@@ -604,6 +673,8 @@ class ForwardingSource(KafkaSource):
                 # (its next owner resumes after it); the switch sums too (they add up at the fabric's owner)
                 m.label(None)
                 self._send(m, None, fabric=m.take_fabric(all_=True))
+                for tp in only:
+                    self._unsent.pop(tp, None)  # all sent: its next owner resumes where reading stands
             elif m.forwarded_to is not None:
                 self._send(m, m.forwarded_to, fabric=m.take_fabric())
         super().publish(only)
