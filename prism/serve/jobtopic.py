@@ -76,7 +76,7 @@ import pyarrow as pa
 from prism.analysis.analyse import label_names
 from prism.ingest.messages import ARROW_CONTENT_TYPE, arrow_ipc, decode_messages
 from prism.ingest.records import RejectCounter
-from prism.serve.monitor import Monitor, MonitorView, WindowSpan, _iso
+from prism.serve.monitor import Monitor, MonitorView, WindowSpan, iso_time
 from prism.serve.sources import KafkaSource, ensure_topic
 from prism.serve.window import FlowWindow
 
@@ -503,7 +503,7 @@ class AnalyseMonitor(Monitor):
             self.windows_incomplete += 1
             span.why = "; ".join(why)
             log.warning("window incomplete (late input): no steps or anomalies reported from it; %s", span.why,
-                        extra={"fields": {"from": _iso(begin), "to": _iso(end), "late_flows": late}})
+                        extra={"fields": {"from": iso_time(begin), "to": iso_time(end), "late_flows": late}})
         return span
 
     def _incomplete_after(self, at: int, late: int, why: str) -> None:
@@ -518,7 +518,7 @@ class AnalyseMonitor(Monitor):
             w.incomplete, w.why = True, why
             self.windows_incomplete += 1
             log.warning("window analysed before GPU flows of its time came: its steps and anomalies were reported without them",
-                        extra={"fields": {"from": _iso(w.begin), "to": _iso(w.end), "late_flows": w.late}})
+                        extra={"fields": {"from": iso_time(w.begin), "to": iso_time(w.end), "late_flows": w.late}})
 
     def job_states(self) -> dict[str, dict]:
         """What a successor needs of each job not to report a step or an anomaly twice, and to count on (JSON-able).

@@ -62,7 +62,7 @@ from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_ha
 
 log = logging.getLogger("prism.monitor")
 
-__all__ = ["MonitorSettings", "Monitor", "fabric_slice_s", "MonitorView", "JobView", "CollectiveView", "WindowSpan", "STEP_BUCKETS_S", "bucket_index",
+__all__ = ["MonitorSettings", "Monitor", "fabric_slice_s", "iso_time", "MonitorView", "JobView", "CollectiveView", "WindowSpan", "STEP_BUCKETS_S", "bucket_index",
            "RECENT_ANOMALIES_PER_JOB", "RECENT_ANOMALIES"]
 
 #: Step-duration histogram buckets (seconds): LLM steps run from tenths of
@@ -77,7 +77,7 @@ RECENT_ANOMALIES = 50
 _RECENT_FIELDS = ("kind", "job_id", "subject", "step", "start_ns", "score", "explanation")
 
 
-def _iso(ns: int) -> str:
+def iso_time(ns: int) -> str:
     """Event time as UTC ISO 8601 with milliseconds (for logs)."""
     return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat(timespec="milliseconds")
 
@@ -356,7 +356,7 @@ class Monitor:
                 self.windows_incomplete += 1
                 self._flag(w, after=True)
                 log.warning("window analysed before GPU flows of its time came: its steps and anomalies were reported without them",
-                            extra={"fields": {"from": _iso(w.begin), "to": _iso(w.end), "late_flows": w.late}})
+                            extra={"fields": {"from": iso_time(w.begin), "to": iso_time(w.end), "late_flows": w.late}})
 
     def recent_incomplete(self) -> int:
         """Incomplete windows among those analysed in the last ``pair_ttl_s`` of event time (``/readyz``'s degraded)."""
@@ -537,7 +537,7 @@ class Monitor:
         self._merge_collectives(an.collectives, final, end)
         view = self._publish(end, lateness, self._merge_switches(final), t0)
         if log.isEnabledFor(logging.DEBUG):  # what each window covered: how far a backlog's windows stride
-            log.debug("window analysed", extra={"fields": {"from": _iso(begin), "to": _iso(end), "flows": cut, "jobs": len(self._jobs),
+            log.debug("window analysed", extra={"fields": {"from": iso_time(begin), "to": iso_time(end), "flows": cut, "jobs": len(self._jobs),
                                                            "final": final, "seconds": round(time.perf_counter() - t0, 3)}})
         return view
 
@@ -644,7 +644,7 @@ class Monitor:
             span.why = "; ".join(why)
             self._flag(span, after=False)
             log.warning("window incomplete (late input): no steps or anomalies reported from it; %s", span.why,
-                        extra={"fields": {"from": _iso(begin), "to": _iso(end), "late_flows": late, "disorder_s": round(disorder / 1e9, 3),
+                        extra={"fields": {"from": iso_time(begin), "to": iso_time(end), "late_flows": late, "disorder_s": round(disorder / 1e9, 3),
                                           "lateness_s": round(lateness / 1e9, 3)}})
         return span
 
