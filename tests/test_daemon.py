@@ -19,12 +19,12 @@ import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import DAEMON_SETTINGS as SETTINGS
+from support import pair_by_pair, produce_as_ordered, stop_process, wait_for
 from support import scrape_total as _scrape_total
-from support import stop_process, wait_for
 
 from prism.analysis.diagnosis import ANOMALY_COLUMNS
 from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps
-from prism.ingest.messages import JSONL_CONTENT_TYPE, encode_arrow, pair_keys
+from prism.ingest.messages import JSONL_CONTENT_TYPE, encode_arrow
 from prism.ingest.topology import Topology
 from prism.serve.broker import LocalBroker, free_port
 from prism.serve.build import build_daemon
@@ -172,22 +172,6 @@ def test_stream_gives_jobs_steps_and_anomalies(broker, topic, cluster):
         assert d.value("prism_consumer_lag_records") == 0
     finally:
         d.stop()
-
-
-def produce_as_ordered(broker, topic, flows, chunk=2000):
-    """Send ``flows`` in the order given, ``chunk`` rows a call (one message per GPU pair and call)."""
-    p = FlowProducer(broker.bootstrap, topic, fmt="arrow")
-    for i in range(0, len(flows), chunk):
-        p.send(flows.iloc[i : i + chunk])
-    p.flush()
-    p.close()
-    return len(flows)
-
-
-def pair_by_pair(flows):
-    """A dump re-imported in key order: each pair's whole capture, pair after pair (each partition out of time order by the capture)."""
-    key = pd.Series(pair_keys(flows["src"].astype(str), flows["dst"].astype(str)), index=flows.index)
-    return flows.assign(_key=key).sort_values(["_key", "start_ns"], kind="stable").drop(columns="_key").reset_index(drop=True)
 
 
 def late_input_counts_add_up(d, n, cluster):
