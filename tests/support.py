@@ -9,7 +9,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["DAEMON_SETTINGS", "wait_for", "scrape_total", "make_pki", "stop_process"]
+__all__ = ["DAEMON_SETTINGS", "wait_for", "scrape_total", "make_pki", "stop_process", "produce_as_ordered", "pair_by_pair"]
 
 #: the daemon tests' windows (MonitorSettings): short, so the 8-s tiny cluster spans several
 DAEMON_SETTINGS = dict(window_s=3, step_s=1, switch_window_s=2, lateness_s=0.1, idle_flush_s=3)
@@ -34,6 +34,28 @@ def wait_for(cond, timeout=60.0, what="condition", progress=None):
             if now != last:
                 last, deadline = now, time.monotonic() + timeout
     raise AssertionError(f"timed out waiting for {what}: no progress for {timeout} s" if progress else f"timed out after {timeout} s waiting for {what}")
+
+
+def produce_as_ordered(broker, topic, flows, chunk=2000):
+    """Send ``flows`` in the order given, ``chunk`` rows a call (one message per GPU pair and call)."""
+    from prism.serve.produce import FlowProducer
+
+    p = FlowProducer(broker.bootstrap, topic, fmt="arrow")
+    for i in range(0, len(flows), chunk):
+        p.send(flows.iloc[i : i + chunk])
+    p.flush()
+    p.close()
+    return len(flows)
+
+
+def pair_by_pair(flows):
+    """A dump re-imported in key order: each pair's whole capture, pair after pair (each partition out of time order by the capture)."""
+    import pandas as pd
+
+    from prism.ingest.messages import pair_keys
+
+    key = pd.Series(pair_keys(flows["src"].astype(str), flows["dst"].astype(str)), index=flows.index)
+    return flows.assign(_key=key).sort_values(["_key", "start_ns"], kind="stable").drop(columns="_key").reset_index(drop=True)
 
 
 def scrape_total(port, name):

@@ -19,12 +19,12 @@ import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import DAEMON_SETTINGS as SETTINGS
+from support import pair_by_pair, produce_as_ordered, stop_process, wait_for
 from support import scrape_total as _scrape_total
-from support import stop_process, wait_for
 
 from prism.analysis.diagnosis import ANOMALY_COLUMNS
 from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps
-from prism.ingest.messages import JSONL_CONTENT_TYPE, encode_arrow, pair_keys
+from prism.ingest.messages import JSONL_CONTENT_TYPE, encode_arrow
 from prism.ingest.topology import Topology
 from prism.serve.broker import LocalBroker, free_port
 from prism.serve.build import build_daemon
@@ -47,13 +47,15 @@ def topic(broker):
 class RunningDaemon:
     """A daemon on a thread with its metrics server, wired by the builder `prism daemon` uses."""
 
-    def __init__(self, broker, topic, cluster, group=None, replica="r0", summary=None, max_message_bytes=1 << 20, **settings):
+    def __init__(self, broker, topic, cluster, group=None, replica="r0", summary=None, max_message_bytes=1 << 20, max_poll_interval_s=3.0,
+                 session_timeout_s=3.0, **settings):
         self.events = []
         self.from_incomplete = []  # per event: was it raised by a window the daemon knew incomplete (late input)?
         self.service = build_daemon(
-            DaemonSettings(monitor=MonitorSettings(**{**SETTINGS, **settings}), web_listen_address="127.0.0.1:0", max_poll_interval_s=3.0,
+            DaemonSettings(monitor=MonitorSettings(**{**SETTINGS, **settings}), web_listen_address="127.0.0.1:0",
+                           max_poll_interval_s=max_poll_interval_s,
                            kafka=KafkaSettings(broker.bootstrap, topic, group or f"g-{topic}", summary or f"sum-{topic}", replica_id=replica,
-                                               session_timeout_s=3.0, max_message_bytes=max_message_bytes)),
+                                               session_timeout_s=session_timeout_s, max_message_bytes=max_message_bytes)),
             Topology.from_frame(cluster.topology), on_event=self._on_event,
             warm=False,  # many daemons in one process: the kernels load in the first one's first window
         )
@@ -170,22 +172,6 @@ def test_stream_gives_jobs_steps_and_anomalies(broker, topic, cluster):
         assert d.value("prism_consumer_lag_records") == 0
     finally:
         d.stop()
-
-
-def produce_as_ordered(broker, topic, flows, chunk=2000):
-    """Send ``flows`` in the order given, ``chunk`` rows a call (one message per GPU pair and call)."""
-    p = FlowProducer(broker.bootstrap, topic, fmt="arrow")
-    for i in range(0, len(flows), chunk):
-        p.send(flows.iloc[i : i + chunk])
-    p.flush()
-    p.close()
-    return len(flows)
-
-
-def pair_by_pair(flows):
-    """A dump re-imported in key order: each pair's whole capture, pair after pair (each partition out of time order by the capture)."""
-    key = pd.Series(pair_keys(flows["src"].astype(str), flows["dst"].astype(str)), index=flows.index)
-    return flows.assign(_key=key).sort_values(["_key", "start_ns"], kind="stable").drop(columns="_key").reset_index(drop=True)
 
 
 def late_input_counts_add_up(d, n, cluster):
@@ -382,6 +368,12 @@ def _http_ok(url):
         return False
 
 
+#: the durable-storage tests are about the broker, not rebalances: on a machine loaded enough that a window's
+#: analysis outlasts a 3 s poll interval, each analysis would cost the member its place (and its commits), and
+#: the group would churn where the test waits for the offsets to settle
+DURABLE_GROUP = dict(max_poll_interval_s=30.0, session_timeout_s=6.0)
+
+
 def test_durable_broker_killed_mid_stream_loses_nothing(cluster, s3):
     """Tansu on S3 storage, as a deployment keeps it: killed (-9) and restarted while records stream in."""
     bucket = f"tansu-{uuid.uuid4().hex[:8]}"
@@ -392,14 +384,14 @@ def test_durable_broker_killed_mid_stream_loses_nothing(cluster, s3):
     flows = cluster.flows.sort_values("start_ns").reset_index(drop=True)
     third = len(flows) // 3
     n1 = produce(b, topic, flows.iloc[:third])
-    d = RunningDaemon(b, topic, cluster)
+    d = RunningDaemon(b, topic, cluster, **DURABLE_GROUP)
     try:
         wait_for(lambda: d.total("prism_flows_ingested_total") > 0, 60, "the first records", progress=d.progress)
         b.stop(kill=True)  # mid-stream: part of the first third not yet read
         b.start()
         n2 = produce(b, topic, flows.iloc[third:2 * third])
         b.stop(kill=True)
-        time.sleep(4.0)  # past the session timeout: the group rebalances
+        time.sleep(DURABLE_GROUP["session_timeout_s"] + 1.0)  # past the session timeout: the group rebalances
         b.start()
         n3 = produce(b, topic, flows.iloc[2 * third:])
         wait_for(lambda: d.total("prism_flows_ingested_total") >= n1 + n2 + n3, 120, "every record", progress=d.progress)
@@ -478,7 +470,7 @@ def test_durable_broker_restart_keeps_records_and_committed_offsets(cluster, s3)
     try:
         ensure_topic(b.bootstrap, topic, 4)
         n1 = produce(b, topic, flows.iloc[:half])
-        a = RunningDaemon(b, topic, cluster, group=group)
+        a = RunningDaemon(b, topic, cluster, group=group, **DURABLE_GROUP)
         try:
             wait_for(lambda: a.settled(n1), 120, "daemon A to ingest and analyse the first half", progress=a.progress)
             log1 = _read_log(b.bootstrap, topic)
@@ -499,7 +491,7 @@ def test_durable_broker_restart_keeps_records_and_committed_offsets(cluster, s3)
         assert _committed(b.bootstrap, group, topic) == committed1
 
         n2 = produce(b, topic, flows.iloc[half:])
-        d = RunningDaemon(b, topic, cluster, group=group)
+        d = RunningDaemon(b, topic, cluster, group=group, **DURABLE_GROUP)
         try:
             wait_for(lambda: d.settled(n1 + n2), 120, "daemon B to ingest the second half", progress=d.progress)
             # B resumed at A's committed offsets: it read the second half only, and its counts

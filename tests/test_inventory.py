@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from prism.cli import main
+from prism.ingest.formats.common import MAX_LINE_BYTES
 from prism.ingest.inventory import JobNames
 from prism.ingest.records import FlowFormatError
 from prism.ingest.topology import Topology
@@ -86,7 +87,7 @@ def test_the_inventory_and_the_topology_read_a_bad_file_alike(tmp_path, cluster,
         elif problem == "truncated gzip":
             path.write_bytes(gzip.compress(good.encode() * 50)[:30])
         else:
-            path.write_text(good + "srv2,10.0.0.2," + "x" * 200_000 + "\n")
+            path.write_text(good + "srv2,10.0.0.2," + "x" * (MAX_LINE_BYTES + 1) + "\n")
         with pytest.raises(FlowFormatError) as e:
             reader(str(path))
         msg = str(e.value)

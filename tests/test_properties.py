@@ -489,3 +489,98 @@ def test_flow_window_columns_are_a_stable_sort_of_what_it_holds(seed, ops, max_f
             got = w.columns()
             assert [c.tolist() for c in got] == [want[:, i].tolist() for i in range(5)]
             assert len(w) == len(want)
+
+
+def ring_collectives(rng, n_servers, nics_per, n_coll, order, mixed):
+    """Random DP traffic for the arrival diagnosis: two jobs' rings, collective after collective, on a coarse clock.
+
+    Each NIC sends a few flows to its ring successor per collective, from its
+    server's arrival (or, over a rendezvous, both ends'): late servers,
+    back-to-back collectives, ties (times on a 5 us grid), some non-DP
+    flows; ``order``: by start, each job's by start one after the other
+    (the counting sort), or shuffled (the sort); ``mixed``: some NICs' flows
+    of the other job (the per-flow groups).
+    """
+    n_nic = n_servers * nics_per
+    server_of = np.array([f"srv{i // nics_per}" for i in range(n_nic)], dtype=object)
+    label = np.where(np.arange(n_servers) < max(2, n_servers // 2), 0, 1).repeat(nics_per)
+    rail = np.arange(n_nic) % nics_per
+    comp = label * nics_per + (rail if rng.random() < 0.5 else 0)  # a ring per rail, or one over the rails
+    rows = []
+    grid = 5_000
+    for j in (0, 1):
+        nics = np.flatnonzero(label == j)
+        succ = {x: nics[(k + nics_per) % len(nics)] for k, x in enumerate(nics)}
+        late = rng.integers(0, n_servers) if rng.random() < 0.7 else -1
+        t0 = 0
+        for _ in range(n_coll):
+            t0 += int(rng.choice([60_000, 200_000, 1_000_000]))
+            delay = rng.integers(0, 8, n_servers) * grid
+            if late >= 0 and rng.random() < 0.8:
+                delay[late] += int(rng.integers(1, 6)) * 400_000
+            rendezvous = rng.random() < 0.5
+            for x in nics:
+                y = succ[x]
+                s = delay[x // nics_per] if not rendezvous else max(delay[x // nics_per], delay[y // nics_per])
+                for k in range(int(rng.integers(1, 4))):
+                    st0 = t0 + s + k * int(rng.choice([grid, 2 * grid]))
+                    rows.append((j, x, y, st0, st0 + int(rng.integers(1, 5)) * grid, rng.random() < 0.9))
+    f = np.array(rows, dtype=np.int64).reshape(-1, 6)
+    if order == "sorted":
+        f = f[np.argsort(f[:, 3], kind="stable")]
+    elif order == "by_job":
+        f = f[np.lexsort((f[:, 3], f[:, 0]))]
+    else:
+        f = f[rng.permutation(len(f))]
+    job = f[:, 0].copy()
+    if mixed and len(job):
+        flip = rng.random(len(job)) < 0.05
+        job[flip] = 1 - job[flip]
+    return job, f[:, 1], f[:, 2], f[:, 3], f[:, 4], f[:, 5].astype(bool), comp, server_of
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(2, 6), st.integers(1, 3), st.integers(0, 30), st.sampled_from(["sorted", "by_job", "shuffled"]),
+       st.booleans(), st.booleans())
+def test_arrival_bursts_equal_the_numpy_reference(seed, n_servers, nics_per, n_coll, order, mixed, with_dst):
+    """The compiled burst passes of the arrival diagnosis give the first (numpy and pandas) version's burst table exactly.
+
+    Random rings of two jobs (:func:`ring_collectives`): late servers,
+    back-to-back collectives whose tails are handed on, ties, flows by
+    start, by job or shuffled, NICs whose flows are of two jobs; with and
+    without the destinations (the first receives).
+    """
+    from reference_arrival import ReferenceArrivalDiagnoser
+
+    from prism.analysis.diagnosis import ArrivalDiagnoser
+
+    rng = np.random.default_rng(seed)
+    job, a, b, start, end, is_dp, comp, server_of = ring_collectives(rng, n_servers, nics_per, n_coll, order, mixed)
+    names = {0: "job-a", 1: "job-b"}
+    args = (job, a.astype(np.int32), start, end, is_dp, comp.astype(np.int32), server_of, names)
+    dst = b.astype(np.int32) if with_dst else None
+    got = ArrivalDiagnoser().bursts(*args, dst)
+    want = ReferenceArrivalDiagnoser().bursts(*args, dst)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_arrival_hand_on_equals_the_numpy_reference():
+    """:func:`prism.analysis.diagnosis.arrival._hand_on` (compiled) moves the flows the first version's numpy passes moved."""
+    import reference_arrival
+
+    from prism.analysis.diagnosis.arrival import _hand_on
+
+    moved = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        job, a, b, start, end, is_dp, comp, server_of = ring_collectives(rng, 4, 2, 12, "by_job", False)
+        srv = a // 2
+        gid = job
+        o = np.lexsort((start, gid))
+        size = np.array([2, 2])
+        burst, _ = reference_arrival._cut(gid[o], srv[o], start[o], end[o], size, 4, 20_000)
+        want = reference_arrival._hand_on(burst, gid[o], srv[o], b[o] // 2, start[o], end[o], size)
+        got = _hand_on(burst, gid[o], srv[o], b[o] // 2, start[o], end[o], size)
+        assert got.tolist() == want.tolist()
+        moved += int((want != burst).sum())
+    assert moved > 0  # the tails were handed on somewhere

@@ -6,13 +6,23 @@ replicas split the job topic. Whatever the replica counts, the jobs, their
 steps (count and boundaries) and their anomalies are those of one plain
 daemon on the same stream, each job's series from exactly one replica.
 """
+import json
+import logging
+import signal
+import subprocess
+import sys
+import urllib.request
 import uuid
 
+import pandas as pd
 import pytest
 from support import DAEMON_SETTINGS as SETTINGS
-from support import wait_for
+from support import pair_by_pair, produce_as_ordered, scrape_total, stop_process, wait_for
 
+from prism.analysis.diagnosis import ANOMALY_COLUMNS
+from prism.analysis.evaluation import job_name_map, score_anomalies, score_steps
 from prism.ingest.topology import Topology
+from prism.serve.broker import free_port
 from prism.serve.build import build_daemon
 from prism.serve.live import stream_flows
 from prism.serve.monitor import MonitorSettings
@@ -24,19 +34,33 @@ from prism.serve.sources import ensure_topic
 class Running:
     """A daemon of one role on a thread, wired by the builder ``prism daemon`` uses."""
 
-    def __init__(self, broker, cluster, role, topic, group, replica, job_topic):
+    def __init__(self, broker, cluster, role, topic, group, replica, job_topic, **settings):
         self.events = []
+        self.from_incomplete = []  # per event: was it raised by a window the replica knew incomplete (late input)?
         self.service = build_daemon(
-            DaemonSettings(monitor=MonitorSettings(**SETTINGS), web_listen_address="127.0.0.1:0", max_poll_interval_s=3.0, role=role,
-                           kafka=KafkaSettings(broker.bootstrap, topic, group, f"sum-{topic}", replica_id=replica, session_timeout_s=3.0,
-                                               job_topic=job_topic, job_topic_partitions=4)),
-            Topology.from_frame(cluster.topology), on_event=lambda kind, e: self.events.append((kind, e)), warm=False,
+            DaemonSettings(monitor=MonitorSettings(**{**SETTINGS, **settings}), web_listen_address="127.0.0.1:0", max_poll_interval_s=3.0,
+                           role=role, kafka=KafkaSettings(broker.bootstrap, topic, group, f"sum-{topic}", replica_id=replica,
+                                                          session_timeout_s=3.0, job_topic=job_topic, job_topic_partitions=4)),
+            Topology.from_frame(cluster.topology), on_event=self._on_event, warm=False,
         )
         self.monitor, self.source, self.registry = self.service.monitor, self.service.source, self.service.registry
         self.service.start()
 
+    def _on_event(self, kind, e):  # on the daemon's loop, right after the window that raised it
+        self.events.append((kind, e))
+        self.from_incomplete.append(self.monitor.view.incomplete)
+
     def series(self, name):
         return {s.labels["job_id"]: s.value for f in self.registry.collect() for s in f.samples if s.name == name}
+
+    def total(self, name, **labels):
+        """Sum of a metric's samples over the labels not given."""
+        return sum(s.value for f in self.registry.collect() for s in f.samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    def readyz(self):
+        with urllib.request.urlopen(f"http://{self.service.server.address}/readyz", timeout=5) as r:
+            return r.status, r.read().decode()
 
     def job_anomalies(self):
         return sorted((e["kind"], e["job_id"], str(e["subject"]), int(e["step"]) if e.get("step") is not None else -1)
@@ -114,8 +138,20 @@ def test_stages_give_one_daemons_answers(broker, cluster, ingest, analyse):
         assert one.job_anomalies(), "the tiny cluster's slow step and slow server"
         # the input counted once, by the ingest stage; the analyse stage exports no flow counters
         assert all(not d.monitor.counters_snapshot() for d in ans)
-        if ingest == 1:  # the fabric diagnosis stays with the ingest stage: one replica sees all of it
-            assert ins[0].fabric_anomalies() == one.fabric_anomalies()
+        # the fabric (switches and links) diagnosed by one analyse replica over every ingest replica's switch sums:
+        # one daemon's anomalies and, over the same sums, its last switch window's bandwidths to the bit
+        def switch_bw(d):
+            return {s.labels["switch"]: s.value for f in d.registry.collect() for s in f.samples
+                    if s.name == "prism_switch_bandwidth_bytes_per_second"}
+
+        fabric = [d for d in ans if d.fabric_anomalies() or switch_bw(d)]
+        assert len(fabric) == 1 and fabric[0].monitor.owns_fabric(), "the fabric from exactly one analyse replica"
+        assert not any(d.fabric_anomalies() or switch_bw(d) for d in ins), "no fabric diagnosis at ingest"
+        (owner,) = fabric
+        assert owner.fabric_anomalies() == one.fabric_anomalies()
+        assert {k for k, _ in one.fabric_anomalies()} >= {"slow_switch"}, "the tiny cluster's degraded switch"
+        assert switch_bw(owner) == switch_bw(one) and switch_bw(one)
+        assert owner.total("prism_anomalies_total", job_id="") == one.total("prism_anomalies_total", job_id="")
     finally:
         for d in everyone:
             d.stop()
@@ -216,8 +252,10 @@ def test_an_analyse_replica_lost_mid_stream_is_succeeded_exactly(broker, cluster
         for job_id, steps in one.steps().items():
             assert successor.steps()[job_id] == steps, job_id
             assert successor.series("prism_steps_total")[job_id] == one.series("prism_steps_total")[job_id]
-        # each anomaly reported once, by one of the two
+        # each anomaly reported once, by one of the two; the fabric's too (its state goes with the jobs')
         assert sorted(first.job_anomalies() + successor.job_anomalies()) == one.job_anomalies()
+        assert sorted(first.fabric_anomalies() + successor.fabric_anomalies()) == one.fabric_anomalies()
+        assert successor.total("prism_anomalies_total", job_id="") == one.total("prism_anomalies_total", job_id="")
         # the successor replayed from the committed offsets (a window back), not from the start; it took the published states
         assert 0 < m.flows_received < ing.monitor.flows_forwarded
         # (so the steps before its first flow, equal above, are the published history)
@@ -239,3 +277,352 @@ def test_role_settings_are_checked():
         resolve_settings({"topology": "t.csv", "source": "in", "role": "ingest"})
     with pytest.raises(ValueError, match="--kafka.job-topic-partitions"):
         resolve_settings({"topology": "t.csv", "kafka_bootstrap_servers": "k:9092", "kafka_job_topic_partitions": 0})
+
+
+def _settle(one, ins, ans):
+    wait_for(lambda: len(one.source.consumer.assignment()) == 4
+             and all(len(d.source.consumer.assignment()) == 4 // len(ins) for d in ins)
+             and all(len(d.source.consumer.assignment()) == 4 // len(ans) for d in ans), 180, "the groups to settle")
+
+
+def _wait_done(one, ins, ans, n):
+    """Every record in and every window out: the single daemon, the ingest replicas (final), the analyse replicas (final)."""
+    everyone = [one, *ins, *ans]
+
+    def progress():
+        return [d.monitor.analysed_to for d in everyone]
+
+    def done(d):
+        m = d.monitor
+        return m.max_start is not None and m.analysed_to is not None and m.analysed_to >= m.max_start
+
+    def ingested(ds):
+        return sum(sum(c.get("ingested", 0) for c in d.monitor.counters_snapshot().values()) for d in ds)
+
+    wait_for(lambda: done(one) and ingested([one]) == n, 180, "the single daemon", progress=progress)
+    wait_for(lambda: ingested(ins) == n and all(done(d) and d.monitor.final for d in ins), 180, "the ingest replicas", progress=progress)
+    last = min(d.monitor.analysed_to for d in ins)
+    wait_for(lambda: all(d.monitor.all_final() and d.monitor.analysed_to is not None and d.monitor.analysed_to >= d.monitor.complete_to() >= last
+                         for d in ans), 180, "the analyse replicas", progress=progress)
+    # the loop hands the incomplete windows to /readyz after each window
+    wait_for(lambda: all(d.service.health.incomplete_windows == d.monitor.recent_incomplete() for d in everyone), 60, "/readyz")
+
+
+class Recorder:
+    """What a monitor was given, in order: each batch (with the partitions the source said were behind) and each
+    window asked for (with the end it reached), to give one plain daemon's monitor exactly the same input."""
+
+    def __init__(self, m):
+        self.calls = []
+        ingest, tick = m.ingest, m.tick
+
+        def on_ingest(flows, partition="0"):
+            self.calls.append(("ingest", flows, partition, set(m.backlogged)))
+            return ingest(flows, partition)
+
+        def on_tick(final=False, force=False):
+            view = tick(final=final, force=force)
+            self.calls.append(("tick", final, force, None if view is None else m.analysed_to))
+            return view
+
+        m.ingest, m.tick = on_ingest, on_tick
+
+    def replay(self, cluster):
+        """A plain daemon's monitor (``--role all``) given the same batches and windows: it, and its events."""
+        from prism.serve.monitor import Monitor
+
+        ref = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
+        events = []
+        for call in self.calls:
+            if call[0] == "ingest":
+                ref.backlogged = call[3]
+                ref.ingest(call[1], call[2])
+            else:
+                view = ref.tick(final=call[1], force=call[2])
+                assert (None if view is None else ref.analysed_to) == call[3], "the same window"
+                events.extend(ref.events)
+                ref.events.clear()
+        return ref, events
+
+
+def test_incomplete_windows_are_flagged_to_the_analyse_stage(broker, cluster, caplog):
+    """A backlog sent pair by pair (each partition out of time order by the whole 8 s; the lateness cap 1.5 s): the ingest
+    stage flags the windows it cannot fill to the analyse stage with its watermarks, and the analyse replicas analyse none
+    of them, log and count them and say degraded, as one daemon does. One daemon given the stream as the ingest replica
+    read it says exactly what the stages say: the same late counts, windows incomplete, (no) anomalies and steps. (Two
+    processes reading the same topic do not read it alike: which records come late depends on how far the other
+    partitions had been read, so the live single daemon beside them is held to the truth, not to their counts.)"""
+    topic = f"flows-{uuid.uuid4().hex[:8]}"
+    ensure_topic(broker.bootstrap, topic, 4)
+    jobs_topic = f"jobs-{topic}"
+    one = Running(broker, cluster, "all", topic, f"one-{topic}", "one", jobs_topic)
+    ins = [Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic)]
+    ans = [Running(broker, cluster, "analyse", topic, f"g-{topic}", f"a{k}", jobs_topic) for k in range(2)]
+    everyone = [one, *ins, *ans]
+    rec = Recorder(ins[0].monitor)
+    try:
+        _settle(one, ins, ans)
+        with caplog.at_level(logging.WARNING, logger="prism.monitor"):
+            n = produce_as_ordered(broker, topic, pair_by_pair(cluster.flows))
+            _wait_done(one, ins, ans, n)
+        # the single daemon found windows it could not fill; so did the ingest stage. Which ones, and how many late
+        # flows were dropped rather than kept, depends on how far the other partitions had been read when each record
+        # came (for one daemon as for the ingest stage): each counts every record once
+        assert one.monitor.windows_incomplete >= 1 and sum(d.monitor.windows_incomplete for d in ins) >= 1
+        for d in (one, *ins):
+            ingested, windowed = d.total("prism_flows_ingested_total"), d.total("prism_flows_windowed_total")
+            assert ingested == n and windowed + d.total("prism_flows_ignored_total") == ingested
+            assert 0 < d.total("prism_flows_ignored_total", reason="late") <= d.total("prism_window_late_flows_total") == d.monitor.late_flows
+        (ing,) = ins
+        print("late flows: one", one.total("prism_window_late_flows_total"), "ingest", ing.total("prism_window_late_flows_total"),
+              "dropped: one", one.total("prism_flows_ignored_total", reason="late"), "ingest", ing.total("prism_flows_ignored_total", reason="late"),
+              "windows incomplete/analysed: one", (one.monitor.windows_incomplete, one.monitor.view.ticks),
+              "ingest", (ing.monitor.windows_incomplete, ing.monitor.view.ticks),
+              "analyse", [(d.monitor.windows_incomplete, d.monitor.view.ticks) for d in ans])
+        # the analyse replicas cut their windows at the ingest stage's window ends and take its word on each: a window
+        # ending where an ingest window ended is incomplete exactly when that one is (before or after it was analysed),
+        # with its late flows (those known when it turned incomplete); the first window of a replica also answers for
+        # the ingest windows before it
+        theirs = {w.end: w for w in ing.monitor.windows}
+        for d in ans:
+            m = d.monitor
+            mine = list(m.windows)
+            assert mine and all(w.end in theirs for w in mine[:-1]), "windows at the ingest stage's ends"
+            for w in mine[1:]:
+                if w.end in theirs:
+                    assert w.incomplete == theirs[w.end].incomplete and w.late <= theirs[w.end].late, (w, theirs[w.end])
+            assert m.windows_incomplete == sum(w.incomplete for w in mine) >= 1
+            assert d.total("prism_windows_incomplete_total") == m.windows_incomplete
+            assert d.total("prism_window_late_flows_total") == 0  # late flows are the ingest stage's count
+            status, body = d.readyz()
+            assert status == 200 and "incomplete (late input)" in body, body
+            assert not any(d.from_incomplete), "an event from a window known incomplete"
+        # logged as one daemon logs them: before the window (naming the ingest replica's reason), or after it
+        warned = [r for r in caplog.records if r.name == "prism.jobtopic" and (
+            r.getMessage().startswith("window incomplete (late input)") and "ingest replica i0" in r.getMessage()
+            or r.getMessage().startswith("window analysed before GPU flows of its time came"))]
+        assert warned and all(set(r.fields) >= {"from", "to", "late_flows"} for r in warned)  # type: ignore[attr-defined]
+        # one plain daemon given the stream as the ingest replica read it (the same batches, the same windows): the same
+        # late counts, the same windows incomplete, the same anomalies and steps as the two stages
+        ref, events = rec.replay(cluster)
+        assert (ref.late_flows, ref.windows_incomplete) == (ing.monitor.late_flows, ing.monitor.windows_incomplete)
+        assert sum(c.get("ignored:late", 0) for c in ref.counters_snapshot().values()) == ing.total("prism_flows_ignored_total", reason="late")
+        assert [(w.end, w.incomplete) for w in ref.windows] == [(w.end, w.incomplete) for w in ing.monitor.windows]
+        ref_anomalies = sorted((e["kind"], e["job_id"], str(e["subject"]), int(e["step"])) for k, e in events
+                               if k == "anomaly" and isinstance(e.get("job_id"), str) and e["job_id"])
+        assert sorted(a for d in ans for a in d.job_anomalies()) == ref_anomalies
+        ref_steps = {j: list(zip(g["start_ns"], g["end_ns"])) for j, g in ref.steps_frame().groupby("job_id")}
+        assert {j: s for d in ans for j, s in d.steps().items()} == ref_steps
+        print("one daemon on the ingest replica's reads: windows incomplete", [(w.end, w.incomplete) for w in ref.windows],
+              "anomalies", ref_anomalies, "steps", sum(map(len, ref_steps.values())))
+        # and every anomaly, of the live single daemon and of the stages, true; every step reported a true one
+        for d in (one, *ans):
+            names = job_name_map(d.monitor.jobs_, cluster.jobs)
+            anomalies = pd.DataFrame([e for k, e in d.events if k == "anomaly"], columns=ANOMALY_COLUMNS)
+            _, judged = score_anomalies(anomalies, cluster.faults, names, cluster.steps)
+            assert judged["matched"].all(), judged
+            steps = d.monitor.steps_frame()
+            if len(steps):
+                assert score_steps(steps, cluster.steps, names)["spurious"].sum() == 0
+    finally:
+        for d in everyone:
+            d.stop()
+
+
+def _summary_records(broker, topic):
+    """Every record of the summaries topic, in order: (key, value or None for a tombstone)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", group_id=None)
+    try:
+        tp = TopicPartition(topic, 0)
+        c.assign([tp])
+        c.seek_to_beginning(tp)
+        end = c.end_offsets([tp])[tp]
+        out = []
+        wait_for(lambda: out.extend((r.key.decode(), r.value) for recs in c.poll(timeout_ms=200).values() for r in recs) or c.position(tp) >= end,
+                 60, "the summaries topic read")
+        return out
+    finally:
+        c.close()
+
+
+def test_a_retired_jobs_state_is_deleted(broker, cluster):
+    """A job that ends (its pairs unseen for --jobs.ttl) has its state record deleted (a tombstone), once no successor
+    could replay its flows; a successor recovering the partitions' states takes the others' and not it."""
+    from prism.analysis.jobs import job_id_for
+    from prism.serve.jobtopic import FABRIC_KEY
+
+    topic = f"flows-{uuid.uuid4().hex[:8]}"
+    ensure_topic(broker.bootstrap, topic, 4)
+    jobs_topic = f"jobs-{topic}"
+    ttl = dict(pair_ttl_s=1.0)
+    ing = Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic, **ttl)
+    first = Running(broker, cluster, "analyse", topic, f"g-{topic}", "a0", jobs_topic, **ttl)
+    everyone = [ing, first]
+    try:
+        wait_for(lambda: all(len(d.source.consumer.assignment()) == 4 for d in everyone), 180, "the groups to settle")
+        flows = cluster.flows
+        t0 = int(flows["start_ns"].min())
+        servers = dict(zip(cluster.topology["ip"], cluster.topology["server"]))
+        job = cluster.jobs[cluster.jobs["job_id"] == "tp8-dp4"]
+        ended = job_id_for({servers[ip] for ip in job["ip"]})
+        ips = set(job["ip"])
+        of_job = flows["src"].astype(str).isin(ips) & flows["dst"].astype(str).isin(ips)
+        flows = flows[~(of_job & (flows["start_ns"] >= t0 + 3_000_000_000))]  # the job stops after 3 s of the 8
+        p = FlowProducer(broker.bootstrap, topic, fmt="arrow")
+        for k in range(8):  # a second at a time, each once the ingest replica has forwarded up to the one before: a window a
+            # second (a backlog's one window over all 8 s would find the stopped job's pairs expired, and forward none of it)
+            lo, hi = t0 + k * 1_000_000_000, t0 + (k + 1) * 1_000_000_000
+            wait_for(lambda hi=hi: (ing.monitor.forwarded_to or t0) >= hi - 2_000_000_000, 120, "the ingest replica's windows",
+                     progress=lambda: ing.monitor.forwarded_to)
+            stream_flows(p, flows[(flows["start_ns"] >= lo) & (flows["start_ns"] < hi)], speed=0)
+            p.flush()
+        p.close()
+        m = first.monitor
+        # the whole stream in and out (the input goes quiet between the seconds above: a final window then is not the last)
+        wait_for(lambda: sum(c.get("ingested", 0) for c in ing.monitor.counters_snapshot().values()) == len(flows) and ing.monitor.final
+                 and ing.monitor.analysed_to >= ing.monitor.max_start, 180, "the ingest replica", progress=lambda: ing.monitor.analysed_to)
+        wait_for(lambda: m.all_final() and m.analysed_to is not None and m.analysed_to >= m.complete_to() >= ing.monitor.analysed_to, 180,
+                 "the analyse replica", progress=lambda: (ing.monitor.analysed_to, m.analysed_to))
+        wait_for(lambda: m.tombstones >= 1, 60, "the ended job's tombstone")
+        first.stop()
+        last = {}
+        had_state = set()
+        for key, value in _summary_records(broker, f"sum-{topic}"):
+            if key.startswith(f"jobstate/g-{topic}-analyse/"):
+                last[key.rsplit("/", 1)[1]] = value
+                if value is not None:
+                    had_state.add(key.rsplit("/", 1)[1])
+        assert ended in had_state and last[ended] is None, "the ended job's state, then its tombstone"
+        live = {j for j, v in last.items() if v is not None and j != FABRIC_KEY}  # the fabric's state beside the jobs'
+        assert last.get(FABRIC_KEY) is not None
+        assert len(live) == cluster.jobs["job_id"].nunique() - 1 and m.tombstones == 1
+        steps = {j: first.series("prism_steps_total").get(j) for j in live}
+        # a successor takes the live jobs' states and not the ended one's
+        successor = Running(broker, cluster, "analyse", topic, f"g-{topic}", "a1", jobs_topic, **ttl)
+        everyone.append(successor)
+        s = successor.monitor
+        wait_for(lambda: s.all_final() and s.analysed_to is not None and s.analysed_to >= s.complete_to(), 180, "the successor",
+                 progress=lambda: s.analysed_to)
+        assert ended not in s.restored and ended not in successor.series("prism_job_info")
+        assert {j: successor.series("prism_steps_total").get(j) for j in live} == steps
+    finally:
+        for d in everyone:
+            d.stop()
+
+
+def _ingest_process(broker, topic, jobs_topic, topology_csv, port, replica):
+    """``prism daemon --role ingest`` as its own process, with the in-process replicas' settings."""
+    cmd = [sys.executable, "-m", "prism", "daemon", "--role", "ingest", "--topology", str(topology_csv), "--kafka.bootstrap-servers",
+           broker.bootstrap, "--kafka.topic", topic, "--kafka.group-id", f"g-{topic}", "--kafka.summary-topic", f"sum-{topic}",
+           "--kafka.replica-id", replica, "--kafka.job-topic", jobs_topic, "--kafka.job-topic-partitions", "4",
+           "--kafka.max-poll-interval", "3s", "--kafka.session-timeout", "3s", "--web.listen-address", f"127.0.0.1:{port}",
+           "--window", "3s", "--window.step", "1s", "--window.lateness", "100ms", "--switch.window", "2s", "--log.level", "warning"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_an_ingest_replica_killed_mid_stream_loses_nothing(broker, cluster, tmp_path):
+    """An ingest replica (a ``prism daemon --role ingest`` process) is killed with SIGKILL after a window, holding flows
+    it read past that window's end (the lateness wait); the other ingest replica takes its partitions over, reads them
+    again from where everything before had been forwarded, and counts them once. Every GPU flow reaches the analyse
+    stage, the input is counted exactly once, and the steps and anomalies are one daemon's."""
+    topic = f"flows-{uuid.uuid4().hex[:8]}"
+    ensure_topic(broker.bootstrap, topic, 4)
+    jobs_topic = f"jobs-{topic}"
+    topology_csv = tmp_path / "topology.csv"
+    cluster.topology.to_csv(topology_csv, index=False)
+    one = Running(broker, cluster, "all", topic, f"one-{topic}", "one", jobs_topic)
+    an = Running(broker, cluster, "analyse", topic, f"g-{topic}", "a0", jobs_topic)
+    received = set()  # every flow the analyse stage was given, re-deliveries once
+    ingest = an.monitor.ingest
+
+    def on_ingest(flows, partition="0"):
+        received.update(zip(flows["start_ns"].tolist(), flows["src"].astype(str).tolist(), flows["dst"].astype(str).tolist(),
+                            flows["size"].tolist()))
+        return ingest(flows, partition)
+
+    an.monitor.ingest = on_ingest
+    port = free_port()
+    victim = _ingest_process(broker, topic, jobs_topic, topology_csv, port, "i1")
+    survivor = Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic)
+    everyone = [one, an, survivor]
+    try:
+        wait_for(lambda: len(one.source.consumer.assignment()) == 4 and len(an.source.consumer.assignment()) == 4
+                 and len(survivor.source.consumer.assignment()) == 2 and scrape_total(port, "prism_ready") == 1, 180, "the groups to settle")
+        flows = cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
+        t0 = int(flows["start_ns"].min())
+        cut = t0 + 5_500_000_000
+        first = flows[flows["start_ns"] < cut]
+        p = FlowProducer(broker.bootstrap, topic, fmt="arrow")
+
+        def victim_to():
+            return (scrape_total(port, "prism_analysed_until_timestamp_seconds") or 0) * 1e9
+
+        def windows():
+            return scrape_total(port, "prism_windows_total") or 0
+
+        # in two parts, the second once the victim has a window past 2.5 s; at its first window after the second
+        # (a step past the last, short of the part's end by the lateness wait; the tail it sends only once the input
+        # has been quiet for 3 s), it is killed: it has read flows it has not sent
+        stream_flows(p, first[first["start_ns"] < t0 + 3_500_000_000], speed=0)
+        p.flush()
+        wait_for(lambda: victim_to() >= t0 + 2_500_000_000, 120, "the victim's windows", progress=victim_to)
+        before = windows()
+        stream_flows(p, first[first["start_ns"] >= t0 + 3_500_000_000], speed=0)
+        p.flush()
+        wait_for(lambda: windows() > before, 120, "the victim's window after the second part", progress=victim_to)
+        read, at = scrape_total(port, "prism_flows_ingested_total"), victim_to()
+        victim.send_signal(signal.SIGKILL)
+        assert at < cut - 50_000_000, "killed after its tail was sent: the case is not exercised"
+        victim.wait(timeout=10)
+        wait_for(lambda: len(survivor.source.consumer.assignment()) == 4, 60, "the survivor to take the partitions over")
+        stream_flows(p, flows[flows["start_ns"] >= cut], speed=0)
+        p.flush()
+        p.close()
+        n = len(flows)
+
+        def progress():
+            return [d.monitor.analysed_to for d in everyone]
+
+        def ingested(d):
+            return sum(c.get("ingested", 0) for c in d.monitor.counters_snapshot().values())
+
+        wait_for(lambda: one.monitor.analysed_to is not None and one.monitor.analysed_to >= one.monitor.max_start and ingested(one) == n, 180,
+                 "the single daemon", progress=progress)
+        wait_for(lambda: ingested(survivor) >= n and survivor.monitor.final and survivor.monitor.analysed_to >= survivor.monitor.max_start, 180,
+                 "the survivor", progress=progress)
+        m = an.monitor
+        wait_for(lambda: m.all_final() and m.analysed_to is not None and m.analysed_to >= m.complete_to() >= survivor.monitor.analysed_to, 180,
+                 "the analyse replica", progress=progress)
+        # the input counted once: the survivor's counts (its partitions', and the victim's taken from what it published,
+        # then read again from there) are the stream's, record for record
+        c = survivor.monitor.counters_snapshot()
+        assert ingested(survivor) == n, (ingested(survivor), n, read)
+        assert sum(v.get("windowed", 0) for v in c.values()) + sum(x for v in c.values() for k, x in v.items() if k.startswith("ignored:")) == n
+        assert sum(v.get("duplicate", 0) for v in c.values()) == 0
+        # every GPU flow reached the analyse stage; some twice (sent by the victim, read again by the survivor), kept once
+        ips = set(cluster.topology["ip"])
+        gpu = flows[flows["src"].astype(str).isin(ips) & flows["dst"].astype(str).isin(ips) & (flows["src"] != flows["dst"])]
+        want = set(zip(gpu["start_ns"].tolist(), gpu["src"].astype(str).tolist(), gpu["dst"].astype(str).tolist(), gpu["size"].tolist()))
+        missing = want - received
+        assert not missing, f"{len(missing)} GPU flows never reached the analyse stage"
+        again = sum(v.get("duplicate", 0) for v in m.counters.values())
+        # the victim had read records it had not forwarded: its last published counts are short of what it read
+        # (the survivor resumed there, and counted the rest once, above)
+        published = {}
+        for key, value in _summary_records(broker, f"sum-{topic}"):
+            if key.startswith(f"partition/g-{topic}/{topic}/") and value is not None and json.loads(value).get("replica") == "i1":
+                published[key] = json.loads(value)["counters"].get("ingested", 0)
+        assert len(published) == 2 and sum(published.values()) < read, (published, read)
+        # one daemon's steps, to the nanosecond, and its anomalies
+        assert an.steps() == one.steps()
+        assert an.series("prism_steps_total") == one.series("prism_steps_total")
+        assert an.job_anomalies() == one.job_anomalies() and an.fabric_anomalies() == one.fabric_anomalies()
+        print("victim read", read, "of", len(first), "records before it was killed, published", sum(published.values()),
+              "; flows the analyse stage got twice", again)
+    finally:
+        if victim.poll() is None:
+            stop_process(victim)
+        for d in everyone:
+            d.stop()

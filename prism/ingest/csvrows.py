@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import gzip
 
+from prism.ingest.formats.common import MAX_LINE_BYTES
 from prism.ingest.records import FlowFormatError
 
 __all__ = ["read_csv_rows"]
@@ -38,6 +39,10 @@ def read_csv_rows(path: str, what: str, expected: str) -> tuple[list[dict], list
     gz = str(path).endswith(".gz")
     opener = gzip.open if gz else open
     reader = None
+    # the csv module's field limit is one per process, and the flow CSV reader raises it to the line limit: the
+    # same here, so a long field fails at the same length whichever file was read first
+    if csv.field_size_limit() != MAX_LINE_BYTES:
+        csv.field_size_limit(MAX_LINE_BYTES)
     try:
         with opener(path, "rt", newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)

@@ -11,23 +11,33 @@ This module repartitions by job, as Kafka Streams does with a
     decodes, validates, dedupes and counts the input (the flow counters are
     exported here), keeps the per-pair state and recognises whole jobs (job
     membership exchanged through the summaries topic, as replicas always
-    did), runs the fabric diagnosis (switches and links) over its share,
-    and at every window (``--window.step`` of event time) forwards the GPU
+    did), and at every window (``--window.step`` of event time) forwards the GPU
     flows it took in since the last one to the **job topic**
     (``--kafka.job-topic``), one Arrow IPC message per job keyed by the job
     id, followed on every job-topic partition by a **watermark**: for each
     input partition it owns, the event time up to which it has forwarded
-    (its window's end). Only then does it publish its partition state and
-    commit its input offsets (at least once; the analyse stage drops
+    (its window's end). The switch sums of its flows (per short window and
+    path, see ``Monitor._fold_fabric``) go, once a window has passed them,
+    under the fixed key :data:`FABRIC_KEY`. Only then does it publish its partition state and
+    commit its input offsets: for each partition, the first offset of the
+    oldest poll batch not all forwarded, with the counts as they were
+    before it (at least once, counted once: a replica that takes the
+    partition over reads those records again; the analyse stage drops
     re-deliveries by record hash).
 ``--role analyse`` (consumer group ``<group-id>-analyse`` on the job topic)
     holds whole jobs: each job's flows are in one job-topic partition, and
     so in one replica. Its event time is the minimum, over the input
     topic's partitions (their count travels with the watermarks), of the
     latest watermark for each: a window is analysed once every ingest
-    replica has forwarded everything of its time. It runs the same
+    replica has forwarded everything of its time; its windows end where
+    the ingest stage's did, and one the ingest stage flagged incomplete
+    (late input, in its watermark) is not analysed. It runs the same
     analyses as one daemon: jobs, steps, the per-job diagnosis, and exports
-    the per-job metrics, each job from exactly one replica. It commits the
+    the per-job metrics, each job from exactly one replica. The replica
+    holding :data:`FABRIC_KEY`'s partition adds up every ingest replica's
+    switch sums and diagnoses the fabric (switches and links) over them, as
+    one daemon does over its own: the fabric's anomalies and metrics come
+    from it alone (its state travels with the jobs'). It commits the
     job-topic offset a successor must replay from (just after the last
     watermark a window before its analysis) and publishes every job's state
     (stitcher, step history, counts, anomalies reported) to the summaries
@@ -45,14 +55,17 @@ flows (the job is gone from its metrics at the next window).
 
 Message formats on the job topic: flow batches are the input's Arrow IPC
 stream (``content-type`` header); control messages carry a
-``prism-control`` header (``watermark`` or ``retire``) and a JSON value.
+``prism-control`` header (``watermark`` or ``retire``) and a JSON value,
+or (``fabric``) an Arrow IPC stream of switch sums.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Collection
 from typing import Any
 
@@ -63,17 +76,19 @@ import pyarrow as pa
 from prism.analysis.analyse import label_names
 from prism.ingest.messages import ARROW_CONTENT_TYPE, arrow_ipc, decode_messages
 from prism.ingest.records import RejectCounter
-from prism.serve.monitor import Monitor, MonitorView
+from prism.serve.monitor import Monitor, MonitorView, WindowSpan, iso_time
 from prism.serve.sources import KafkaSource, ensure_topic
 from prism.serve.window import FlowWindow
 
-__all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "analyse_group", "job_partition"]
+__all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "FABRIC_KEY", "analyse_group", "job_partition"]
 
 log = logging.getLogger("prism.jobtopic")
 
 CONTROL_HEADER = "prism-control"
+#: the key (and so the job-topic partition) of the switch sums: the analyse replica holding its partition owns the fabric
+FABRIC_KEY = "prism-fabric"
 _ARROW = ARROW_CONTENT_TYPE.encode()
-#: the columns forwarded; switches are not (the fabric diagnosis stays in the ingest stage)
+#: the columns forwarded; switches are not (their sums go to the fabric's owner instead)
 _SCHEMA = pa.schema([("start_ns", pa.int64()), ("duration_ns", pa.int64()), ("src", pa.string()), ("dst", pa.string()),
                      ("size", pa.int64()), ("switches", pa.string())])
 
@@ -133,10 +148,14 @@ class IngestMonitor(Monitor):
         self._ids: list[str] = []
         self.flows_forwarded = 0
         self.rekeyed = 0  # jobs re-keyed (their window sent again under a new id)
+        self.flags: list[list] = []  # windows turned incomplete since the last watermark: [begin, end, late flows, after, why]
+        self.fabric_out: list[pd.DataFrame] = []  # switch sums of the short windows passed, to forward to the fabric's owner
+        self.resuming: set[str] = set()  # input partitions just taken over, read again from their resume point until the next window
+        self._resumed = False  # the batch being ingested is a resuming partition's
         self.out_lock = threading.Lock()  # a window's labelling vs. a revocation's (on the consumer's poll, during an analysis)
 
     def tick(self, final: bool = False, force: bool = False) -> MonitorView | None:
-        """The window up to the watermark: jobs recognised, flows labelled for forwarding, the fabric diagnosed.
+        """The window up to the watermark: jobs recognised, flows and switch sums ready to forward.
 
         The same window bounds as :meth:`Monitor.tick` (the lateness wait, the
         first window over everything read, the reach back while catching up).
@@ -145,34 +164,49 @@ class IngestMonitor(Monitor):
             return self._tick(final, force)
 
     def _tick(self, final: bool, force: bool) -> MonitorView | None:
-        if self.max_start is None:
-            return None
         t0 = time.perf_counter()
-        wm = self.max_start if final else self.watermark()
-        if wm is None:
+        bounds = self._advance(final, force)
+        if bounds is None:
             return None
-        lateness = self.lateness_ns()
-        end = wm - (0 if final else lateness)
-        if self.analysed_to is not None and end <= self.analysed_to:
-            if not force:
-                return None
-            end = self.analysed_to
-        win_ns = int(self.s.window_s * 1e9)
-        begin = end - win_ns
-        if self.analysed_to is not None:
-            begin = min(begin, self.analysed_to - win_ns // 2)
-        elif self.min_start is not None:
-            begin = min(begin, self.min_start)
-        self.window.evict(begin)
-        self.dedupe.evict(begin - lateness)
-        self.switch_bw.forget_before(begin)
-        live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
-        self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
+        begin, end, lateness = bounds
         span = self._log_window(begin, end, lateness, final)
         self._label(end)
         self.forwarded_to, self.final = end, final
-        switches = self.view.switches if span.incomplete else self._merge_switches(final)
-        return self._publish(end, lateness, switches, t0, incomplete=span.incomplete)
+        if not force:
+            self.resuming.clear()  # their records are forwarded with this window, and its watermark covers them
+        return self._publish(end, lateness, {}, t0, incomplete=span.incomplete)  # the fabric is diagnosed by its owner
+
+    def _fold_fabric(self, rows: pd.DataFrame) -> None:
+        if len(rows):
+            self.fabric_out.append(rows)
+
+    def take_fabric(self, all_: bool = False) -> pd.DataFrame | None:
+        """The switch sums to forward (with ``all_``, also those of short windows not yet passed: a revocation), emptied."""
+        with self.out_lock:
+            if all_:
+                self._fold_fabric(self.fabric_in.take_before(None))
+            out, self.fabric_out = self.fabric_out, []
+        return pd.concat(out, ignore_index=True) if out else None
+
+    # A partition taken over (its replica died, a rebalance) is read again from where its
+    # last owner had forwarded everything before (see ForwardingSource._resume_point):
+    # its records up to this replica's next window are not late for the analyse stage,
+    # whose event time that partition's watermark has held back (those its last owner
+    # forwarded already are dropped there as re-deliveries).
+
+    def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
+        self._resumed = partition in self.resuming
+        try:
+            super().ingest(flows, partition)
+        finally:
+            self._resumed = False
+
+    def _too_late(self, start: np.ndarray) -> np.ndarray:
+        return np.zeros(len(start), dtype=bool) if self._resumed else super()._too_late(start)
+
+    def _note_late(self, dropped: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
+        if not self._resumed:
+            super()._note_late(dropped, a, b, start)
 
     def label(self, end: int | None) -> None:
         """Take the outbox's flows up to ``end`` into :attr:`forward`, each under its job's id; re-key jobs whose id changed."""
@@ -217,6 +251,14 @@ class IngestMonitor(Monitor):
         have = self.forward.get(job_id)
         self.forward[job_id] = cols if have is None else tuple(np.concatenate([x, y]) for x, y in zip(have, cols))
 
+    def _flag(self, span: WindowSpan, after: bool) -> None:
+        self.flags.append([int(span.begin), int(span.end), int(span.late), bool(after), span.why])
+
+    def take_flags(self) -> list[list]:
+        """The windows turned incomplete since the last call (for the next watermark), emptied."""
+        out, self.flags = self.flags, []
+        return out
+
     def take_forward(self) -> tuple[dict[str, tuple], dict[str, str]]:
         """What to send (flows by job id, retired ids), emptied."""
         out, self.forward = self.forward, {}
@@ -254,6 +296,15 @@ class AnalyseMonitor(Monitor):
         self.flows_received = 0
         self.retired: list[str] = []
         self.restored: dict[str, dict] = {}  # job id -> state published by a previous owner, taken when the job is next seen
+        # ingest windows flagged incomplete, not yet applied: (replica, begin, end, after) -> {"at": the watermark it came with, ...}
+        self.flags: dict[tuple, dict] = {}
+        self._flags_done: dict[tuple, int] = {}  # applied (each comes once per job-topic partition): key -> its watermark
+        self.ends: list[int] = []  # the ingest stage's window ends received, past the last window here (sorted)
+        self._tick_to: int | None = None  # the end of the window being analysed
+        self.fabric_part: int | None = None  # the job-topic partition of the switch sums (FABRIC_KEY): its holder owns the fabric
+        self.fabric_rows = 0  # switch-sum rows received
+        self.gone: set[str] = set()  # jobs retired (ended, re-keyed, absorbed) since the last publish: their states are deleted
+        self.tombstones = 0  # job states deleted (tombstones written)
 
     def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
         self.flows_received += len(flows)
@@ -267,6 +318,16 @@ class AnalyseMonitor(Monitor):
         for p, end in value["partitions"].items():
             p = int(p)
             marks[p] = (max(int(end), marks.get(p, (int(end), False))[0]), bool(value.get("final")))
+        at = value.get("end")
+        if at is None:
+            return
+        i = bisect.bisect_left(self.ends, int(at))
+        if i == len(self.ends) or self.ends[i] != int(at):
+            self.ends.insert(i, int(at))
+        for begin, end, late, after, why in value.get("incomplete", ()):
+            key = (str(value.get("replica", "")), int(begin), int(end), bool(after))
+            if key not in self._flags_done:
+                self.flags.setdefault(key, {"at": int(at), "late": int(late), "why": str(why)})
 
     def complete_to(self) -> int | None:
         """Event time every input partition has been forwarded up to, on every job-topic partition held;
@@ -291,8 +352,36 @@ class AnalyseMonitor(Monitor):
         return self.inputs is not None and bool(self.owned) and all(
             self.marks.get(q, {}).get(p, (0, False))[1] for q in self.owned for p in range(self.inputs))
 
+    # -- windows at the ingest stage's window ends ---------------------------------
+    # A window here ends where an ingest replica's window ended: the first end
+    # received a ``--window.step`` past the last window, once every input
+    # partition has been forwarded up to it. Every end up to the event time
+    # complete here has been received (on each job-topic partition a replica's
+    # watermarks come in order, and each goes to every partition), so the
+    # windows are a function of the ingest stage's windows, not of the order in
+    # which the job topic's partitions were read: a successor replaying the job
+    # topic cuts the same windows, and with one ingest replica they are its own
+    # (so one daemon's, reading alike).
+
+    def _next_end(self) -> int | None:
+        """The end of the next window due (not the last one of input gone quiet: the final window's), or None."""
+        to = self.complete_to()
+        if to is None:
+            return None
+        step = int(self.s.step_s * 1e9)
+        last = self.analysed_to
+        for e in self.ends:
+            if e > to:
+                break
+            if last is None or e - last >= step:
+                return None if e >= to and self.all_final() else e
+        return None
+
+    def due(self) -> bool:
+        return self._next_end() is not None
+
     def watermark(self) -> int | None:
-        return self.complete_to()
+        return self._tick_to if self._tick_to is not None else self.complete_to()
 
     def lateness_ns(self) -> int:
         return 0  # waited for by the ingest stage
@@ -310,12 +399,126 @@ class AnalyseMonitor(Monitor):
         if to is None:
             return None
         final = final and self.all_final()
+        if not self.owns_fabric() and (len(self.switch_bw.table()) or len(self.fabric_in.table()) or self._switch_last):
+            self._drop_fabric()
         if final:  # the last window reaches the ingest stage's tail, not only this replica's latest flow
             self.max_start = max(self.max_start or to, to)
-        return super().tick(final=final, force=force)
+            view = super().tick(final=True, force=force)
+        else:
+            self._tick_to = self._next_end()
+            if self._tick_to is None and not force:
+                return None
+            try:
+                view = super().tick(final=False, force=force)
+            finally:
+                self._tick_to = None
+        if self.analysed_to is not None:
+            del self.ends[:bisect.bisect_right(self.ends, self.analysed_to)]
+        return view
 
     def counters_snapshot(self) -> dict[str, dict]:
         return {}
+
+    # -- the fabric (switches and links): one owner -----------------------------------
+    # Every ingest replica forwards the switch sums of its flows, per short
+    # window (see Monitor._fold_fabric), under FABRIC_KEY; the replica holding
+    # that partition adds them up across ingest replicas and, once a window
+    # passes a short window's end (so every input partition has been
+    # forwarded past it), moves it into the diagnosis's windows: the fabric is
+    # diagnosed over one daemon's sums, from one replica.
+
+    def owns_fabric(self) -> bool:
+        return self.fabric_part is not None and self.fabric_part in self.owned
+
+    def take_fabric(self, rows: pd.DataFrame) -> None:
+        """An ingest replica's switch sums (:meth:`SwitchBandwidth.take_before`'s rows)."""
+        self.fabric_in.add_rows(rows)
+        self.fabric_rows += len(rows)
+
+    def _drop_fabric(self) -> None:
+        """The fabric partition went to another replica: its sums, the anomalies it reported, its metrics go with it."""
+        hosts = self.switch_bw.hosts
+        self.switch_bw = type(self.switch_bw)(self.s.switch_window_s, hosts=hosts)
+        self.fabric_in = type(self.fabric_in)(self.fabric_in.window_ns / 1e9, hosts=hosts)
+        self._switch_last, self._links_pending = {}, set()
+        self._fabric_anomalies.clear()
+        self._recent.pop("", None)
+
+    def fabric_state(self) -> dict:
+        """What a successor needs not to report a switch or link anomaly twice, and to count on (JSON-able)."""
+        return {"fabric": True, "switch_last": [[k[0], k[1], int(w)] for k, w in self._switch_last.items()],
+                "links_pending": [list(k) for k in self._links_pending], "anomalies": dict(self._fabric_anomalies)}
+
+    def _restore_fabric(self, state: dict) -> None:
+        for kind, subject, w in state.get("switch_last", ()):
+            key = (kind, subject)
+            self._switch_last[key] = max(int(w), self._switch_last.get(key, int(w)))
+        self._links_pending |= {tuple(k) for k in state.get("links_pending", ())}
+        for kind, n in state.get("anomalies", {}).items():
+            self._fabric_anomalies[kind] = max(int(n), self._fabric_anomalies[kind])
+
+    # -- incomplete windows: the ingest stage's word ----------------------------------
+    # The ingest stage knows which of its windows miss GPU flows of their time
+    # (dropped as too old, or input more out of order than it waits for) and
+    # sends each with the watermark of the window it was found at. A window
+    # here is incomplete when a flag came with a watermark in its span from
+    # the last window's end: the rule is a function of the windows, not of
+    # when the flags were read (every copy of a flag precedes, on each
+    # job-topic partition, the watermarks that let a window past it).
+
+    def _too_late(self, start: np.ndarray) -> np.ndarray:
+        return np.zeros(len(start), dtype=bool)  # the ingest stage dropped (and counted) what was too late
+
+    def _note_late(self, dropped: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
+        """Nothing: the ingest stage counts late flows and flags their windows (a late flow it forwards is not late here)."""
+
+    def _log_window(self, begin: int, end: int, lateness: int, final: bool) -> WindowSpan:
+        prev = self.analysed_to
+        due = sorted((k, f) for k, f in self.flags.items() if f["at"] <= end)
+        for k, f in due:
+            del self.flags[k]
+            self._flags_done[k] = f["at"]
+        horizon = end - int(self.s.pair_ttl_s * 1e9)
+        for k in [k for k, at in self._flags_done.items() if at < horizon]:
+            del self._flags_done[k]
+        late, why = 0, []
+        for (replica, _, e, after), f in due:
+            if after and prev is not None and e <= prev:
+                self._incomplete_after(e, f["late"], f"ingest replica {replica}: {f['why']}")
+            else:
+                late += f["late"]
+                why.append(f"ingest replica {replica}: {f['why']}")
+        incomplete = bool(why)
+        if self.windows and self.windows[-1].end == end:  # the last window re-run (force)
+            span = self.windows[-1]
+            span.late += late
+            incomplete = incomplete and not span.incomplete
+            span.incomplete = span.incomplete or incomplete
+        else:
+            span = WindowSpan(begin, end, late, incomplete)
+            self.windows.append(span)
+            while len(self.windows) > 1 and self.windows[0].end < horizon:
+                self.windows.popleft()
+        if incomplete:
+            self.windows_incomplete += 1
+            span.why = "; ".join(why)
+            log.warning("window incomplete (late input): no steps or anomalies reported from it; %s", span.why,
+                        extra={"fields": {"from": iso_time(begin), "to": iso_time(end), "late_flows": late}})
+        return span
+
+    def _incomplete_after(self, at: int, late: int, why: str) -> None:
+        """The window analysed here whose span from the previous window's end holds ``at`` missed late flows (the
+        ingest stage's window ending at ``at`` had them after it): it turns incomplete, once."""
+        ends = [w.end for w in self.windows]
+        if not ends:
+            return
+        w = self.windows[min(int(np.searchsorted(ends, at, side="left")), len(ends) - 1)]
+        w.late += late
+        if not w.incomplete:
+            w.incomplete, w.why = True, why
+            self.windows_incomplete += 1
+            log.warning("window analysed before GPU flows of its time came: its steps and anomalies were reported without them",
+                        extra={"fields": {"from": iso_time(w.begin), "to": iso_time(w.end), "late_flows": w.late}})
 
     def job_states(self) -> dict[str, dict]:
         """What a successor needs of each job not to report a step or an anomaly twice, and to count on (JSON-able).
@@ -336,16 +539,25 @@ class AnalyseMonitor(Monitor):
                 # lagging servers flagged by the last window: still lagging at the next is the same anomaly
                 "ongoing": [[_plain(x) for x in k] for k, t in self._active.items() if k[1] == job_id and t == self._ticks - 1],
             }
+        if self.owns_fabric():
+            out[FABRIC_KEY] = self.fabric_state()
         return out
 
     def restore_job(self, job_id: str, state: dict) -> None:
-        """A previous owner's state of ``job_id`` (:meth:`job_states`), taken when the job is next recognised here."""
+        """A previous owner's state of ``job_id`` (:meth:`job_states`), taken when the job is next recognised here
+        (the fabric's at once)."""
+        if job_id == FABRIC_KEY:
+            self._restore_fabric(state)
+            return
         st = self._jobs.get(job_id)
         if st is None or not st.view.steps:
             self.restored[job_id] = state
 
     def _merge_jobs(self, jobs: pd.DataFrame, an: Any, end: int) -> None:
+        before = {j for j, st in self._jobs.items() if st.view.job_id == j}
         super()._merge_jobs(jobs, an, end)
+        self.gone |= before - set(self._jobs)
+        self.gone -= set(self._jobs)  # back under the same id (a job restarted on its servers): a state of its own again
         for job_id in [j for j in self.restored if j in self._jobs]:
             state, st = self.restored.pop(job_id), self._jobs[job_id]
             if st.view.steps:
@@ -391,6 +603,8 @@ class ForwardingSource(KafkaSource):
         ensure_topic(bootstrap_servers, job_topic, job_partitions, security=kwargs.get("security"))
         self._job_parts: list[int] | None = None
         self._inputs: int | None = None
+        # per input partition, the poll batches not all forwarded yet: (first offset, the counts before it, latest start)
+        self._unsent: dict[Any, deque] = {}
 
     #: flows per job-topic message: about 600 kB of Arrow, under the producer's 1 MiB request size
     MESSAGE_FLOWS = 10_000
@@ -411,20 +625,68 @@ class ForwardingSource(KafkaSource):
             self._inputs = len(parts) if parts else None
         return self._inputs
 
+    #: switch-sum rows per message (about 60 bytes a row)
+    FABRIC_ROWS = 10_000
+
+    # -- a successor resumes where everything before was forwarded ------------------
+    # The published (and committed) offset of a partition is not where reading
+    # stands but the first offset of the oldest poll batch whose flows have not
+    # all been forwarded (some start past the last window's end: the lateness
+    # wait, the step in progress), with the counts as they were before it: a
+    # replica that takes the partition over (this one died, a rebalance) reads
+    # those records again and counts them once, and the analyse stage gets every
+    # flow (those sent already are dropped there as re-deliveries).
+
+    #: poll batches kept per partition at most (a record far in the future would hold the resume point back)
+    MAX_UNSENT = 10_000
+
+    def _before_batch(self, monitor: Monitor, tp: Any, frames: list, first_offset: int) -> None:
+        starts = [int(f["start_ns"].max()) for f in frames if len(f)]
+        if not starts:
+            return
+        q = self._unsent.setdefault(tp, deque(maxlen=self.MAX_UNSENT))
+        q.append((first_offset, monitor.counters_snapshot().get(self.partition_name(tp), {}), max(starts)))
+
+    def _resume_point(self, tp: Any, offset: int, counters: dict) -> tuple[int, dict]:
+        m = self.monitor
+        q = self._unsent.get(tp)
+        if not q or not isinstance(m, IngestMonitor):
+            return offset, counters
+        while q and m.forwarded_to is not None and q[0][2] <= m.forwarded_to:
+            q.popleft()
+        return (q[0][0], q[0][1]) if q else (offset, counters)
+
+    def _settle_assigned(self, batch: dict) -> None:
+        pending = set(self._pending)
+        super()._settle_assigned(batch)
+        owned = self.consumer.assignment()
+        for tp in [tp for tp in self._unsent if tp not in owned]:
+            del self._unsent[tp]  # its new owner resumes it
+        if isinstance(self.monitor, IngestMonitor):
+            self.monitor.resuming |= {self.partition_name(tp) for tp in pending if tp in owned}
+
     def publish(self, only: Collection[Any] | None = None) -> None:
         m = self.monitor
         if isinstance(m, IngestMonitor):
             if only is not None:
                 # revoked: what was taken in past the last window goes now, before the partition's state
-                # (its next owner resumes after it)
+                # (its next owner resumes after it); the switch sums too (they add up at the fabric's owner)
                 m.label(None)
-                self._send(m, None)
+                self._send(m, None, fabric=m.take_fabric(all_=True))
+                for tp in only:
+                    self._unsent.pop(tp, None)  # all sent: its next owner resumes where reading stands
             elif m.forwarded_to is not None:
-                self._send(m, m.forwarded_to)
+                self._send(m, m.forwarded_to, fabric=m.take_fabric())
         super().publish(only)
 
-    def _send(self, m: IngestMonitor, end: int | None) -> None:
+    def _send(self, m: IngestMonitor, end: int | None, fabric: pd.DataFrame | None = None) -> None:
         parts = self._job_partitions()
+        if fabric is not None and len(fabric):
+            p = parts[job_partition(FABRIC_KEY, len(parts))]
+            for lo in range(0, len(fabric), self.FABRIC_ROWS):
+                table = pa.Table.from_pandas(fabric.iloc[lo:lo + self.FABRIC_ROWS], preserve_index=False)
+                self.producer.send(self.job_topic, key=FABRIC_KEY.encode(), value=arrow_ipc(table), partition=p,
+                                   headers=[(CONTROL_HEADER, b"fabric")])
         flows, retire = m.take_forward()
         # a retired id first: its owner forgets the job's flows, then the new id's owner gets them (when both ids
         # are on one partition, nothing is retired: the flows sent again are re-deliveries there)
@@ -444,8 +706,8 @@ class ForwardingSource(KafkaSource):
         inputs = self._input_count()
         if end is not None and inputs is not None:
             owned = sorted(tp.partition for tp in self.consumer.assignment() if tp not in self._revoked)
-            value = json.dumps({"inputs": inputs, "partitions": {str(p): end for p in owned}, "final": m.final,
-                                "replica": self.replica_id}).encode()
+            value = json.dumps({"inputs": inputs, "partitions": {str(p): end for p in owned}, "final": m.final, "end": end,
+                                "replica": self.replica_id, "incomplete": m.take_flags()}).encode()
             for p in parts:
                 self.producer.send(self.job_topic, key=b"", value=value, partition=p, headers=[(CONTROL_HEADER, b"watermark")])
         self.producer.flush(timeout=30)
@@ -457,6 +719,8 @@ class JobTopicSource(KafkaSource):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._replay: dict = {}  # partition -> [(event time complete to, offset after its watermark)]
         self._to_commit: dict = {}
+        self._replay_from: dict = {}  # partition -> the replay offset last published (a successor reads from there)
+        self._last_msg: dict[str, tuple[Any, int]] = {}  # job id (message key) -> (partition, offset) of its last message read
         super().__init__(*args, **kwargs)
 
     def _decode(self, batch: dict) -> list:
@@ -469,6 +733,8 @@ class JobTopicSource(KafkaSource):
             run: list = []
             rejects = RejectCounter()
             for r in recs:
+                if r.key:
+                    self._last_msg[r.key.decode("utf-8", "replace")] = (tp, r.offset)
                 kind = dict(r.headers or ()).get(CONTROL_HEADER)
                 if kind is None:
                     run.append(r)
@@ -476,8 +742,11 @@ class JobTopicSource(KafkaSource):
                 items.extend(self._frames(tp, run, rejects))
                 run = []
                 try:
-                    items.append((kind.decode(), json.loads(r.value), r.offset))
-                except ValueError:
+                    if kind == b"fabric":
+                        items.append(("fabric", pa.ipc.open_stream(r.value).read_all().to_pandas(), r.offset))
+                    else:
+                        items.append((kind.decode(), json.loads(r.value), r.offset))
+                except (ValueError, pa.ArrowException):
                     log.warning("job topic: unreadable control message at %s[%s]@%s", tp.topic, tp.partition, r.offset)
             items.extend(self._frames(tp, run, rejects))
             out.append((tp, items, rejects.counts, recs[0].offset, recs[-1].offset + 1, len(recs)))
@@ -502,6 +771,8 @@ class JobTopicSource(KafkaSource):
                             self._note_replay(monitor, tp, offset + 1)
                         elif kind == "retire":
                             monitor.retire_job(str(value["job"]), list(value.get("ips", ())))
+                        elif kind == "fabric":
+                            monitor.take_fabric(value)
                 else:
                     monitor.ingest(item, part)
             monitor.reject(rejects, part)
@@ -510,6 +781,9 @@ class JobTopicSource(KafkaSource):
         monitor.backlogged = self._backlog({})
         if isinstance(monitor, AnalyseMonitor):
             monitor.owned = {tp.partition for tp in self.consumer.assignment()}
+            parts = self.consumer.partitions_for_topic(self.topic)
+            if parts:
+                monitor.fabric_part = job_partition(FABRIC_KEY, len(parts))
         return n
 
     # -- a successor resumes exactly ----------------------------------------------
@@ -551,6 +825,7 @@ class JobTopicSource(KafkaSource):
         if not isinstance(m, AnalyseMonitor):
             return
         offsets = self.replay_offsets()
+        self._replay_from.update(offsets)
         now = time.time()
         for tp, off in offsets.items():
             if (only is not None and tp not in only) or (only is None and tp in self._revoked):
@@ -559,25 +834,52 @@ class JobTopicSource(KafkaSource):
             self.producer.send(self.summary_topic, key=self._state_key(tp).encode(), value=json.dumps(value).encode())
         parts = self.consumer.partitions_for_topic(self.topic) or set()
         mine = {tp.partition for tp in (only if only is not None else self.consumer.assignment())}
-        for job_id, state in m.job_states().items():
+        states = m.job_states()
+        if only is None:
+            self._tombstone(m, set(states), mine)
+        for job_id, state in states.items():
             if parts and job_partition(job_id, len(parts)) in mine:
                 self.producer.send(self.summary_topic, key=self._job_key(job_id).encode(), value=json.dumps(state).encode())
         self.producer.flush(timeout=30)
         self._to_commit = offsets
 
-    def commit(self, only: Collection[Any] | None = None) -> None:
-        from kafka.structs import OffsetAndMetadata
+    def _tombstone(self, m: AnalyseMonitor, alive: set[str], mine: set[int]) -> None:
+        """Delete the states of retired jobs (a tombstone: the compacted topic forgets them, a successor takes none).
 
-        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._to_commit.items() if only is None or tp in only}
-        if offsets:
-            try:
-                self.consumer.commit(offsets)
-                self._committed.update(offsets)
-            except Exception as e:  # noqa: BLE001 - the published state holds the offset too
-                log.warning("offset commit failed (%s); the published state keeps the offsets", e)
+        Not before a successor's replay starts past the job's last message
+        on the job topic (its last flows, or its retire): a successor that
+        replayed them without the state would report the job's steps again.
+        A job of a partition no longer held is its new owner's to delete.
+        """
+        for job_id in sorted(m.gone - alive):
+            tp, off = self._last_msg.get(job_id, (None, -1))
+            if tp is not None and tp.partition not in mine:
+                m.gone.discard(job_id)
+                continue
+            if tp is not None and self._replay_from.get(tp, -1) <= off:
+                continue  # a successor would still replay it
+            self.producer.send(self.summary_topic, key=self._job_key(job_id).encode(), value=None)
+            m.gone.discard(job_id)
+            self._last_msg.pop(job_id, None)
+            m.tombstones += 1
+        for job_id in [j for j, (tp, off) in self._last_msg.items()
+                       if j not in m.gone and j not in alive and self._replay_from.get(tp, -1) > off]:
+            del self._last_msg[job_id]  # a key never recognised as a job here (re-keyed away at once), now past replay
+
+    def commit(self, only: Collection[Any] | None = None) -> None:
+        """Commit the replay offsets the last :meth:`publish` wrote (not where reading stands)."""
+        self._commit_offsets(self._to_commit, only)
 
     def _job_key(self, job_id: str) -> str:
         return f"jobstate/{self.group_id}/{job_id}"
+
+    def read_summaries(self, catch_up_s: float = 0.0) -> None:
+        """As :meth:`KafkaSource.read_summaries`; a job state deleted meanwhile (its job retired) is not taken."""
+        super().read_summaries(catch_up_s)
+        m = self.monitor
+        if isinstance(m, AnalyseMonitor) and m.restored:
+            for job_id in [j for j in m.restored if self._job_key(j) not in self.summaries]:
+                del m.restored[job_id]
 
     def _settle_assigned(self, batch: dict) -> None:
         super()._settle_assigned(batch)

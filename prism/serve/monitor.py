@@ -62,7 +62,7 @@ from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_ha
 
 log = logging.getLogger("prism.monitor")
 
-__all__ = ["MonitorSettings", "Monitor", "MonitorView", "JobView", "CollectiveView", "WindowSpan", "STEP_BUCKETS_S", "bucket_index",
+__all__ = ["MonitorSettings", "Monitor", "fabric_slice_s", "iso_time", "MonitorView", "JobView", "CollectiveView", "WindowSpan", "STEP_BUCKETS_S", "bucket_index",
            "RECENT_ANOMALIES_PER_JOB", "RECENT_ANOMALIES"]
 
 #: Step-duration histogram buckets (seconds): LLM steps run from tenths of
@@ -77,9 +77,23 @@ RECENT_ANOMALIES = 50
 _RECENT_FIELDS = ("kind", "job_id", "subject", "step", "start_ns", "score", "explanation")
 
 
-def _iso(ns: int) -> str:
+def iso_time(ns: int) -> str:
     """Event time as UTC ISO 8601 with milliseconds (for logs)."""
     return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat(timespec="milliseconds")
+
+
+def fabric_slice_s(s: "MonitorSettings") -> float:
+    """The short windows the switch sums are taken in before the diagnosis: about ``step_s`` (at most the switch
+    window), a whole divisor of the switch window so that each lies inside one of its windows.
+
+    >>> fabric_slice_s(MonitorSettings()), fabric_slice_s(MonitorSettings(window_s=3, step_s=1, switch_window_s=2))
+    (15.0, 1.0)
+    """
+    sw = int(s.switch_window_s * 1e9)
+    k = max(1, -(-sw // max(int(s.step_s * 1e9), 1)))
+    while sw % k:
+        k += 1
+    return sw / k / 1e9
 
 
 def bucket_index(bounds: Sequence[float], value: float) -> int:
@@ -176,6 +190,7 @@ class WindowSpan:
     end: int
     late: int = 0  # GPU flows of (previous end, end] that came after the window, or were dropped before it
     incomplete: bool = False  # not analysed (see Monitor.tick), or late flows of its time came after it
+    why: str = ""  # what made it incomplete (for the log)
 
 
 class _JobState:
@@ -216,6 +231,9 @@ class Monitor:
         self.window = FlowWindow(self.s.max_window_flows)
         self.dedupe = RecordDeduper(max_records=2 * self.s.max_window_flows)
         self.switch_bw = SwitchBandwidth(self.s.switch_window_s, hosts=topology.servers[topology.server_codes])
+        # the flows' switch sums as they come, in short windows (a divisor of the switch window), moved into
+        # switch_bw once a window passes their end (see _fold_fabric)
+        self.fabric_in = SwitchBandwidth(fabric_slice_s(self.s), hosts=topology.servers[topology.server_codes])
         self.counters: dict[str, Counter] = defaultdict(Counter)
         self._n = len(topology)
         self._pair_keys = np.empty(0, dtype=np.int64)
@@ -263,9 +281,7 @@ class Monitor:
             start = start[new]
         if len(flows) == 0:
             return
-        wm = self.watermark()
-        horizon = None if wm is None else wm - int(self.s.window_s * 1e9)
-        late = start < horizon if horizon is not None else np.zeros(len(start), dtype=bool)
+        late = self._too_late(start)
         traffic = gpu_traffic(self.topology, flows["src"], flows["dst"], late)
         a, b, gpu = traffic.a, traffic.b, traffic.gpu
         with self.lock:
@@ -288,7 +304,18 @@ class Monitor:
         size = flows["size"].to_numpy()[gpu]
         self.window.add(a, b, start, duration, size)
         self._see_pairs(a, b, start)
-        self.switch_bw.partial_fit(start, duration, size, flows["switches"].array[gpu], src=a, dst=b)  # stays categorical: no re-factorising
+        self.fabric_in.partial_fit(start, duration, size, flows["switches"].array[gpu], src=a, dst=b)  # stays categorical: no re-factorising
+
+    def _too_late(self, start: np.ndarray) -> np.ndarray:
+        """Which records are older than the next window can reach (dropped, counted as ``ignored:late``)."""
+        wm = self.watermark()
+        if wm is None:
+            return np.zeros(len(start), dtype=bool)
+        return start < wm - int(self.s.window_s * 1e9)
+
+    def _flag(self, span: WindowSpan, after: bool) -> None:
+        """``span`` turned incomplete: before its analysis, or (``after``) when late flows of its time came after it.
+        A hook (the ingest stage passes the flag on to the analyse stage); nothing here."""
 
     def _note_late(self, dropped: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
         """Count the GPU flows that came late, each against the window of its time.
@@ -325,9 +352,11 @@ class Monitor:
             w.late += k
             if not w.incomplete:
                 w.incomplete = True
+                w.why = f"{w.late} GPU flows of its time came after it was analysed"
                 self.windows_incomplete += 1
+                self._flag(w, after=True)
                 log.warning("window analysed before GPU flows of its time came: its steps and anomalies were reported without them",
-                            extra={"fields": {"from": _iso(w.begin), "to": _iso(w.end), "late_flows": w.late}})
+                            extra={"fields": {"from": iso_time(w.begin), "to": iso_time(w.end), "late_flows": w.late}})
 
     def recent_incomplete(self) -> int:
         """Incomplete windows among those analysed in the last ``pair_ttl_s`` of event time (``/readyz``'s degraded)."""
@@ -478,34 +507,12 @@ class Monitor:
         input (another replica's job membership changed). Returns the new
         view, or None if there was nothing to analyse.
         """
-        if self.max_start is None:
-            return None
         t0 = time.perf_counter()
-        wm = self.max_start if final else self.watermark()
-        if wm is None:
+        bounds = self._advance(final, force)
+        if bounds is None:
             return None
-        lateness = self.lateness_ns()
-        end = wm - (0 if final else lateness)
-        if self.analysed_to is not None and end <= self.analysed_to:
-            if not force:
-                return None
-            end = self.analysed_to
+        begin, end, lateness = bounds
         win_ns = int(self.s.window_s * 1e9)
-        begin = end - win_ns
-        if self.analysed_to is not None:
-            # catching up (a backlog, one big poll): reach back to half a window
-            # before the last analysis, so no step falls between two windows
-            begin = min(begin, self.analysed_to - win_ns // 2)
-        elif self.min_start is not None:
-            # the first window: everything read so far (starting on a backlog,
-            # the first polls can hold more than a window: its steps count too)
-            begin = min(begin, self.min_start)
-        self.window.evict(begin)
-        self.dedupe.evict(begin - lateness)
-        self.switch_bw.forget_before(begin)
-        live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
-        self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
-
         span = self._log_window(begin, end, lateness, final)
         if span.incomplete:
             return self._publish(end, lateness, self.view.switches, t0, incomplete=True)
@@ -530,9 +537,53 @@ class Monitor:
         self._merge_collectives(an.collectives, final, end)
         view = self._publish(end, lateness, self._merge_switches(final), t0)
         if log.isEnabledFor(logging.DEBUG):  # what each window covered: how far a backlog's windows stride
-            log.debug("window analysed", extra={"fields": {"from": _iso(begin), "to": _iso(end), "flows": cut, "jobs": len(self._jobs),
+            log.debug("window analysed", extra={"fields": {"from": iso_time(begin), "to": iso_time(end), "flows": cut, "jobs": len(self._jobs),
                                                            "final": final, "seconds": round(time.perf_counter() - t0, 3)}})
         return view
+
+    def _advance(self, final: bool, force: bool) -> tuple[int, int, int] | None:
+        """The next window's ``(begin, end, lateness)``, with what is older than it forgotten; None if none is due.
+
+        The end is the watermark less the lateness wait (the last record for
+        ``final``); ``force`` re-runs the last window. The window reaches back
+        ``window_s``, and further: over everything read for the first window,
+        to half a window before the last one while catching up. The flows,
+        record hashes, switch sums and GPU pairs older than it are dropped.
+        (:meth:`tick` and the ingest stage's tick share it: the same windows.)
+        """
+        if self.max_start is None:
+            return None
+        wm = self.max_start if final else self.watermark()
+        if wm is None:
+            return None
+        lateness = self.lateness_ns()
+        end = wm - (0 if final else lateness)
+        if self.analysed_to is not None and end <= self.analysed_to:
+            if not force:
+                return None
+            end = self.analysed_to
+        win_ns = int(self.s.window_s * 1e9)
+        begin = end - win_ns
+        if self.analysed_to is not None:
+            # catching up (a backlog, one big poll): reach back to half a window
+            # before the last analysis, so no step falls between two windows
+            begin = min(begin, self.analysed_to - win_ns // 2)
+        elif self.min_start is not None:
+            # the first window: everything read so far (starting on a backlog,
+            # the first polls can hold more than a window: its steps count too)
+            begin = min(begin, self.min_start)
+        self.window.evict(begin)
+        self.dedupe.evict(begin - lateness)
+        self._fold_fabric(self.fabric_in.take_before(None if final else end))
+        self.switch_bw.forget_before(begin)
+        live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
+        self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
+        return begin, end, lateness
+
+    def _fold_fabric(self, rows: pd.DataFrame) -> None:
+        """The switch sums of short windows a window has passed (:meth:`SwitchBandwidth.take_before`): into the
+        switch diagnosis's windows (the ingest stage forwards them to the fabric's owner instead)."""
+        self.switch_bw.add_rows(rows)
 
     def _publish(self, end: int, lateness: int, switches, t0: float, incomplete: bool = False) -> MonitorView:
         """The window up to ``end`` is done (analysed, or not for being ``incomplete``): its view, and the tick's time."""
@@ -590,8 +641,10 @@ class Monitor:
             if disorder > lateness:
                 why.append(f"records arrive up to {disorder / 1e9:.1f} s behind their partition's latest, "
                            f"the window waits {lateness / 1e9:.1f} s (at most half a window)")
-            log.warning("window incomplete (late input): no steps or anomalies reported from it; %s", "; ".join(why),
-                        extra={"fields": {"from": _iso(begin), "to": _iso(end), "late_flows": late, "disorder_s": round(disorder / 1e9, 3),
+            span.why = "; ".join(why)
+            self._flag(span, after=False)
+            log.warning("window incomplete (late input): no steps or anomalies reported from it; %s", span.why,
+                        extra={"fields": {"from": iso_time(begin), "to": iso_time(end), "late_flows": late, "disorder_s": round(disorder / 1e9, 3),
                                           "lateness_s": round(lateness / 1e9, 3)}})
         return span
 

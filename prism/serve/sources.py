@@ -458,8 +458,9 @@ class KafkaSource(Source):
 
     def _ingest(self, monitor: Monitor, decoded: list) -> int:
         n = 0
-        for tp, frames, rejects, _, next_offset, messages in decoded:
+        for tp, frames, rejects, first_offset, next_offset, messages in decoded:
             part = self.partition_name(tp)
+            self._before_batch(monitor, tp, frames, first_offset)
             for flows in frames:
                 monitor.ingest(flows, part)
             monitor.reject(rejects, part)
@@ -468,6 +469,13 @@ class KafkaSource(Source):
         monitor.backlogged = self._backlog({})
         self.read_summaries()
         return n
+
+    def _before_batch(self, monitor: Monitor, tp: Any, frames: list, first_offset: int) -> None:
+        """A poll's frames of ``tp``, from ``first_offset`` on, are about to be ingested (a hook; nothing here)."""
+
+    def _resume_point(self, tp: Any, offset: int, counters: dict) -> tuple[int, dict]:
+        """Where a successor resumes ``tp`` and the counts it takes (a hook): here, where reading stands, and the counts now."""
+        return offset, counters
 
     def keep_alive(self, timeout_ms: int = 100) -> None:
         """Poll while a window is analysed, so the group keeps this consumer.
@@ -565,8 +573,8 @@ class KafkaSource(Source):
                 # published when it was revoked; its next owner publishes it from now on, and a rewrite
                 # here (while this replica's join is pending) could overwrite the owner's newer state
                 continue
-            value = {"offset": off, "counters": counts.get(self.partition_name(tp), {}), "replica": self.replica_id, "time": now,
-                     "topic_id": self._topic_id}
+            off, c = self._resume_point(tp, off, counts.get(self.partition_name(tp), {}))
+            value = {"offset": off, "counters": c, "replica": self.replica_id, "time": now, "topic_id": self._topic_id}
             self.producer.send(self.summary_topic, key=self._state_key(tp).encode(), value=json.dumps(value).encode())
         if only is None:
             comps = self.monitor.local_components()
@@ -575,9 +583,14 @@ class KafkaSource(Source):
         self.producer.flush(timeout=30)
 
     def commit(self, only: Collection[Any] | None = None) -> None:
+        """Commit where a successor resumes (:meth:`_resume_point`; of ``only`` those partitions)."""
+        self._commit_offsets({tp: self._resume_point(tp, off, {})[0] for tp, off in self.positions.items()}, only)
+
+    def _commit_offsets(self, positions: dict, only: Collection[Any] | None = None) -> None:
+        """Commit ``positions`` (partition -> next offset), of ``only`` those partitions if given; a failure is logged."""
         from kafka.structs import OffsetAndMetadata
 
-        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self.positions.items() if only is None or tp in only}
+        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in positions.items() if only is None or tp in only}
         if offsets:
             try:
                 self.consumer.commit(offsets)

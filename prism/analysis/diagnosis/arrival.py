@@ -19,7 +19,7 @@ server of the group has sent in it (so the wait for a late server does not
 cut it). Back-to-back collectives run on without a pause (an early rank
 enters the next one as it leaves this one, and its edges to other early
 ranks move at once): the flows that start once the first server's last
-send of a burst has ended go to the next burst (:func:`_hand_on`). In
+send of a burst has ended go to the next burst (:func:`_hand_on_at`). In
 each complete burst the last arrival (:func:`last_arrival`) is the server
 whose first send starts last; where senders tie (within ``tie_ns``), the
 one of them whose first receive is also last; by its lead over the
@@ -44,6 +44,20 @@ Raised as ``slow_group`` naming the server, so scoring and alerts treat it
 as the pipeline diagnosis's stragglers. The burst table (``arrivals_``) is
 per burst, so the tables of consecutive time slices of a job, concatenated,
 diagnose as one (:func:`prism.analysis.slices.analyse_sliced`).
+
+Cost: the bursts are cut in compiled passes over the DP flows, read
+through their indices in group-then-start order (a counting sort by
+group, since a replay's batches give each job's flows in start order),
+with per-server marks for each burst's first send and first receive. The
+first version sorted the flows three more times (``np.unique`` on
+(burst, server) keys, twice, and an argsort in the hand-on), copied every
+flow column into that order and found the groups with a pandas
+``drop_duplicates`` and a MultiIndex lookup per flow. On the 13.6M-flow
+``large`` replay's batches that took 5 to 6 times as long (9.5-14 s
+against 1.7-2.3 s, interleaved on a heavily loaded 2-core machine) and
+760 MiB at its peak beyond what the replay held (traced allocations),
+against 150 MiB now, for the same table (tests/reference_arrival.py is
+that version, property-tested against).
 """
 from __future__ import annotations
 
@@ -131,50 +145,59 @@ class ArrivalDiagnoser:
         return self.diagnose(self.arrivals_, steps)
 
     def bursts(self, job, a, start, end, is_dp, dp_comp, server_of, job_names, dst=None) -> pd.DataFrame:
-        """The burst table (:data:`ARRIVAL_COLUMNS`) of the DP flows."""
+        """The burst table (:data:`ARRIVAL_COLUMNS`) of the DP flows.
+
+        Compiled passes over the DP flows through their indices (:func:`_groups_in_order`,
+        :func:`_cut`, :func:`_hand_on_at`, :func:`_firsts`): no copy of a flow column in
+        burst order and no sort where each group's flows come in start order (a
+        replay's batches); the tables built per (burst, server), per NIC and per
+        group are small.
+        """
         dp = np.flatnonzero(is_dp)
         if len(dp) == 0:
             return empty_arrivals()
         srv_code, srv_names = pd.factorize(pd.Series(np.asarray(server_of)))
         srv_code = np.asarray(srv_code, dtype=np.int64)
+        n_srv = len(srv_names)
         comp = np.asarray(dp_comp, dtype=np.int64)
-        src = np.asarray(a)[dp]
-        fjob, fsrv, fcomp = np.asarray(job)[dp], srv_code[src], comp[src]
+        job, a, start, end = np.asarray(job), np.asarray(a), np.asarray(start, np.int64), np.asarray(end, np.int64)
         # one group per job and set of servers: the rails' rings of one collective together
-        members = pd.DataFrame({"job": fjob, "comp": fcomp, "srv": fsrv}).drop_duplicates()
-        sets = members.sort_values("srv").groupby(["job", "comp"])["srv"].agg(lambda s: ",".join(map(str, s)))
-        keys = pd.Series(list(zip(sets.index.get_level_values(0), sets.to_numpy())))
-        gid_of, groups = pd.factorize(keys)
-        comp_gid = pd.Series(gid_of, index=sets.index)
-        gid = comp_gid.reindex(pd.MultiIndex.from_arrays([fjob, fcomp])).to_numpy(np.int64)
+        gid_nic, gid_flow, groups = _server_set_groups(dp, job, a, comp, srv_code)
         size = np.array([s.count(",") + 1 for _, s in groups], dtype=np.int64)  # one per group, not per flow
-        fstart, fend = np.asarray(start, np.int64)[dp], np.asarray(end, np.int64)[dp]
-        o = np.lexsort((fstart, gid))
-        burst, first = _cut(gid[o], fsrv[o], fstart[o], fend[o], size, len(srv_names), self.min_pause_ns)
+        idx, gid = _groups_in_order(dp, a, start, gid_nic, gid_flow, len(groups))  # the DP flows by group, then start
+        burst, first = _cut(idx, gid, a, srv_code, start, end, size, n_srv, self.min_pause_ns)
+        recv = None
         if dst is not None:
-            fdst = srv_code[np.asarray(dst)[dp]][o]
-            burst = _hand_on(burst, gid[o], fsrv[o], fdst, fstart[o], fend[o], size)
-            _, at = np.unique(burst * len(srv_names) + fsrv[o], return_index=True)
-            first = np.zeros(len(burst), dtype=bool)
-            first[at] = True
+            b_nic = np.asarray(dst)
+            move = _hand_on_at(burst, idx, gid, a, b_nic, srv_code, start, end, size, n_srv)
+            first, recv = _firsts(burst, move, idx, a, b_nic, srv_code, n_srv)
+            burst += move
+            del move
         # every server's first send of every burst
-        b, s, t, g = burst[first], fsrv[o][first], fstart[o][first], gid[o][first]
+        at = np.flatnonzero(first)
+        f = idx[at]
+        b, s, t, g = burst[at], srv_code[a[f]], start[f], gid[at].astype(np.int64)
         per = pd.DataFrame({"b": b, "s": s, "t": t, "g": g})
         counts = np.bincount(b, minlength=int(burst.max()) + 1)
-        n_srv = counts[b]
+        n_in = counts[b]
         # complete bursts only; a group's first and last bursts may be cut by the window's edges
         edge_b = np.zeros(len(counts), dtype=bool)
         gb = pd.DataFrame({"g": g, "b": b}).drop_duplicates()
         edge_b[gb.groupby("g")["b"].min().to_numpy()] = True
         edge_b[gb.groupby("g")["b"].max().to_numpy()] = True
-        per = per[(n_srv == size[g]) & ~edge_b[b] & (size[g] >= 2)]  # one server alone is last by nothing
+        per = per[(n_in == size[g]) & ~edge_b[b] & (size[g] >= 2)]  # one server alone is last by nothing
         if per.empty:
             return empty_arrivals()
-        if dst is not None:  # every server's first receive of every burst (flows are by start within a burst)
-            key = burst * len(srv_names) + fdst
-            _, at = np.unique(key, return_index=True)
-            recv = pd.Series(fstart[o][at], index=pd.MultiIndex.from_arrays([burst[at], fdst[at]]))
-            per["r"] = recv.reindex(pd.MultiIndex.from_arrays([per["b"].to_numpy(), per["s"].to_numpy()])).to_numpy(np.float64)
+        if recv is not None:  # every server's first receive of every burst, looked up by (burst, server)
+            at = np.flatnonzero(recv)
+            f = idx[at]
+            rkey = burst[at] * n_srv + srv_code[b_nic[f]]
+            o = np.argsort(rkey, kind="stable")
+            rkey, rt = rkey[o], start[f][o].astype(np.float64)
+            want = per["b"].to_numpy() * n_srv + per["s"].to_numpy()
+            j = np.minimum(np.searchsorted(rkey, want), max(len(rkey) - 1, 0))
+            hit = rkey[j] == want if len(rkey) else np.zeros(len(want), dtype=bool)
+            per["r"] = np.where(hit, rt[j] if len(rt) else np.nan, np.nan)
         else:
             per["r"] = np.nan
         last_s, lead = _last(per, self.tie_ns)
@@ -360,8 +383,117 @@ def last_arrival(send: np.ndarray, recv: np.ndarray, tie_ns: int = 0) -> tuple[i
     return k, float(min(send[k] - out_s.max(), r[k] - out_r.max()))
 
 
+def _server_set_groups(dp, job, a, comp, srv_code):
+    """The DP flows' groups: (group per NIC, or per DP flow; the groups' ``(job, "srv,srv,...")`` keys, numbered).
+
+    A group per job and set of servers (a DP component's servers; the
+    rails' rings of one collective share them), found from the distinct
+    (job, NIC) pairs. Where each NIC's DP flows are of one job (a replay's:
+    a flow's job is its source NIC's) one pass over the flows finds them and
+    a NIC's group is every one of its flows' (the first array; the second
+    empty); otherwise the pairs come from the flows, and so do the groups.
+    """
+    n_nic = len(srv_code)
+    fast = job.dtype.kind == "i" and a.dtype.kind in "iu"
+    if fast:
+        nic_job, seen, mixed = _nic_jobs(dp, a, job.astype(np.int64, copy=False), n_nic)
+        fast = not mixed
+    if fast:
+        used = np.flatnonzero(seen)
+        ujob, ucomp = nic_job[used].astype(job.dtype), comp[used]
+        members = pd.DataFrame({"job": ujob, "comp": ucomp, "srv": srv_code[used]}).drop_duplicates()
+    else:
+        src = a[dp]
+        fjob, fcomp = job[dp], comp[src]
+        members = pd.DataFrame({"job": fjob, "comp": fcomp, "srv": srv_code[src]}).drop_duplicates()
+    sets = members.sort_values("srv").groupby(["job", "comp"])["srv"].agg(lambda s: ",".join(map(str, s)))
+    keys = pd.Series(list(zip(sets.index.get_level_values(0), sets.to_numpy())))
+    gid_of, groups = pd.factorize(keys)
+    comp_gid = pd.Series(gid_of, index=sets.index)
+    if fast:
+        gid_nic = np.full(n_nic, -1, np.int64)
+        gid_nic[used] = comp_gid.reindex(pd.MultiIndex.from_arrays([ujob, ucomp])).to_numpy(np.int64)
+        return gid_nic, np.zeros(0, np.int64), groups
+    return np.zeros(0, np.int64), comp_gid.reindex(pd.MultiIndex.from_arrays([fjob, fcomp])).to_numpy(np.int64), groups
+
+
+def _groups_in_order(dp, a, start, gid_nic, gid_flow, n_groups):
+    """The DP flows (indices ``dp``) by group, then start, ties in their order (``np.lexsort``'s): their indices, their groups.
+
+    A counting sort by group where each group's flows come in start order
+    (:func:`_by_group`); else a sort.
+    """
+    idx, gid, ok = _by_group(dp, a, start, gid_nic, gid_flow, n_groups)
+    if ok:
+        return idx, gid
+    g = gid_flow if len(gid_flow) else gid_nic[a[dp]]
+    o = np.lexsort((start[dp], g))
+    return dp[o], g[o].astype(np.int32)
+
+
+@numba.njit(cache=True)
+def _nic_jobs(dp, a, job, n_nic):  # pragma: no cover - compiled
+    """Per NIC, the job of its flows among ``dp`` and whether it has one; and whether some NIC's are of two or more jobs."""
+    nic_job = np.full(n_nic, -1, np.int64)
+    seen = np.zeros(n_nic, np.bool_)
+    for i in dp:
+        x = a[i]
+        if not seen[x]:
+            seen[x] = True
+            nic_job[x] = job[i]
+        elif nic_job[x] != job[i]:
+            return nic_job, seen, True
+    return nic_job, seen, False
+
+
+@numba.njit(cache=True)
+def _by_group(dp, a, start, gid_nic, gid_flow, n_groups):  # pragma: no cover - compiled
+    """:func:`_groups_in_order` by counting, or False when a group's flows are not in start order.
+
+    A flow's group: ``gid_flow`` (per flow of ``dp``) if given, else its source NIC's in ``gid_nic``.
+    """
+    n = len(dp)
+    offsets = np.zeros(n_groups + 1, np.int64)
+    last = np.full(n_groups, np.iinfo(np.int64).min, np.int64)
+    for k in range(n):
+        i = dp[k]
+        g = gid_flow[k] if len(gid_flow) else gid_nic[a[i]]
+        if start[i] < last[g]:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32), False
+        last[g] = start[i]
+        offsets[g + 1] += 1
+    for g in range(n_groups):
+        offsets[g + 1] += offsets[g]
+    idx = np.empty(n, np.int64)
+    gid = np.empty(n, np.int32)
+    for k in range(n):
+        i = dp[k]
+        g = gid_flow[k] if len(gid_flow) else gid_nic[a[i]]
+        p = offsets[g]
+        offsets[g] += 1
+        idx[p] = i
+        gid[p] = g
+    return idx, gid, True
+
+
 def _hand_on(burst, gid, src, dst, start, end, size):
-    """Burst numbers with each burst's tail handed on to the next burst of its group.
+    """Burst numbers with each burst's tail handed on to the next burst of its group (:func:`_hand_on_at`).
+
+    The flows by group, then start: their burst numbers, groups, source and
+    destination servers, starts and ends; ``size``: servers per group.
+    """
+    burst = np.array(burst, dtype=np.int64)
+    if not len(burst):
+        return burst
+    n_srv = int(max(np.max(src), np.max(dst))) + 1
+    move = _hand_on_at(burst, np.arange(len(burst)), np.asarray(gid), np.asarray(src), np.asarray(dst), np.arange(n_srv),
+                       np.asarray(start, np.int64), np.asarray(end, np.int64), np.asarray(size, np.int64), n_srv)
+    return burst + move
+
+
+@numba.njit(cache=True)
+def _hand_on_at(burst, idx, gid, a, b, srv_code, start, end, size, n_srv):  # pragma: no cover - compiled
+    """Per flow (flow ``idx[i]``, of burst ``burst[i]`` and group ``gid[i]``; by group, then start): whether it goes to the next burst.
 
     A rank that has issued the next collective enters it as soon as it is
     done with this one, and over a rendezvous its ring edges to ranks as
@@ -370,65 +502,98 @@ def _hand_on(burst, gid, src, dst, start, end, size):
     burst's collective is over for a server once its last send has ended
     (not its last receive: the early ranks' clear-to-send for the next
     collective reaches it before it is done); the flows starting once the
-    first server is done, between two servers that are no longer sending
-    this collective (:func:`_tail`), belong to the next burst of the group
-    (flows by group, then start). A rank enters the next collective no
-    earlier than it is done with this one, so those are its flows.
-    """
-    burst = burst.copy()
-    if not len(burst):
-        return burst
-    nb = int(burst.max()) + 1
-    key = burst.astype(np.int64) * (int(src.max()) + 1) + src
-    o = np.argsort(key, kind="stable")
-    k = key[o]
-    at = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
-    last_end = np.maximum.reduceat(np.asarray(end)[o], at)  # per (burst, server): its last send's end
-    kb = burst[o][at]
-    done = np.full(nb, np.iinfo(np.int64).max)
-    np.minimum.at(done, kb, last_end)  # the first server done
-    senders = np.bincount(kb, minlength=nb)
-    first_of = np.searchsorted(burst, np.arange(nb))  # bursts are contiguous
-    ok = senders >= size[gid[np.minimum(first_of, len(burst) - 1)]]
-    t_end = np.where(ok, done, np.iinfo(np.int64).max)
-    nxt = np.r_[burst[1:], -1]
-    last_of = np.r_[burst[1:] != burst[:-1], True]  # a burst's last flow
-    same_group_next = np.zeros(nb, dtype=bool)
-    li = np.flatnonzero(last_of)
-    same_group_next[burst[li]] = (nxt[li] == burst[li] + 1) & (np.r_[gid[1:], -1][li] == gid[li])
-    move = _tail(burst, np.asarray(src, np.int64), np.asarray(dst, np.int64), np.asarray(start, np.int64), np.asarray(end, np.int64),
-                 t_end, same_group_next, int(max(src.max(), dst.max())) + 1)
-    burst[move] += 1
-    return burst
-
-
-@numba.njit(cache=True)
-def _tail(burst, src, dst, start, end, t_end, has_next, n_srv):  # pragma: no cover - compiled
-    """Per flow (by burst, then start): whether it is in its burst's tail, of the next collective.
-
-    From ``t_end`` on, a flow is the next collective's when neither of its
-    ends is still sending this one's (a flow of the burst that stays, not
-    ended when it starts): a slow server's messages that run on past the
+    first server is done (``t_end``, where every server of the group has
+    sent in the burst), between two servers that are no longer sending this
+    collective, belong to the next burst of the group. A rank enters the
+    next collective no earlier than it is done with this one, so those are
+    its flows. A flow of the burst that stays (not ended when one starts)
+    keeps its ends busy: a slow server's messages that run on past the
     others' last (a slow NIC's, or the edges a slow one drags) stay put.
+
+    Two passes: each burst's ``t_end`` and whether the group's next burst
+    follows it, from each server's last send's end; then the tails.
+    Servers: ``srv_code`` of the NICs ``a`` (source), ``b`` (destination).
     """
     n = len(burst)
     move = np.zeros(n, np.bool_)
-    busy = np.zeros(n_srv, np.int64)
+    if n == 0:
+        return move
+    never = np.iinfo(np.int64).max
+    nb = burst[n - 1] + 1
+    t_end = np.full(nb, never, np.int64)
+    has_next = np.zeros(nb, np.bool_)
     stamp = np.full(n_srv, -1, np.int64)
+    busy = np.zeros(n_srv, np.int64)  # per server: its last send's end in the burst so far
+    touched = np.empty(n_srv, np.int64)  # the servers that sent in the burst
+    nt = 0
+    i0 = 0  # the burst's first flow
+    for i in range(n + 1):
+        if i == n or (i > 0 and burst[i] != burst[i - 1]):
+            bb = burst[i - 1]
+            done = never
+            for k in range(nt):
+                done = min(done, busy[touched[k]])  # the first server done
+            if nt >= size[gid[i0]]:
+                t_end[bb] = done
+            has_next[bb] = i < n and burst[i] == bb + 1 and gid[i] == gid[i - 1]
+            nt = 0
+            i0 = i
+            if i == n:
+                break
+        f = idx[i]
+        s = srv_code[a[f]]
+        if stamp[s] != burst[i]:
+            stamp[s] = burst[i]
+            busy[s] = end[f]
+            touched[nt] = s
+            nt += 1
+        elif end[f] > busy[s]:
+            busy[s] = end[f]
+    stamp[:] = -1
     for i in range(n):
-        b = burst[i]
-        s, d = src[i], dst[i]
-        bs = busy[s] if stamp[s] == b else np.int64(-1)
-        bd = busy[d] if stamp[d] == b else np.int64(-1)
-        if has_next[b] and start[i] >= t_end[b] and start[i] >= bs and start[i] >= bd:
+        bb = burst[i]
+        f = idx[i]
+        s, d = srv_code[a[f]], srv_code[b[f]]
+        bs = busy[s] if stamp[s] == bb else np.int64(-1)
+        bd = busy[d] if stamp[d] == bb else np.int64(-1)
+        if has_next[bb] and start[f] >= t_end[bb] and start[f] >= bs and start[f] >= bd:
             move[i] = True
             continue
-        if stamp[s] != b:
-            stamp[s] = b
-            busy[s] = end[i]
-        elif end[i] > busy[s]:
-            busy[s] = end[i]
+        if stamp[s] != bb:
+            stamp[s] = bb
+            busy[s] = end[f]
+        elif end[f] > busy[s]:
+            busy[s] = end[f]
     return move
+
+
+@numba.njit(cache=True)
+def _firsts(burst, move, idx, a, b, srv_code, n_srv):  # pragma: no cover - compiled
+    """Per flow (as :func:`_hand_on_at`'s, now of burst ``burst + move``): is it its source server's first send of the burst,
+    is it its destination server's first receive.
+
+    A burst's flows are those of its number before the hand-on and the
+    tail handed on from the one before, so along the flows a burst number
+    is only ever met again while it or the one before is the running
+    number: a mark per server and parity of the number tells a first.
+    """
+    send = np.zeros(len(burst), np.bool_)
+    recv = np.zeros(len(burst), np.bool_)
+    sent = np.full((2, n_srv), -1, np.int64)
+    got = np.full((2, n_srv), -1, np.int64)
+    for i in range(len(burst)):
+        v = burst[i] + (1 if move[i] else 0)
+        p = v & 1
+        f = idx[i]
+        s, d = srv_code[a[f]], srv_code[b[f]]
+        if sent[p, s] != v:
+            sent[p, s] = v
+            send[i] = True
+        if got[p, d] != v:
+            got[p, d] = v
+            recv[i] = True
+    return send, recv
+
 
 
 def _last(per: pd.DataFrame, tie_ns: int) -> tuple[np.ndarray, np.ndarray]:
@@ -445,34 +610,36 @@ def _last(per: pd.DataFrame, tie_ns: int) -> tuple[np.ndarray, np.ndarray]:
             last_s[bb[i]], lead[bb[i]] = ss[i + k], int(ld)
     return last_s, lead
 
-
 @numba.njit(cache=True)
-def _cut(gid, srv, start, end, size, n_srv, min_pause):  # pragma: no cover - compiled
-    """Per flow (by group, then start): its burst number, and whether it is its server's first send of the burst.
+def _cut(idx, gid, a, srv_code, start, end, size, n_srv, min_pause):  # pragma: no cover - compiled
+    """Per flow (flow ``idx[i]`` of group ``gid[i]``; by group, then start): its burst number, and whether it is its
+    server's first send of the burst.
 
     A burst closes at the first pause of more than ``min_pause`` once every
     one of the group's ``size`` servers has sent in it.
     """
-    n = len(gid)
+    n = len(idx)
     burst = np.empty(n, np.int64)
     first = np.zeros(n, np.bool_)
     seen = np.full(n_srv, -1, np.int64)
     b = -1
     count = 0
-    busy = 0
+    busy = np.int64(0)
     for i in range(n):
+        f = idx[i]
         g = gid[i]
         if i == 0 or g != gid[i - 1]:
             b += 1
             count = 0
-            busy = end[i]
-        elif start[i] - busy > min_pause and count >= size[g]:
+            busy = end[f]
+        elif start[f] - busy > min_pause and count >= size[g]:
             b += 1
             count = 0
-        if end[i] > busy:
-            busy = end[i]
-        if seen[srv[i]] != b:
-            seen[srv[i]] = b
+        if end[f] > busy:
+            busy = end[f]
+        s = srv_code[a[f]]
+        if seen[s] != b:
+            seen[s] = b
             count += 1
             first[i] = True
         burst[i] = b

@@ -139,6 +139,42 @@ class SwitchBandwidth:
             win, pid, src, dst, nbytes, busy = (self._table[c].to_numpy() for c in KEY + ["bytes", "busy_ns"])
             self._sums.add(win, pid, _pair_code(src, dst, len(win)), nbytes, busy, flows=self._table["flows"].to_numpy())
 
+    def take_before(self, end_ns: int | None) -> pd.DataFrame:
+        """Remove and return the sums of the windows that end by ``end_ns`` (all, for None), with the paths as text:
+        ``window_start_ns, path, src, dst, bytes, busy_ns, flows`` (for :meth:`add_rows` of another instance).
+
+        The daemon sums flows into short windows as they come and moves each
+        into the diagnosis's windows once the analysis has passed its end, so
+        the diagnosis sees the flows up to a window boundary whatever was read
+        ahead of the analysis (and a replica can forward them to another).
+        """
+        t = self.table()
+        done = np.ones(len(t), dtype=bool) if end_ns is None else ((t["window"].to_numpy() + 1) * self.window_ns <= end_ns)
+        texts = np.array(list(self.path_ids), dtype=object)
+        out = pd.DataFrame({"window_start_ns": t["window"].to_numpy()[done] * self.window_ns,
+                            "path": pd.Series(texts[t["path"].to_numpy()[done]], dtype=_TEXT),
+                            **{c: t[c].to_numpy()[done] for c in ("src", "dst", "bytes", "busy_ns", "flows")}})
+        if done.any():
+            self._table = t[~done].reset_index(drop=True)
+            self._sums = _KeySums()
+            win, pid, src, dst, nbytes, busy = (self._table[c].to_numpy() for c in KEY + ["bytes", "busy_ns"])
+            self._sums.add(win, pid, _pair_code(src, dst, len(win)), nbytes, busy, flows=self._table["flows"].to_numpy())
+        return out
+
+    def add_rows(self, rows: pd.DataFrame) -> "SwitchBandwidth":
+        """Add sums taken by :meth:`take_before` (of this instance or another, of windows as long or shorter and
+        aligned within these), each into the window that holds its start."""
+        if not len(rows):
+            return self
+        texts = pd.Categorical(rows["path"])
+        lut = np.array([self._path_id(str(x)) for x in texts.categories], dtype=np.int64)
+        self._known = pd.Index(list(self.path_ids), dtype=object)
+        src, dst = rows["src"].to_numpy(np.int64), rows["dst"].to_numpy(np.int64)
+        self._sums.add(rows["window_start_ns"].to_numpy(np.int64) // self.window_ns, lut[texts.codes], _pair_code(src, dst, len(rows)),
+                       rows["bytes"].to_numpy(), rows["busy_ns"].to_numpy(), flows=rows["flows"].to_numpy())
+        self._table = None
+        return self
+
     def table(self) -> pd.DataFrame:
         """``window, path, src, dst, bytes, busy_ns, flows`` (``src``, ``dst`` -1 where the NICs were not given)."""
         if self._table is None:
