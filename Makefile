@@ -61,6 +61,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_daemon.py
 	$(PY) benchmarks/bench_collect.py
 	$(PY) benchmarks/bench_whatif.py
+	$(PY) benchmarks/bench_whatif_graph.py
 
 # the documentation site in site/ (a broken link or anchor fails the build)
 docs: $(VENV)/.installed

@@ -49,6 +49,14 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="attribute each job's slowdown (observed vs ideal: no straggler, no imbalance) to workers, DP "
                         "ranks, stages and op types (op traces) or DP rings, stages and servers (network): "
                         "OUT/attribution.csv and the summary's S, M_W, M_S")
+    p.add_argument("--search", action="store_true",
+                   help="with --ops: predict every pipeline stages x DP size x micro-batches configuration (TP fixed) "
+                        "within --gpus, ranked by throughput per GPU; OUT/search.csv and the summary's search")
+    p.add_argument("--gpus", type=int, metavar="N", help="with --search: the GPU budget")
+    p.add_argument("--search-microbatches", metavar="M,M,...",
+                   help="with --search: micro-batch counts to try (default: the observed global batch, M from DP)")
+    p.add_argument("--search-steps", type=int, default=4, metavar="K",
+                   help="with --search: simulate each configuration on the trace's first K steps (default 4)")
     p.add_argument("--out", required=True, type=output_directory, help="output directory (made if missing)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     add_output_flags(p)
@@ -61,6 +69,12 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
     try:
         scenarios = [parse_scenario(s) for s in args.scenario]
+        if args.search and not args.ops:
+            raise ValueError("--search needs an op trace (--ops)")
+        if args.search and (args.gpus is None or args.gpus < 1):
+            raise ValueError("--search needs --gpus N (the GPU budget, N >= 1)")
+        if args.search and args.search_steps < 1:
+            raise ValueError(f"--search-steps {args.search_steps}: at least 1")
         if sum(map(bool, (args.ops, args.replay_dir, args.kineto))) != 1:
             raise ValueError("give one of REPLAY_DIR, --ops TRACE or --kineto TRACE...")
         if args.partial and not args.kineto:
@@ -74,6 +88,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             if not isinstance(meta, dict):
                 raise ValueError(f"--meta {args.meta}: expected a mapping (dp_size, pp_size, trial_name)")
             result = whatif_ops(args.ops, meta, scenarios, attribution=args.attribute)
+            if args.search:
+                _search(args, meta, result)
         elif args.kineto:
             if args.attribute:
                 raise ValueError("--attribute is not available for Kineto traces")
@@ -98,7 +114,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                          f"{j['predicted_step_s']:>10.4f} {j['predicted_speedup']:>8.3f}x  replay error {j['replay_error_mean_pct']:.3f}% mean")
         if result.attribution is not None:
             lines.append(_format_attribution(result))
-        lines.append(f"wrote summary.json, steps.csv, timeline.json{', attribution.csv' if result.attribution is not None else ''} to {args.out}")
+        if result.search is not None:
+            lines.append(_format_search(result))
+        extra = (", attribution.csv" if result.attribution is not None else "") + (", search.csv" if result.search is not None else "")
+        lines.append(f"wrote summary.json, steps.csv, timeline.json{extra} to {args.out}")
         return "\n".join(lines)
 
     return finish(args, "whatif", {"jobs": result.jobs, "skipped": result.skipped, "out": str(args.out)}, warnings, text=text)
@@ -120,4 +139,37 @@ def _format_attribution(result: WhatIfResult) -> str:
         for level, rows in t.groupby("level", sort=False):
             top = ", ".join(f"{k} {s:.3f}" for k, s in rows[["key", "slowdown"]].head(3).itertuples(index=False))
             lines.append(f"  {level:<8} {top}{' ...' if len(rows) > 3 else ''}")
+    return "\n".join(lines)
+
+
+def _search(args: argparse.Namespace, meta: dict, result: WhatIfResult) -> None:
+    """--search: every configuration within --gpus, into ``result`` (progress on stderr unless quiet or JSON)."""
+    from prism.whatif.search import search_configs
+
+    mbs = None
+    if args.search_microbatches:
+        try:
+            mbs = sorted({int(x) for x in args.search_microbatches.split(",")})
+        except ValueError:
+            raise ValueError(f"--search-microbatches {args.search_microbatches!r}: whole numbers, comma-separated") from None
+        if mbs[0] < 1 or mbs[-1] > 1024:
+            raise ValueError(f"--search-microbatches {args.search_microbatches!r}: each from 1 to 1024")
+    quiet = args.quiet or args.output == "json"
+    table, summary = search_configs(args.ops, meta, args.gpus, mbs, steps=args.search_steps,
+                                    progress=None if quiet else lambda s: print(f"prism whatif: search {s}", file=sys.stderr))
+    result.search, result.search_table = summary, table
+
+
+def _format_search(result: WhatIfResult) -> str:
+    """The best configurations by throughput per GPU, and what was pruned."""
+    s = result.search
+    assert s is not None and result.search_table is not None
+    o = s["observed"]
+    lines = [f"\nsearch within {s['gpus']} GPUs (TP {s['tp']}; observed PP {o['pp']} DP {o['dp']} M {o['microbatches']}, "
+             f"step {o['step_s']:.4f} s over {s['steps']} steps): {s['simulated']} of {s['candidates']} configurations simulated",
+             f"  {'PP':>4} {'DP':>5} {'M':>5} {'GPUs':>5} {'step s':>9} {'thr/GPU':>8}"]
+    for r in s["top"]:
+        lines.append(f"  {r['pp']:>4} {r['dp']:>5} {r['microbatches']:>5} {r['gpus']:>5} {r['step_s']:>9.4f} {r['throughput_per_gpu']:>7.3f}x")
+    if s["pruned"]:
+        lines.append("  pruned: " + ", ".join(f"{n} {why}" for why, n in s["pruned"].items()))
     return "\n".join(lines)

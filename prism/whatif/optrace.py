@@ -183,8 +183,16 @@ class OpGraph:
                               release, self.label, self.proc)
 
     def work(self) -> np.ndarray:
-        """Per op, what it costs without waiting: a compute op's duration, a communication op's transfer."""
-        return np.where(self.is_comm, self.transfer, self.ops["duration"].to_numpy(np.float64))
+        """Per op, what it costs without waiting: a compute op's duration, a communication op's transfer.
+
+        A rebuilt trace (:mod:`.repartition`) gives it in a ``work_s`` column: its start times only order
+        each rank's calls.
+        """
+        w = np.where(self.is_comm, self.transfer, self.ops["duration"].to_numpy(np.float64))
+        if "work_s" in self.ops.columns:
+            given = pd.to_numeric(self.ops["work_s"], errors="coerce").to_numpy(np.float64)
+            w = np.where(np.isfinite(given), given, w)
+        return w
 
     def step_seconds(self, result: SimResult) -> pd.Series:
         """Simulated step times, by step: last finish - the step's observed first start."""

@@ -48,6 +48,8 @@ class WhatIfResult:
     attribution: pd.DataFrame | None = None
     skipped: dict = field(default_factory=dict)  # job -> why it could not be modelled
     warnings: list = field(default_factory=list)  # about the whole run
+    search: dict | None = None  # --search: the summary (.search)
+    search_table: pd.DataFrame | None = None  # --search: every configuration (search.csv)
 
 
 def _natural_key(name: str):
@@ -117,6 +119,57 @@ def _checked_meta(meta: dict) -> dict:
     return out
 
 
+def restructure(g: OpGraph, scenarios: list[Scenario], meta: dict) -> tuple[OpGraph, np.ndarray | float, dict, list[str]]:
+    """The scenarios that change the graph itself (``microbatches``, ``scale-pp``, ``layers``): the graph the
+    others apply to, a factor on its ops' work, notes for the summary and warnings."""
+    from prism.whatif.optrace import OpGraph
+
+    last = {sc.kind: sc for sc in scenarios}
+    pp, layers, mb = last.get("scale-pp"), last.get("layers"), last.get("microbatches")
+    from prism.whatif.repartition import fit_layer_models, layer_factors, observed_partition, repartition
+
+    if pp is None and layers is None:
+        if mb is None:
+            return g, 1.0, {}, []
+        # the observed partition rebuilt for M micro-batches: each op's work from its own observation
+        part = observed_partition(g.ops, meta)
+        try:
+            gp = OpGraph(repartition(g, part, part, int(mb.value)))
+        except ValueError as e:
+            raise ValueError(f"--scenario {mb}: {e}") from None
+        observed_m = int(g.ops[g.ops["optype"] == "forward-compute"].groupby(["step", "rank"]).size().max())
+        return gp, 1.0, {str(mb): {"observed_microbatches": observed_m, "microbatches": int(mb.value)}}, []
+
+    old = observed_partition(g.ops, meta)
+    warnings = []
+    if layers is not None and not old.known:
+        raise ValueError(f"--scenario {layers}: needs the job's layer count: --meta num_layers (or layers_per_stage)")
+    if not old.known:
+        warnings.append(f"{pp}: the trace gives no layer counts: the observed {old.stages} stages are assumed to hold equal "
+                        "layers (--meta num_layers or layers_per_stage to say otherwise)")
+    models = fit_layer_models(g, old)
+    total = float(layers.value) if layers is not None else None
+    factor: np.ndarray | float = 1.0
+    if pp is not None:
+        new = old.even(int(pp.value), total, str(pp))
+        try:
+            gp = OpGraph(repartition(g, old, new, int(mb.value) if mb else None, models))
+        except ValueError as e:
+            raise ValueError(f"--scenario {pp}: {e}") from None
+    else:
+        assert layers is not None and total is not None
+        new = old.scaled(total, str(layers))
+        gp = g if mb is None else OpGraph(repartition(g, old, old, int(mb.value), models))
+        factor = layer_factors(gp.ops, models, old, new)
+    note: dict[str, Any] = {"observed_stages": old.stages, "stages": new.stages,
+            "observed_layers_per_stage": list(old.layers) if old.known else None,
+            "layers_per_stage": list(new.layers) if old.known else [round(x, 6) for x in new.layers],
+            "layers_known": old.known, "layer_model": {k: m.as_dict() for k, m in models.items()}}
+    if not old.known:
+        note["layers_per_stage_unit"] = "one observed stage's layers"
+    return gp, factor, {str(pp if pp is not None else layers): note}, warnings
+
+
 def whatif_ops(trace_path: str | Path, meta: dict | None, scenarios: list[Scenario], attribution: bool = False) -> WhatIfResult:
     """Op-level trace -> its :class:`WhatIfResult`.
 
@@ -135,13 +188,8 @@ def whatif_ops(trace_path: str | Path, meta: dict | None, scenarios: list[Scenar
     g = OpGraph(ops)
     replay = simulate(g.graph())
     baseline = simulate(g.graph(g.work(), launch_delay=False))
-    gp = g
-    for sc in scenarios:
-        if sc.kind == "microbatches":
-            from prism.whatif.schedule import rebuild_microbatches
-
-            gp = OpGraph(rebuild_microbatches(gp.ops, int(sc.value), meta.get("pp_size")))
-    pred = simulate(gp.graph(apply_op_scenarios(gp, scenarios, meta.get("dp_size")), launch_delay=False)) if scenarios else replay
+    gp, factor, notes, warnings = restructure(g, scenarios, meta)
+    pred = simulate(gp.graph(apply_op_scenarios(gp, scenarios, meta.get("dp_size")) * factor, launch_delay=False)) if scenarios else replay
     sim_s = time.perf_counter() - t0
     observed = observed_step_times(ops)
     steps = pd.DataFrame({
@@ -165,6 +213,14 @@ def whatif_ops(trace_path: str | Path, meta: dict | None, scenarios: list[Scenar
         "scenarios": [str(s) for s in scenarios],
         "simulation_seconds": round(sim_s, 3),
     }
+    if notes:
+        from prism.whatif.repartition import bubble_fraction
+
+        summary["scenario_notes"] = notes
+        summary["baseline_bubble_fraction"] = round(bubble_fraction(g, baseline), 6)
+        summary["predicted_bubble_fraction"] = round(bubble_fraction(gp, pred), 6)
+    if warnings:
+        summary["warnings"] = warnings
     table = None
     if attribution:
         table, summary["attribution"] = attribute_ops(g)
@@ -379,6 +435,10 @@ def write_outputs(out: str | Path, result: WhatIfResult) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"jobs": result.jobs, "skipped": result.skipped, "warnings": result.warnings}
+    if result.search is not None:
+        summary["search"] = result.search
+    if result.search_table is not None:
+        result.search_table.to_csv(out / "search.csv", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     result.steps.to_csv(out / "steps.csv", index=False)
     if result.attribution is not None:

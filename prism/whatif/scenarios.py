@@ -21,11 +21,17 @@
                            replays only; :mod:`.netreplay`)
 ``heal-link:A>B``          the same for one link (``switches.csv`` names it)
 ``microbatches:M``         the pipeline rebuilt for M micro-batches per step
-                           (op traces; :mod:`.schedule`)
+                           (op traces; :mod:`.repartition`)
+``scale-pp:N``             the layers re-partitioned over N pipeline stages,
+                           the 1F1B step rebuilt (op traces;
+                           :mod:`.repartition`)
+``layers:L``               the job re-costed for L layers (op traces; with
+                           ``--meta`` ``num_layers``; :mod:`.repartition`)
 =========================  ===================================================
 
-Several scenarios combine, applied in the order given; ``microbatches``
-changes the graph itself, so it is applied first. On op traces every
+Several scenarios combine, applied in the order given; ``microbatches``,
+``scale-pp`` and ``layers`` change the graph itself, so they are applied
+first. On op traces every
 scenario is simulated without launch delays and compared with the baseline
 simulated the same way (see :meth:`~prism.whatif.optrace.OpGraph.graph`).
 """
@@ -44,11 +50,17 @@ if TYPE_CHECKING:
 
 __all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "apply_kineto_scenarios", "ideal_op_work", "SCENARIO_HELP"]
 
-SCENARIO_HELP = ("remove-stragglers, ideal, scale-comm:X, scale-compute:X, scale-dp:N, microbatches:M, heal-switch:NAME, heal-link:A>B "
-                 "(repeatable; applied in order)")
+SCENARIO_HELP = ("remove-stragglers, ideal, scale-comm:X, scale-compute:X, scale-dp:N, microbatches:M, scale-pp:N, "
+                 "layers:L, heal-switch:NAME, heal-link:A>B (repeatable; applied in order)")
 #: a real pipeline runs tens to hundreds of micro-batches a step
 MAX_MICROBATCHES = 1024
-_KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-compute", "scale-dp", "heal-switch", "heal-link", "microbatches")
+#: guards against a typo building an enormous graph (a rebuilt trace grows with stages x micro-batches)
+MAX_STAGES = 256
+MAX_LAYERS = 4096
+_KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-compute", "scale-dp", "heal-switch", "heal-link", "microbatches",
+          "scale-pp", "layers")
+#: scenarios that rebuild or re-cost the graph itself (applied before the others)
+STRUCTURAL = ("microbatches", "scale-pp", "layers")
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,7 @@ def parse_scenario(text: str) -> Scenario:
         raise ValueError(f"--scenario {text!r}: unknown; use {SCENARIO_HELP}")
     if kind in ("remove-stragglers", "ideal") and sep:
         raise ValueError(f"--scenario {text!r}: {kind} takes no argument")
-    if kind in ("scale-comm", "scale-compute", "scale-dp", "microbatches", "heal-switch", "heal-link") and not arg:
+    if kind in ("scale-comm", "scale-compute", "scale-dp", "microbatches", "scale-pp", "layers", "heal-switch", "heal-link") and not arg:
         example = {"heal-switch": "spine-00", "heal-link": "leaf-g00-r0>spine-00"}.get(kind, "2")
         raise ValueError(f"--scenario {text!r}: {kind} needs a value, e.g. {kind}:{example}")
     if kind == "heal-link" and arg.count(">") != 1:
@@ -89,12 +101,16 @@ def parse_scenario(text: str) -> Scenario:
                 raise ValueError
         except ValueError:
             raise ValueError(f"--scenario {text!r}: {kind} takes a positive, finite factor") from None
-    if kind in ("scale-dp", "microbatches"):
+    if kind in ("scale-dp", "microbatches", "scale-pp", "layers"):
         if not arg.isdigit() or int(arg) < 1:
             raise ValueError(f"--scenario {text!r}: {kind} takes a positive whole number")
         if kind == "microbatches" and int(arg) > MAX_MICROBATCHES:
             # the rebuilt trace grows with M (4 ops per micro-batch per rank and step): refuse, not run out of memory
             raise ValueError(f"--scenario {text!r}: at most {MAX_MICROBATCHES} micro-batches")
+        if kind == "scale-pp" and int(arg) > MAX_STAGES:
+            raise ValueError(f"--scenario {text!r}: at most {MAX_STAGES} pipeline stages")
+        if kind == "layers" and int(arg) > MAX_LAYERS:
+            raise ValueError(f"--scenario {text!r}: at most {MAX_LAYERS} layers")
     return Scenario(kind, arg or None)
 
 
@@ -149,8 +165,8 @@ def apply_op_scenarios(graph_builder: OpGraph, scenarios: list[Scenario], dp_siz
             f = ring(n) / ring(dp_size) if dp_size > 1 else 1.0
             dp_coll = ops["optype"].isin(["grads-reduce-scatter", "params-all-gather"]).to_numpy()
             comm_scale *= np.where(dp_coll, f, 1.0)
-        elif sc.kind == "microbatches":
-            continue  # applied to the trace before the graph was built (schedule.rebuild_microbatches)
+        elif sc.kind in STRUCTURAL:
+            continue  # applied to the trace or its work before (repartition)
         else:
             raise ValueError(f"--scenario {sc}: not available for op traces (heal-switch and heal-link need a network replay)")
     return d * comm_scale
