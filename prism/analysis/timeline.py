@@ -389,6 +389,8 @@ def optimizer_splits(gap: np.ndarray, busy_end: np.ndarray, weight: np.ndarray, 
         ends = busy_end[cut[d + 1]]
         dur = np.diff(ends).astype(np.float64)
         one = np.diff(d) == step
+        if not one.any():  # an even count's median between two spacings: no step of one period
+            continue
         med = float(np.median(dur[one]))
         if float(np.median(np.abs(dur[one] - med))) / med > max_score:
             continue
