@@ -368,10 +368,9 @@ def optimizer_splits(gap: np.ndarray, busy_end: np.ndarray, weight: np.ndarray, 
     """
     g = np.maximum(np.asarray(gap, dtype=np.float64), floor_ns)
     w = np.asarray(weight, dtype=np.float64)
-    u = np.unique(g)
     best: np.ndarray | None = None
-    for i in np.flatnonzero(u[1:] / u[:-1] >= min_jump):
-        cut = np.flatnonzero(g >= np.sqrt(u[i] * u[i + 1]))
+    for tau in _gap_jumps(g, min_jump).tau:
+        cut = np.flatnonzero(g >= tau)
         if len(cut) < 2 * min_steps:
             continue
         piece = np.zeros(len(w), dtype=np.int64)
@@ -403,6 +402,26 @@ def optimizer_splits(gap: np.ndarray, busy_end: np.ndarray, weight: np.ndarray, 
     return best
 
 
+class _GapJumps(NamedTuple):
+    """Where a job's gap lengths jump: the candidate thresholds of every cut."""
+
+    tau: np.ndarray  # each threshold, the geometric mean of the two lengths it falls between
+    ratio: np.ndarray  # the longer length over the shorter, at least ``min_jump``
+    above: np.ndarray  # how many gaps are longer than the threshold
+
+
+def _gap_jumps(g: np.ndarray, min_jump: float) -> _GapJumps:
+    """The thresholds between consecutive distinct gap lengths ``g`` where the longer is at least ``min_jump`` times the shorter.
+
+    One place for the rule every cut of :func:`natural_break` (and
+    :func:`optimizer_splits`) draws its thresholds from, ascending.
+    """
+    u, n = np.unique(g, return_counts=True)
+    ratio = u[1:] / u[:-1]
+    i = np.flatnonzero(ratio >= min_jump)
+    return _GapJumps(np.sqrt(u[i] * u[i + 1]), ratio[i], len(g) - np.cumsum(n)[i])
+
+
 class _Cut(NamedTuple):
     """A candidate cut of :func:`natural_break`: its score (lower: more regular), threshold and steps."""
 
@@ -423,14 +442,11 @@ def _scored_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_ste
     g = np.maximum(np.asarray(gap, dtype=np.float64), floor_ns)
     if len(g) < min_steps:
         return []
-    u = np.unique(g)
-    counts_above = len(g) - np.searchsorted(np.sort(g), u, side="right")  # gaps above each value
-    jumps = np.flatnonzero((u[1:] / u[:-1] >= min_jump) & (counts_above[:-1] >= min_steps + 1))
+    jumps = _gap_jumps(g, min_jump)
     span = float(busy_end[-1] - busy_end[0]) or 1.0  # for the tie-break when every cut leaves time out
     traffic = span if span_ns is None else float(span_ns)
     scored = []
-    for i in jumps:
-        tau = float(np.sqrt(u[i] * u[i + 1]))
+    for tau in jumps.tau[jumps.above >= min_steps + 1].tolist():
         c = _score_cut(g, np.flatnonzero(g >= tau), tau, busy_end, min_steps, min_cover, span, traffic)
         if c is not None:
             scored.append(c)
@@ -488,15 +504,11 @@ def _class_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_step
     g = np.maximum(np.asarray(gap, dtype=np.float64), floor_ns)
     if len(g) < min_steps:
         return []
-    u = np.unique(g)
-    counts_above = len(g) - np.searchsorted(np.sort(g), u, side="right")
-    ratio = u[1:] / u[:-1]
-    jumps = np.flatnonzero((ratio >= min_jump) & (counts_above[:-1] >= min_steps + 1))
-    taus = np.array([np.sqrt(u[i] * u[i + 1]) for i in jumps] + [np.inf])
+    jumps = _gap_jumps(g, min_jump)
+    taus = np.append(jumps.tau[jumps.above >= min_steps + 1], np.inf)
     # the gaps cut above a class may be rare (two checkpoints in view): any jump, the widest first
-    rare = np.flatnonzero(ratio >= min_jump)
-    rare = rare[np.argsort(-ratio[rare], kind="stable")[:max_rare]]
-    above = np.unique(np.concatenate([taus, np.sqrt(u[rare] * u[rare + 1])]))
+    rare = jumps.tau[np.argsort(-jumps.ratio, kind="stable")[:max_rare]]
+    above = np.unique(np.concatenate([taus, rare]))
     span = float(busy_end[-1] - busy_end[0]) or 1.0
     traffic = span if span_ns is None else float(span_ns)
     out = []
