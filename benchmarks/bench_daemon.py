@@ -95,18 +95,31 @@ def proc_stats(pid: int) -> tuple[float, float]:
     return hwm, cpu
 
 
+def assign_from_start(consumer, topic: str, timeout_s: float = 60.0) -> None:
+    """Assign a group-less ``consumer`` every partition of ``topic`` (waiting for its metadata) and seek to their start.
+
+    Shared by the benchmarks' bare consumers (the floor): this one's and bench_replicas.py's.
+    """
+    from kafka import TopicPartition
+
+    deadline = time.monotonic() + timeout_s
+    parts = consumer.partitions_for_topic(topic)
+    while not parts:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {topic} has no partitions after {timeout_s:.0f} s")
+        time.sleep(0.05)
+        parts = consumer.partitions_for_topic(topic)
+    consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
+    consumer.seek_to_beginning()
+
+
 def bare_consume(bootstrap, topic, messages: int) -> float:
     """Seconds a bare kafka-python consumer takes to read ``messages`` messages of ``topic`` (the floor)."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import KafkaConsumer
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
     try:
-        parts = c.partitions_for_topic(topic)
-        while not parts:
-            time.sleep(0.05)
-            parts = c.partitions_for_topic(topic)
-        c.assign([TopicPartition(topic, p) for p in parts])
-        c.seek_to_beginning()
+        assign_from_start(c, topic)
         t0, got = time.monotonic(), 0
         while got < messages:
             got += sum(len(v) for v in c.poll(timeout_ms=500, max_records=10_000).values())

@@ -50,8 +50,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
-from bench_daemon import proc_stats, scrape
+from bench_daemon import assign_from_start, proc_stats, scrape
 
 from prism.serve.broker import LocalBroker, free_port
 from prism.serve.live import stream_flows
@@ -96,17 +97,12 @@ def wait_ready(procs) -> None:
 def bare_consume(bootstrap: str, topic: str, idle_s: float = 3.0) -> tuple[float, int, list]:
     """A bare kafka-python consumer reading ``topic`` from the start until it has been idle ``idle_s``:
     (seconds to its last message, messages, the values)."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import KafkaConsumer
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
                       max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20)
     try:
-        parts = c.partitions_for_topic(topic)
-        while not parts:
-            time.sleep(0.05)
-            parts = c.partitions_for_topic(topic)
-        c.assign([TopicPartition(topic, p) for p in parts])
-        c.seek_to_beginning()
+        assign_from_start(c, topic)
         t0 = last = time.monotonic()
         got: list = []
         while time.monotonic() - last < idle_s:
@@ -133,6 +129,25 @@ def copy_in(bootstrap: str, topic: str, messages: list) -> None:
         p.close()
 
 
+class Copied(NamedTuple):
+    """Where a backlog run stood when its copy started, and how long the copy took."""
+
+    load: float  # load average (1 min) before
+    cpu: float  # CPU seconds of the replicas before
+    t0: float  # monotonic time the copy started
+    copied: float  # seconds the copy took
+
+
+def ready_then_copy(bootstrap: str, topic: str, messages: list, procs) -> Copied:
+    """Once every replica is ready (holds its partitions), note the load and their CPU time, then copy ``messages`` into ``topic``."""
+    wait_ready(procs)
+    load0 = os.getloadavg()[0]
+    cpu0 = sum(proc_stats(p.pid)[1] for p, _ in procs)
+    t0 = time.monotonic()
+    copy_in(bootstrap, topic, messages)
+    return Copied(load0, cpu0, t0, time.monotonic() - t0)
+
+
 def run_ingest(bootstrap, messages, n, topo_csv, k, partitions, tag) -> dict:
     """k ingest replicas, assigned on an empty topic; then the input copied in, timed until every record is counted."""
     topic, job_topic, group = f"flows-{tag}", f"jobs-{tag}", f"ingest-{tag}"
@@ -140,12 +155,7 @@ def run_ingest(bootstrap, messages, n, topo_csv, k, partitions, tag) -> dict:
     ensure_topic(bootstrap, job_topic, partitions)
     procs = [start("ingest", bootstrap, topic, job_topic, group, f"sum-{tag}", topo_csv, partitions, f"i{i}") for i in range(k)]
     try:
-        wait_ready(procs)
-        load0 = os.getloadavg()[0]
-        cpu0 = sum(proc_stats(p.pid)[1] for p, _ in procs)
-        t0 = time.monotonic()
-        copy_in(bootstrap, topic, messages)
-        copied = time.monotonic() - t0
+        c = ready_then_copy(bootstrap, topic, messages, procs)
         while True:
             done = sum(scrape(port, ("prism_flows_ingested_total",)).get("prism_flows_ingested_total", 0) for _, port in procs)
             if done >= n:
@@ -153,13 +163,13 @@ def run_ingest(bootstrap, messages, n, topo_csv, k, partitions, tag) -> dict:
             if any(p.poll() is not None for p, _ in procs):
                 raise RuntimeError(f"an ingest replica exited after {done:,.0f} of {n:,} records")
             time.sleep(0.05)
-        wall = time.monotonic() - t0
+        wall = time.monotonic() - c.t0
         stats = [proc_stats(p.pid) for p, _ in procs]
-        cpu = sum(c for _, c in stats) - cpu0
+        cpu = sum(s for _, s in stats) - c.cpu
         # the tail: the last windows are forwarded after the idle flush
         settle(procs, "prism_analysed_until_timestamp_seconds")
-        return dict(k=k, n=n, wall=wall, cpu=cpu, rss=[h for h, _ in stats], load=(load0, os.getloadavg()[0]), job_topic=job_topic,
-                    summaries=f"sum-{tag}", topic=topic, copied=copied)
+        return dict(k=k, n=n, wall=wall, cpu=cpu, rss=[h for h, _ in stats], load=(c.load, os.getloadavg()[0]), job_topic=job_topic,
+                    summaries=f"sum-{tag}", topic=topic, copied=c.copied)
     finally:
         stop(procs)
 
@@ -202,19 +212,14 @@ def run_analyse(bootstrap, topic, messages, summaries, flows, topo_csv, k, parti
     ensure_topic(bootstrap, job_topic, partitions)
     procs = [start("analyse", bootstrap, topic, job_topic, group, summaries, topo_csv, partitions, f"a{i}") for i in range(k)]
     try:
-        wait_ready(procs)
-        load0 = os.getloadavg()[0]
-        cpu0 = sum(proc_stats(p.pid)[1] for p, _ in procs)
-        t0 = time.monotonic()
-        copy_in(bootstrap, job_topic, messages)
-        copied = time.monotonic() - t0
-        t_end, ends, quiet = settle(procs, "prism_analysed_until_timestamp_seconds", t0)
+        c = ready_then_copy(bootstrap, job_topic, messages, procs)
+        t_end, ends, quiet = settle(procs, "prism_analysed_until_timestamp_seconds", c.t0)
         stats = [proc_stats(p.pid) for p, _ in procs]
         jobs = sum(scrape(port, ("prism_jobs",)).get("prism_jobs", 0) for _, port in procs)
         # the last window waits for IDLE_FLUSH_S of quiet input (the end of a backlog looks like that) before it is
         # analysed: when the rest was analysed sooner, that wait is time with no replica working, not counted
-        return dict(k=k, n=flows, wall=t_end - t0 - quiet, quiet=quiet, cpu=sum(c for _, c in stats) - cpu0, rss=[h for h, _ in stats],
-                    load=(load0, os.getloadavg()[0]), jobs=jobs, ends=ends, copied=copied)
+        return dict(k=k, n=flows, wall=t_end - c.t0 - quiet, quiet=quiet, cpu=sum(s for _, s in stats) - c.cpu, rss=[h for h, _ in stats],
+                    load=(c.load, os.getloadavg()[0]), jobs=jobs, ends=ends, copied=c.copied)
     finally:
         stop(procs)
 

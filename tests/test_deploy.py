@@ -299,6 +299,54 @@ def test_topology_is_required():
     assert {"name": "topology", "configMap": {"name": "gpu-inventory"}} in vols
 
 
+JOB_NAMES = "job_name,server\nllama-70b,srv0000\nllama-70b,srv0001\n"
+
+
+def test_job_names_inventory_reaches_the_daemon(tmp_path):
+    """jobNames.csv: its own ConfigMap, mounted as a directory, and --jobs.names pointing at it, in every stage."""
+    import kubernetes_validate
+
+    from prism.cli import build_parser
+    from prism.ingest.inventory import JobNames
+
+    default = objects(render())
+    assert "ConfigMap/prism-job-names" not in default
+    (c,) = default["Deployment/prism"]["spec"]["template"]["spec"]["containers"]
+    assert not any(a.startswith("--jobs.names") for a in c["args"])
+    assert "job-names" not in {v["name"] for v in default["Deployment/prism"]["spec"]["template"]["spec"]["volumes"]}
+
+    parser = build_parser()
+    for mode, deployments in (({}, ["Deployment/prism"]), (SPLIT, [f"Deployment/prism-{s}" for s in STAGES])):
+        objs = objects(render({"jobNames": {"csv": JOB_NAMES}, **mode}))
+        cm = objs["ConfigMap/prism-job-names"]
+        kubernetes_validate.validate(cm, KUBE_VERSION, strict=True)
+        (tmp_path / "job-names.csv").write_text(cm["data"]["job-names.csv"])
+        assert JobNames.from_csv(str(tmp_path / "job-names.csv")).name(["srv0000", "srv0001"]) == "llama-70b"
+        for key in deployments:
+            kubernetes_validate.validate(objs[key], KUBE_VERSION, strict=True)
+            pod = objs[key]["spec"]["template"]["spec"]
+            (c,) = pod["containers"]
+            assert "--jobs.names=/etc/prism/job-names/job-names.csv" in c["args"]
+            assert parser.parse_args(c["args"]).jobs_names == "/etc/prism/job-names/job-names.csv"
+            # no subPath: the kubelet updates the file in place and the daemon reads it again
+            assert {"name": "job-names", "mountPath": "/etc/prism/job-names", "readOnly": True} in c["volumeMounts"]
+            assert {"name": "job-names", "configMap": {"name": "prism-job-names"}} in pod["volumes"]
+    # renaming jobs does not roll the pods: the inventory is outside checksum/config
+    other = objects(render({"jobNames": {"csv": JOB_NAMES.replace("llama-70b", "gpt-moe")}}))
+    assert (other["Deployment/prism"]["spec"]["template"]["metadata"]["annotations"]
+            == objects(render({"jobNames": {"csv": JOB_NAMES}}))["Deployment/prism"]["spec"]["template"]["metadata"]["annotations"])
+    # the user's ConfigMap instead of ours
+    objs = objects(render({"jobNames": {"existingConfigMap": "slurm-jobs"}}))
+    assert "ConfigMap/prism-job-names" not in objs
+    pod = objs["Deployment/prism"]["spec"]["template"]["spec"]
+    assert {"name": "job-names", "configMap": {"name": "slurm-jobs"}} in pod["volumes"]
+    assert "--jobs.names=/etc/prism/job-names/job-names.csv" in pod["containers"][0]["args"]
+    chart = helm_chart.Chart.load(str(CHART))
+    for bad in ({"jobNames": {"csv": 3}}, {"jobNames": {"file": "x.csv"}}):
+        with pytest.raises(helm_errors.HelmValuesError):
+            chart.validate_schema({"topology": {"csv": TOPOLOGY}, **bad})
+
+
 def test_optional_features_are_off_by_default_and_render_when_enabled():
     objs = objects(render({"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
                            "grafanaDashboard": {"enabled": True}, "collector": {"enabled": True}}))

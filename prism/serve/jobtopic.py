@@ -873,9 +873,9 @@ class JobTopicSource(KafkaSource):
     def _job_key(self, job_id: str) -> str:
         return f"jobstate/{self.group_id}/{job_id}"
 
-    def read_summaries(self, catch_up_s: float = 0.0) -> None:
+    def read_summaries(self, catch_up: bool = False) -> None:
         """As :meth:`KafkaSource.read_summaries`; a job state deleted meanwhile (its job retired) is not taken."""
-        super().read_summaries(catch_up_s)
+        super().read_summaries(catch_up)
         m = self.monitor
         if isinstance(m, AnalyseMonitor) and m.restored:
             for job_id in [j for j in m.restored if self._job_key(j) not in self.summaries]:

@@ -222,32 +222,33 @@ class KafkaSource(Source):
             self.summary_consumer.seek_to_beginning(*self._summary_tps)
         return self._summary_tps
 
-    def read_summaries(self, catch_up_s: float = 0.0) -> None:
-        """Take new summary records; with ``catch_up_s``, read up to the end."""
+    #: A catch-up of the summaries topic stops here (seconds), with a warning: a
+    #: safety net, not a deadline. It ends at the end offsets taken when it
+    #: started, however long that takes; past --kafka.max-poll-interval the
+    #: group moves this replica's partitions away meanwhile, and the next
+    #: assignment's catch-up goes on from where this one stood.
+    SUMMARY_CATCH_UP_LIMIT_S = 600.0
+    #: Seconds between the progress lines of a long catch-up.
+    SUMMARY_CATCH_UP_LOG_S = 10.0
+
+    def read_summaries(self, catch_up: bool = False) -> None:
+        """Take new summary records; with ``catch_up``, every record up to the end offsets the topic has now.
+
+        A successor (a partition assigned) must start from its predecessor's
+        latest states, so it reads the summaries topic to the end offsets
+        captured when the catch-up starts (records written meanwhile are taken
+        by later reads), with a progress line every
+        :attr:`SUMMARY_CATCH_UP_LOG_S` and a warning if it gives up at
+        :attr:`SUMMARY_CATCH_UP_LIMIT_S`. Without ``catch_up``, only what has
+        already been fetched (no wait).
+        """
         tps = self._summary_partitions()
         if not tps:
             return
-        deadline = time.monotonic() + catch_up_s
-        while True:
-            batch = self.summary_consumer.poll(timeout_ms=100 if catch_up_s else 0)
-            for recs in batch.values():
-                for r in recs:
-                    key = r.key.decode("utf-8", "replace") if r.key else ""
-                    if r.value is None:
-                        self.summaries.pop(key, None)
-                        continue
-                    try:
-                        self.summaries[key] = json.loads(r.value)
-                    except ValueError:
-                        log.warning("summaries: unreadable value under %s", key)
-            if not catch_up_s or time.monotonic() > deadline:
-                break
-            caught = all(
-                self.summary_consumer.highwater(tp) is not None and self.summary_consumer.position(tp) >= self.summary_consumer.highwater(tp)
-                for tp in tps
-            )
-            if caught and not batch:
-                break
+        if catch_up:
+            self._catch_up_summaries(tps)
+        else:
+            self._take_summaries(self.summary_consumer.poll(timeout_ms=0))
         if self.monitor is not None:
             prefix = f"components/{self.group_id}/"
             remote = {
@@ -257,6 +258,58 @@ class KafkaSource(Source):
             if remote != self.monitor.remote_components:
                 self.monitor.remote_components = remote
                 self.components_changed = True
+
+    def _take_summaries(self, batch: dict) -> int:
+        """Apply a fetched batch of summary records (latest value per key; a tombstone deletes); return how many."""
+        n = 0
+        for recs in batch.values():
+            n += len(recs)
+            for r in recs:
+                key = r.key.decode("utf-8", "replace") if r.key else ""
+                if r.value is None:
+                    self.summaries.pop(key, None)
+                    continue
+                try:
+                    self.summaries[key] = json.loads(r.value)
+                except ValueError:
+                    log.warning("summaries: unreadable value under %s", key)
+        return n
+
+    def _catch_up_summaries(self, tps: list) -> None:
+        """Read the summaries topic up to the end offsets it has when called (see :meth:`read_summaries`)."""
+        consumer = self.summary_consumer
+        start = last_log = time.monotonic()
+        try:
+            end = consumer.end_offsets(tps)
+        except Exception as e:  # noqa: BLE001 - the broker did not answer: read to the high watermarks as they come
+            log.warning("summaries: could not read the topic's end offsets (%s); reading up to its high watermarks", e)
+            end = None
+
+        def to_go() -> int | None:  # offsets left before the end captured (not records: compaction leaves gaps)
+            return None if end is None else sum(max(end[tp] - consumer.position(tp), 0) for tp in tps)
+
+        read = 0
+        while end is None or to_go():
+            batch = consumer.poll(timeout_ms=100)
+            read += self._take_summaries(batch)
+            if end is None and not batch and all(
+                    consumer.highwater(tp) is not None and consumer.position(tp) >= consumer.highwater(tp) for tp in tps):
+                break
+            now = time.monotonic()
+            fields = {"topic": self.summary_topic, "records": read, "offsets_to_go": to_go(), "seconds": round(now - start, 1)}
+            if now - start >= self.SUMMARY_CATCH_UP_LIMIT_S:
+                log.warning("summaries: catch-up stopped after %.0f s, %s offsets before the end it started from (%d records read): "
+                            "the partitions assigned start from the states read so far, which may be stale",
+                            now - start, fields["offsets_to_go"], read, extra={"fields": fields})
+                return
+            if now - last_log >= self.SUMMARY_CATCH_UP_LOG_S:
+                last_log = now
+                log.info("summaries: catching up, %d records read in %.0f s, %s offsets to go", read, now - start, fields["offsets_to_go"],
+                         extra={"fields": fields})
+        took = time.monotonic() - start
+        if took >= self.SUMMARY_CATCH_UP_LOG_S:  # a short one (the usual) says nothing
+            log.info("summaries: caught up, %d records read in %.0f s", read, took,
+                     extra={"fields": {"topic": self.summary_topic, "records": read, "seconds": round(took, 1)}})
 
     def _state_key(self, tp) -> str:
         return f"partition/{self.group_id}/{tp.topic}/{tp.partition}"
@@ -284,7 +337,7 @@ class KafkaSource(Source):
                 self.monitor.drop_counters(self.partition_name(tp))
             self.positions.pop(tp, None)
             self._stash.pop(tp, None)
-        self.read_summaries(catch_up_s=5.0)
+        self.read_summaries(catch_up=True)
         for tp in pending:
             if tp not in owned:
                 continue

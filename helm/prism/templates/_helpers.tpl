@@ -56,6 +56,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (printf "%s-topology" (include "prism.fullname" .)) .Values.topology.existingConfigMap }}
 {{- end }}
 
+{{/* The ConfigMap holding the job-names inventory: the user's, or ours when jobNames.csv is set; empty for none. */}}
+{{- define "prism.jobNamesConfigMap" -}}
+{{- if .Values.jobNames.existingConfigMap }}
+{{- .Values.jobNames.existingConfigMap }}
+{{- else if .Values.jobNames.csv }}
+{{- printf "%s-job-names" (include "prism.fullname" .) }}
+{{- end }}
+{{- end }}
+
 {{/* Image by digest when given (repository[:tag]@sha256:...), else by tag. */}}
 {{- define "prism.imageRef" -}}
 {{- if .Values.image.digest }}
