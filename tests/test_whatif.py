@@ -507,6 +507,45 @@ def test_heal_switch_when_every_ring_crosses_it(every_ring_crosses):
     assert pred[job]["scenario_notes"]["heal-switch:spine-00"]["crossing_rings"] == 8
 
 
+def _replay_tables(n_steps: int, work: np.ndarray, rings: int = 2):
+    """steps.csv and phases.csv of a pure-DP job: per step, each ring's work (s) then a 0.1 s collective."""
+    start = np.r_[0, np.cumsum(work + 0.1)[:-1]] * 1e9
+    steps = pd.DataFrame({"job_id": "j", "step": np.arange(n_steps), "start_ns": start.astype(np.int64),
+                          "end_ns": (start + (work + 0.1) * 1e9).astype(np.int64)})
+    phases = pd.concat([pd.DataFrame({
+        "job_id": "j", "step": np.arange(n_steps), "group": f"dp@10.0.0.{r}", "kind": "dp_collective", "start_ns": steps["start_ns"],
+        "arrival_ns": (start + work * 1e9).astype(np.int64), "end_ns": steps["end_ns"], "bytes": 1 << 20,
+        "servers": "srv0000|srv0001"}) for r in range(rings)], ignore_index=True)
+    return steps, phases
+
+
+def test_remove_stragglers_without_peers_keeps_what_else_slows_the_job():
+    """No pipeline to compare with (pure DP, or a clip all-reduce ending every pipeline together): the straggler's
+    cost is the jump in the work where it begins. A second slowdown later in its steps (a switch) stays."""
+    from prism.whatif.netreplay import ReplayGraph
+
+    n = 40
+    healthy = 1.0 + 0.1 * (np.arange(n) >= 25)  # something else slows every step from step 25, straggler or not
+    straggler = 0.3 * (np.arange(n) >= 10)
+    steps, phases = _replay_tables(n, healthy + straggler)
+    anomalies = pd.DataFrame([{"kind": "slow_group", "job_id": "j", "step": 10, "subject": "srv0001", "score": 1.3,
+                               "explanation": "srv0001: computes 1.30x its peers' time, steps 10-39 (30 steps)"}])
+    g = ReplayGraph("j", steps, phases)
+    work = g.remove_stragglers(anomalies, g.work).reshape(n, 2)
+    assert work[:, 0] == pytest.approx(healthy, abs=1e-6) and work[:, 1] == pytest.approx(healthy, abs=1e-6)
+    # the anomaly ends before the capture does: the jump is measured on both sides
+    straggler = 0.3 * ((np.arange(n) >= 10) & (np.arange(n) < 20))
+    steps, phases = _replay_tables(n, healthy + straggler)
+    anomalies.loc[0, "explanation"] = "srv0001: computes 1.30x its peers' time, steps 10-19 (10 steps)"
+    g = ReplayGraph("j", steps, phases)
+    assert g.remove_stragglers(anomalies, g.work).reshape(n, 2)[:, 0] == pytest.approx(healthy, abs=1e-6)
+    # no healthy step at all: the anomaly's ratio
+    steps, phases = _replay_tables(n, np.full(n, 1.3))
+    anomalies.loc[0, "explanation"] = "srv0001: computes 1.30x its peers' time, steps 0-39 (40 steps)"
+    g = ReplayGraph("j", steps, phases)
+    assert g.remove_stragglers(anomalies, g.work) == pytest.approx(np.full(2 * n, 1.0), abs=1e-6)
+
+
 # ------------------------------------------------------- Kineto (PyTorch profiler) traces
 
 KINETO = shared_data_dir() / "kineto"
