@@ -43,7 +43,10 @@ Scenarios:
   than another in any step, each ring's rate per DP pair is compared with
   the tier's healthy median bandwidth per flow (``switches.csv``). Work
   phases are otherwise left as observed; the dependencies carry the change
-  to the step. ``heal-link:A>B``: the same for a link;
+  to the step. ``heal-link:A>B``: the same for a link, unless the link
+  itself ran within 15% of its tier's bandwidth (the rings' slowness is
+  then elsewhere: another link of the same leaf looks the same from the
+  rings' ends);
 * ``scale-comm:X``: every collective X times as long.
 """
 from __future__ import annotations
@@ -369,6 +372,11 @@ class ReplayGraph:
         info: dict = {"crossing_rings": int(crosses.reshape(self.n_s, self.n_r)[0].sum()), "healed": 0,
                       "reference": None, "ratio": ratio}
         if ratio >= 1 or not crosses.any():
+            return coll, work, info
+        if kind == "link" and ratio >= 1 - TOLERANCE:
+            # the link itself ran at its tier's bandwidth: what slowed the rings that may cross it is elsewhere
+            # (another link of the same leaf, which the rings' ends cannot tell apart from this one)
+            info["reference"] = "the link is not slow"
             return coll, work, info
         if self.bytes is None or not np.isfinite(self.bytes).all():
             # no byte counts: the crossing collectives at the switch's bandwidth ratio
