@@ -14,7 +14,9 @@ Prints Markdown tables:
 3. **Simulator speed**: a 1,024-GPU job (DP 128 x PP 8), 100 steps, 8
    micro-batches, built as an execution graph and simulated.
 
-    python benchmarks/bench_whatif.py [--clusters tiny,demo,baseline,every-ring-crosses]
+   ``heal-link:<the slow link>`` likewise on ``one-slow-link``.
+
+    python benchmarks/bench_whatif.py [--clusters tiny,demo,baseline,every-ring-crosses,one-slow-link]
 """
 from __future__ import annotations
 
@@ -119,12 +121,35 @@ def _every_ring_crosses(with_faults: bool):
                             faults=[DegradedSwitch("spine-00", 0.0, 1.0, 0.41)], seed=0, with_faults=with_faults, storage_flows_per_s=20)
 
 
+def _one_slow_link():
+    """A pure-DP job (TP 8 x DP 16) over four leaf groups, the leaf uplink most of its DP transfers take at 0.2x
+    in the second half (as ``tests/test_whatif.py`` builds it): the replay names the link, not its leaf."""
+    from synthetic.fabric import Fabric
+    from synthetic.faults import DegradedLink
+    from synthetic.generator import ClusterGenerator
+    from synthetic.workload import JobSpec
+
+    def gen(faults):
+        job = JobSpec("dp16", tp=8, pp=1, dp=16, microbatches=4, fwd_ms=20, grad_bytes=256 << 20, bucket_bytes=64 << 20)
+        return ClusterGenerator(Fabric(servers=16, servers_per_group=4, spines=4), [job], duration_s=4.0, faults=faults, seed=0,
+                                storage_flows_per_s=20)
+
+    twin = gen([]).generate()
+    f, ips = twin.flows, set(twin.topology["ip"].astype(str))
+    gpus = f["src"].astype(str).isin(ips) & f["dst"].astype(str).isin(ips)
+    dp = f[gpus & f["switches"].astype(str).str.contains("spine")]
+    link = dp["switches"].astype(str).str.split("|").map(lambda h: f"{h[0]}>{h[1]}").value_counts().index[0]
+    return gen([DegradedLink(link, 0.5, 1.0, 0.2)])
+
+
 def _generator(name: str, duration_s: float | None):
     from synthetic import preset
     from synthetic.scenarios import SCENARIOS, scenario_generator
 
     if name == "every-ring-crosses":
         return _every_ring_crosses(True)
+    if name == "one-slow-link":
+        return _one_slow_link()
     if name in SCENARIOS:
         return scenario_generator(name, seed=0, duration_s=duration_s or 30.0)[0]
     return preset(name, seed=0, duration_s=duration_s)
@@ -134,19 +159,19 @@ def counterfactuals(clusters: list[str], duration_s: float | None = None) -> Non
     """Each network scenario against the fault-free twin of its own fault alone (the same seed and random
     draws, that one fault dropped): heal-switch against the twin without the slow switch, remove-stragglers
     against the twin without the slow server. Mean step per job."""
-    from synthetic.faults import DegradedSwitch, SlowServer
+    from synthetic.faults import DegradedLink, DegradedSwitch, SlowServer
     from synthetic.fromtrace import CollectorNoise, collector_view
     from synthetic.scenarios import SCENARIOS
 
     print("### SYNTHETIC counterfactuals vs the twin of each fault alone (mean step)\n")
-    print("| cluster | job | observed (faulty) | heal-switch: twin without the switch fault, predicted, error | "
+    print("| cluster | job | observed (faulty) | heal-switch (heal-link): twin without the switch (link) fault, predicted, error | "
           "remove-stragglers: twin without the slow server, predicted, error | unchanged replay error |")
     print("|---|---|---:|---:|---:|---:|")
     for name in clusters:
         with tempfile.TemporaryDirectory() as d:
             d = Path(d)
             noisy = name in SCENARIOS and SCENARIOS[name][2]
-            for tag, drop in (("faulty", None), ("no-switch", DegradedSwitch), ("no-straggler", SlowServer)):
+            for tag, drop in (("faulty", None), ("no-switch", (DegradedSwitch, DegradedLink)), ("no-straggler", SlowServer)):
                 gen = _generator(name, duration_s)
                 if drop is not None and not any(isinstance(f, drop) for f in gen.faults):
                     continue  # the cluster has no such fault
@@ -159,7 +184,8 @@ def counterfactuals(clusters: list[str], duration_s: float | None = None) -> Non
                 prism(["whatif", str(d / f"r-{tag}"), "--out", str(d / f"w-{tag}"), "--quiet"])
             faults = pd.read_csv(d / "faulty" / "truth" / "faults.csv")
             topo = ["--topology", str(d / "faulty" / "topology.csv")]
-            runs = {"no-switch": [f"heal-switch:{sw}" for sw in faults.loc[faults["kind"] == "slow_switch", "subject"]],
+            runs = {"no-switch": [f"heal-switch:{sw}" for sw in faults.loc[faults["kind"] == "slow_switch", "subject"]]
+                    + [f"heal-link:{ln}" for ln in faults.loc[faults["kind"] == "slow_link", "subject"]],
                     "no-straggler": ["remove-stragglers"]}
             pred = {}
             for twin, sc in runs.items():
@@ -221,8 +247,8 @@ def speed() -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clusters", default="tiny,demo,baseline,every-ring-crosses",
-                    help="presets, scenarios of the matrix (30 s) and every-ring-crosses")
+    ap.add_argument("--clusters", default="tiny,demo,baseline,every-ring-crosses,one-slow-link",
+                    help="presets, scenarios of the matrix (30 s), every-ring-crosses and one-slow-link")
     args = ap.parse_args()
     real_traces()
     if SA.is_dir():

@@ -9,7 +9,7 @@ faults (slow steps, slow servers, degraded switches, slow NICs), and writes flow
 topology and the ground truth for every later stage of Prism.
 """
 from .fabric import Fabric
-from .faults import DegradedSwitch, Hang, Restart, SlowNic, SlowServer, SlowStep
+from .faults import DegradedLink, DegradedSwitch, Hang, Restart, SlowNic, SlowServer, SlowStep
 from .generator import ClusterGenerator, GeneratedCluster
 from .presets import PRESETS, preset
 from .workload import JobSpec, one_f_one_b
@@ -21,6 +21,7 @@ __all__ = [
     "SlowStep",
     "SlowServer",
     "DegradedSwitch",
+    "DegradedLink",
     "SlowNic",
     "Hang",
     "Restart",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SlowStep", "SlowServer", "DegradedSwitch", "SlowNic", "Hang", "Restart"]
+__all__ = ["SlowStep", "SlowServer", "DegradedSwitch", "DegradedLink", "SlowNic", "Hang", "Restart"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,24 @@ class DegradedSwitch:
     """
 
     switch: str = "auto"
+    start_frac: float = 0.4
+    end_frac: float = 1.0
+    factor: float = 0.25
+
+
+@dataclass(frozen=True)
+class DegradedLink:
+    """One link between two switches passes traffic at ``factor`` of its bandwidth for a while.
+
+    ``link`` is ``"A>B"`` in the direction traffic crosses it, as
+    ``switches.csv`` names links: a leaf's uplink ``leaf-g00-r0>spine-00``,
+    a downlink ``spine-00>leaf-g00-r0``. Only the transfers whose path
+    takes that hop are slowed; the rest of both switches is healthy. The
+    window is given as fractions of the capture window. Recorded in the
+    truth as a ``slow_link`` fault naming the link.
+    """
+
+    link: str
     start_frac: float = 0.4
     end_frac: float = 1.0
     factor: float = 0.25

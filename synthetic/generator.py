@@ -20,7 +20,7 @@ import pandas as pd
 from prism.ingest.readers import write_flows
 
 from .fabric import Fabric
-from .faults import DegradedSwitch, Hang, Restart, SlowNic, SlowServer, SlowStep
+from .faults import DegradedLink, DegradedSwitch, Hang, Restart, SlowNic, SlowServer, SlowStep
 from .workload import JobSpec, one_f_one_b
 
 __all__ = ["ClusterGenerator", "GeneratedCluster", "JobSimulation", "EPOCH_NS", "FlowColumns"]
@@ -28,8 +28,8 @@ __all__ = ["ClusterGenerator", "GeneratedCluster", "JobSimulation", "EPOCH_NS", 
 #: Capture windows start at 2026-01-01T00:00:00Z.
 EPOCH_NS = 1_767_225_600 * 1_000_000_000
 
-#: an active switch fault: (switch name, switch index, t0_ns, t1_ns, bandwidth factor)
-_Degraded = tuple[str, int, float, float, float]
+#: an active switch or link fault: (its name, the switch index or the link's two, t0_ns, t1_ns, bandwidth factor)
+_Degraded = tuple[str, "int | tuple[int, int]", float, float, float]
 #: truth rows: steps (job_id, step, start_ns, end_ns) and faults (kind, job_id, step, start_ns, end_ns, subject, factor)
 _StepRow = tuple[str, int, float, float]
 _FaultRow = tuple[str, str, int, float, float, str, float]
@@ -175,8 +175,8 @@ class ClusterGenerator:
                 cols, truth_pairs, truth_steps, truth_faults
             )
         self._storage_noise(cols, np.random.default_rng(noise_seq))
-        for name, _sw_id, t0, t1, factor in degraded:
-            truth_faults.append(("slow_switch", "", -1, t0, t1, name, factor))
+        for name, sw_id, t0, t1, factor in degraded:
+            truth_faults.append(("slow_link" if isinstance(sw_id, tuple) else "slow_switch", "", -1, t0, t1, name, factor))
 
         flows = cols.frame(fab, switch_names, self.duration_ns)
         topo = pd.DataFrame(fab.topology_rows())
@@ -215,11 +215,18 @@ class ClusterGenerator:
 
     # ------------------------------------------------------------------
     def _resolve_switch_faults(self, placement: dict[str, np.ndarray], switch_names: list[str]) -> list[_Degraded]:
-        """(name, switch index, t0_ns, t1_ns, factor) for each active switch fault."""
+        """(name, switch index, t0_ns, t1_ns, factor) for each active switch fault; a link's: its two switches'."""
         out: list[_Degraded] = []
         if not self.with_faults:
             return out
         for f in self.faults:
+            if isinstance(f, DegradedLink):
+                ends = f.link.split(">")
+                if len(ends) != 2 or not all(e in switch_names for e in ends):
+                    raise ValueError(f"degraded link {f.link!r} is not two switches of the fabric as 'A>B'")
+                ia, ib = (switch_names.index(e) for e in ends)
+                out.append((f.link, (ia, ib), f.start_frac * self.duration_ns, f.end_frac * self.duration_ns, f.factor))
+                continue
             if not isinstance(f, DegradedSwitch):
                 continue
             if f.switch == "auto":
@@ -406,11 +413,16 @@ class JobSimulation:
         return paths, net
 
     def _bw_factor(self, paths, t_ns: float, ends=None):
-        """Bandwidth multiplier per pair at time t (min over degraded switches; a slow NIC at either of ``ends`` divides it)."""
+        """Bandwidth multiplier per pair at time t (min over degraded switches and links; a slow NIC at either of
+        ``ends`` divides it)."""
         f = np.ones(paths.shape[:-1])
         for _, idx, t0, t1, factor in self.degraded:
             if t0 <= t_ns < t1:
-                f = np.where((paths == idx).any(axis=-1), np.minimum(f, factor), f)
+                if isinstance(idx, tuple):  # a link: the hop from one switch to the other, in that order
+                    hit = ((paths[..., :-1] == idx[0]) & (paths[..., 1:] == idx[1])).any(axis=-1)
+                else:
+                    hit = (paths == idx).any(axis=-1)
+                f = np.where(hit, np.minimum(f, factor), f)
         if self.slow_nic is not None and ends is not None:
             srv, factor = self.slow_nic
             gps = self.fab.gpus_per_server

@@ -507,6 +507,96 @@ def test_heal_switch_when_every_ring_crosses_it(every_ring_crosses):
     assert pred[job]["scenario_notes"]["heal-switch:spine-00"]["crossing_rings"] == 8
 
 
+def _one_link_twins(d: Path):
+    """A pure-DP job (TP 8 x DP 16) over four leaf groups whose ring edges leave each leaf on one uplink, and the
+    fault-free twin (same seed): the faulty one with the uplink most DP transfers take at 0.2x in the second half.
+    That leaf's other links stay healthy, so the replay names the link, not the leaf."""
+    from synthetic.fabric import Fabric
+    from synthetic.faults import DegradedLink
+    from synthetic.generator import ClusterGenerator
+    from synthetic.workload import JobSpec
+
+    def gen(faults):
+        job = JobSpec("dp16", tp=8, pp=1, dp=16, microbatches=4, fwd_ms=20, grad_bytes=256 << 20, bucket_bytes=64 << 20)
+        return ClusterGenerator(Fabric(servers=16, servers_per_group=4, spines=4), [job], duration_s=4.0, faults=faults, seed=0,
+                                with_faults=bool(faults), storage_flows_per_s=20).generate()
+
+    twin = gen([])
+    f = twin.flows
+    gpus = set(twin.topology["ip"].astype(str))
+    dp = f[f["src"].astype(str).isin(gpus) & f["dst"].astype(str).isin(gpus) & f["switches"].astype(str).str.contains("spine")]
+    link = dp["switches"].astype(str).str.split("|").map(lambda h: f"{h[0]}>{h[1]}").value_counts().index[0]
+    out = {"link": link, "twin": _replayed(twin, d / "twin"), "dir": d}
+    faulty = gen([DegradedLink(link, 0.5, 1.0, 0.2)])
+    assert faulty.faults.query("kind == 'slow_link'")["subject"].tolist() == [link]
+    out["faulty"], out["topology"] = _replayed(faulty, d / "faulty"), d / "faulty" / "topology.csv"
+    return out
+
+
+def test_heal_link_matches_the_twin_without_the_slow_link(tmp_path):
+    t = _one_link_twins(tmp_path)
+    link, d = t["link"], t["dir"]
+    sw = pd.read_csv(t["faulty"] / "switches.csv")
+    assert (sw.query("kind == 'link' and name == @link")["ratio"] < 0.7).all()  # the premise: the link is seen slow
+    assert main(["whatif", str(t["faulty"]), "--topology", str(t["topology"]), "--scenario", f"heal-link:{link}",
+                 "--out", str(d / "w"), "--quiet"]) == 0
+    assert main(["whatif", str(t["twin"]), "--out", str(d / "wt"), "--quiet"]) == 0
+    pred, twin = _jobs(d / "w"), _jobs(d / "wt")
+    assert set(pred) == set(twin) and len(pred) == 1
+    job = next(iter(pred))
+    truth = twin[job]["observed_step_s"]
+    assert pred[job]["observed_step_s"] / truth - 1 > 0.03  # the link costs the job
+    assert abs(pred[job]["predicted_step_s"] / truth - 1) < 0.02, (pred[job], truth)
+    notes = pred[job]["scenario_notes"][f"heal-link:{link}"]
+    assert notes["crossing_rings"] == 1 and notes["healed"] >= 1 and notes["reference"] == "rings not crossing it"
+    # a healthy link of the same leaf, the other way: nothing to heal, the step stays the replay's
+    down = sw.query("kind == 'link' and tier == 'spine>leaf' and ratio > 0.9")
+    down = down[down["name"].str.endswith(">" + link.split(">")[0])]["name"].iloc[0]
+    assert main(["whatif", str(t["faulty"]), "--topology", str(t["topology"]), "--scenario", f"heal-link:{down}",
+                 "--out", str(d / "w2"), "--quiet"]) == 0
+    same = _jobs(d / "w2")[job]
+    assert same["predicted_step_s"] == pytest.approx(same["baseline_step_s"], rel=1e-3)
+
+
+def _replay_tables(n_steps: int, work: np.ndarray, rings: int = 2):
+    """steps.csv and phases.csv of a pure-DP job: per step, each ring's work (s) then a 0.1 s collective."""
+    start = np.r_[0, np.cumsum(work + 0.1)[:-1]] * 1e9
+    steps = pd.DataFrame({"job_id": "j", "step": np.arange(n_steps), "start_ns": start.astype(np.int64),
+                          "end_ns": (start + (work + 0.1) * 1e9).astype(np.int64)})
+    phases = pd.concat([pd.DataFrame({
+        "job_id": "j", "step": np.arange(n_steps), "group": f"dp@10.0.0.{r}", "kind": "dp_collective", "start_ns": steps["start_ns"],
+        "arrival_ns": (start + work * 1e9).astype(np.int64), "end_ns": steps["end_ns"], "bytes": 1 << 20,
+        "servers": "srv0000|srv0001"}) for r in range(rings)], ignore_index=True)
+    return steps, phases
+
+
+def test_remove_stragglers_without_peers_keeps_what_else_slows_the_job():
+    """No pipeline to compare with (pure DP, or a clip all-reduce ending every pipeline together): the straggler's
+    cost is the jump in the work where it begins. A second slowdown later in its steps (a switch) stays."""
+    from prism.whatif.netreplay import ReplayGraph
+
+    n = 40
+    healthy = 1.0 + 0.1 * (np.arange(n) >= 25)  # something else slows every step from step 25, straggler or not
+    straggler = 0.3 * (np.arange(n) >= 10)
+    steps, phases = _replay_tables(n, healthy + straggler)
+    anomalies = pd.DataFrame([{"kind": "slow_group", "job_id": "j", "step": 10, "subject": "srv0001", "score": 1.3,
+                               "explanation": "srv0001: computes 1.30x its peers' time, steps 10-39 (30 steps)"}])
+    g = ReplayGraph("j", steps, phases)
+    work = g.remove_stragglers(anomalies, g.work).reshape(n, 2)
+    assert work[:, 0] == pytest.approx(healthy, abs=1e-6) and work[:, 1] == pytest.approx(healthy, abs=1e-6)
+    # the anomaly ends before the capture does: the jump is measured on both sides
+    straggler = 0.3 * ((np.arange(n) >= 10) & (np.arange(n) < 20))
+    steps, phases = _replay_tables(n, healthy + straggler)
+    anomalies.loc[0, "explanation"] = "srv0001: computes 1.30x its peers' time, steps 10-19 (10 steps)"
+    g = ReplayGraph("j", steps, phases)
+    assert g.remove_stragglers(anomalies, g.work).reshape(n, 2)[:, 0] == pytest.approx(healthy, abs=1e-6)
+    # no healthy step at all: the anomaly's ratio
+    steps, phases = _replay_tables(n, np.full(n, 1.3))
+    anomalies.loc[0, "explanation"] = "srv0001: computes 1.30x its peers' time, steps 0-39 (40 steps)"
+    g = ReplayGraph("j", steps, phases)
+    assert g.remove_stragglers(anomalies, g.work) == pytest.approx(np.full(2 * n, 1.0), abs=1e-6)
+
+
 # ------------------------------------------------------- Kineto (PyTorch profiler) traces
 
 KINETO = shared_data_dir() / "kineto"

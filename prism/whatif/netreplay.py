@@ -22,10 +22,14 @@ Scenarios:
   server is in ends its pipeline traffic later than the job's other
   pipelines; every ring's work in that step loses that lag (the slowest
   pipeline delays every stage's gradient collective by it). A job with no
-  pipeline traffic (pure data parallel): the work of the anomaly's steps
-  takes the ring's median over the job's other steps (its own healthy
-  baseline), or with none, is divided by the anomaly's ratio. ``slow_step``
-  steps are left as they are (they are not stragglers);
+  pipeline traffic (pure data parallel), or whose pipelines all end
+  together (a grad-norm clip all-reduce after the DP collectives): each
+  ring's work in the anomaly's steps loses the jump it made where the
+  anomaly began (or ended): the median over the 10 anomaly steps next to
+  that boundary less the median over the 10 healthy steps on its other
+  side. What else slows the work later on stays. With no healthy step,
+  the work is divided by the anomaly's ratio. ``slow_step`` steps are left
+  as they are (they are not stragglers);
 * ``heal-switch:NAME``: the transfers that crossed NAME are re-costed at the
   bandwidth measured in the same capture. A collective's rate is its bytes
   over its time (with the wait before its last member's arrival beyond the
@@ -39,7 +43,10 @@ Scenarios:
   than another in any step, each ring's rate per DP pair is compared with
   the tier's healthy median bandwidth per flow (``switches.csv``). Work
   phases are otherwise left as observed; the dependencies carry the change
-  to the step. ``heal-link:A>B``: the same for a link;
+  to the step. ``heal-link:A>B``: the same for a link, unless the link
+  itself ran within 15% of its tier's bandwidth (the rings' slowness is
+  then elsewhere: another link of the same leaf looks the same from the
+  rings' ends);
 * ``scale-comm:X``: every collective X times as long.
 """
 from __future__ import annotations
@@ -57,6 +64,8 @@ __all__ = ["ReplayGraph", "read_replay"]
 
 #: a collective this much below the healthy rate was slowed (rates of healthy rings vary by a few %)
 TOLERANCE = 0.15
+#: steps on each side of where a slow group begins or ends that measure the jump it makes in a ring's work
+ONSET_STEPS = 10
 
 
 #: the columns the what-if reads from a replay directory
@@ -229,16 +238,29 @@ class ReplayGraph:
         return ends - starts
 
     # ---- scenarios
-    def _healthy_baseline(self, values: np.ndarray, affected: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-        """Affected tasks take their ring's median over its unaffected steps (else ``fallback``)."""
-        out = values.copy()
-        df = pd.DataFrame({"ring": self.ring_of, "v": values, "ok": ~affected})
-        base = df[df["ok"]].groupby("ring")["v"].median()
-        b = pd.Series(self.ring_of).map(base).to_numpy(np.float64)
-        have = affected & ~np.isnan(b)
-        out[have] = b[have]
-        out[affected & ~have] = fallback[affected & ~have]
-        return out
+    def _less_onset_jump(self, values: np.ndarray, affected: np.ndarray, healthy: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+        """Affected tasks less the jump in their ring's work where the affected steps begin (and end, if the job
+        runs healthy again): the median over the :data:`ONSET_STEPS` affected steps next to each such boundary,
+        less the median over the as many healthy steps on its other side. A constant slowdown of one server
+        is that jump; what else moves the work later (a switch slowing down halfway through the anomaly) is
+        kept. A run of affected steps with no healthy step on either side takes ``fallback``. ``affected`` and
+        ``healthy`` are per step (the same for every ring of it)."""
+        n_s, n_r = self.n_s, self.n_r
+        v, out = values.reshape(n_s, n_r), values.copy().reshape(n_s, n_r)
+        a = np.asarray(affected.reshape(n_s, n_r).any(axis=1), bool)
+        ok = np.asarray(healthy.reshape(n_s, n_r).all(axis=1), bool) & ~a
+        k = ONSET_STEPS
+        edges = np.flatnonzero(np.diff(np.r_[0, a.astype(np.int8), 0]))
+        for i0, i1 in zip(edges[::2], edges[1::2]):  # affected steps i0..i1-1
+            run = np.arange(i0, i1)
+            before, after = np.flatnonzero(ok[:i0])[-k:], i1 + np.flatnonzero(ok[i1:])[:k]
+            if not len(before) and not len(after):
+                out[run] = fallback.reshape(n_s, n_r)[run]
+                continue
+            near = np.unique(np.r_[run[:k] if len(before) else [], run[-k:] if len(after) else []]).astype(np.int64)
+            jump = np.median(v[near], axis=0) - np.median(v[np.r_[before, after]], axis=0)
+            out[run] = np.maximum(v[run] - np.maximum(jump, 0.0)[None, :], 0.0)
+        return out.ravel()
 
     def slow_groups(self, anomalies: pd.DataFrame | None) -> list[tuple[set, int, int, float]]:
         """The job's ``slow_group`` anomalies: (servers named, first step, last step, ratio)."""
@@ -325,11 +347,11 @@ class ReplayGraph:
             out = np.maximum(out, 0.0)
         if fallback.any():
             # no pipeline to compare with (pure data parallel, or a clip or embedding all-reduce that ends every
-            # pipeline together): the ring's work in the job's other steps
+            # pipeline together): the jump in each ring's work where the anomaly begins (or ends) against the
+            # job's healthy steps next to it
             slow_steps = anomalies[(anomalies["kind"] == "slow_step") & (anomalies["job_id"].astype(str) == self.job_id)]["step"]
             ok = ~fallback & ~np.isin(step, slow_steps.to_numpy())
-            healed = self._healthy_baseline(np.where(ok | fallback, out, np.nan), fallback, divided)
-            out = np.where(fallback & ~np.isnan(healed), healed, out)
+            out = self._less_onset_jump(out, fallback, ok, divided)
         return out
 
     def heal_switch(self, name: str, switches: pd.DataFrame | None, topology: pd.DataFrame | None,
@@ -350,6 +372,11 @@ class ReplayGraph:
         info: dict = {"crossing_rings": int(crosses.reshape(self.n_s, self.n_r)[0].sum()), "healed": 0,
                       "reference": None, "ratio": ratio}
         if ratio >= 1 or not crosses.any():
+            return coll, work, info
+        if kind == "link" and ratio >= 1 - TOLERANCE:
+            # the link itself ran at its tier's bandwidth: what slowed the rings that may cross it is elsewhere
+            # (another link of the same leaf, which the rings' ends cannot tell apart from this one)
+            info["reference"] = "the link is not slow"
             return coll, work, info
         if self.bytes is None or not np.isfinite(self.bytes).all():
             # no byte counts: the crossing collectives at the switch's bandwidth ratio
