@@ -10,6 +10,7 @@ message per GPU pair, keyed by the unordered pair).
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -20,6 +21,7 @@ import pandas as pd
 from prism.ingest.formats import written_suffixes
 from prism.ingest.readers import write_flows
 from prism.ingest.records import empty_flows
+from prism.serve.settings import TOPIC_RE, parse_bootstrap_servers
 
 from .assemble import CollectStats, FlowAssembler, SwitchMap
 from .decode import decode_packets, scratch_for
@@ -95,6 +97,10 @@ def open_sink(out: str, security: KafkaSecurity | None = None,
         host, _, topic = rest.partition("/")
         if not host or not topic:
             raise ValueError(f"--out {out}: expected kafka://HOST:PORT/TOPIC")
+        # checked before connecting: kafka://::::/t reached the client and failed with "invalid literal for int()"
+        parse_bootstrap_servers(host, flag=f"--out {out}")
+        if not re.fullmatch(TOPIC_RE, topic) or topic in (".", ".."):
+            raise ValueError(f"--out {out}: {topic!r} is not a Kafka topic name (1-249 letters, digits, '.', '_', '-')")
         if check is not None:
             check(host, security)
         return KafkaSink(host, topic, security=security)

@@ -196,6 +196,18 @@ def test_bootstrap_servers_are_checked_before_connecting(topology_csv, capsys, s
     assert "--kafka.bootstrap-servers" in err and match in err
 
 
+@pytest.mark.parametrize("url, match", [
+    ("kafka://::::/flows", "'::::' is not HOST:PORT (IPv6 addresses go in brackets"),
+    ("kafka://kafka:99999/flows", "the port must be a number from 1 to 65535"),
+    ("kafka://kafka:9092/a topic", "'a topic' is not a Kafka topic name"),
+])
+def test_collect_checks_its_kafka_url_before_connecting(a_file, capsys, url, match):
+    """kafka://::::/flows reached the Kafka client: exit 1 with "invalid literal for int()"."""
+    assert main(["collect", str(a_file), "--out", url]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {url}" in err and match in err
+
+
 def test_good_bootstrap_servers_still_parse():
     from prism.serve.settings import parse_bootstrap_servers
 

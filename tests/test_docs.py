@@ -38,3 +38,13 @@ def test_user_docs_carry_no_issue_numbers():
     for path in [ROOT / "README.md", ROOT / "helm" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             assert not pattern.search(line), f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+
+
+def test_readme_demo_sample_numbers_the_slow_group_by_the_jobs_steps():
+    """The live demo's slow_group once named window-relative steps (16-19) beside the regime change at step 30;
+    the daemon now numbers them as the job's, and the README's sample must show what it prints."""
+    text = (ROOT / "README.md").read_text()
+    regime = re.search(r"regime_change (job-\w+) .* at step (\d+) and stayed slow", text)
+    group = re.search(r"slow_group +(job-\w+) .* steps (\d+)-\d+ \(\d+ steps\)", text)
+    assert regime and group, "the README shows the live demo's regime_change and slow_group lines"
+    assert group.group(1) == regime.group(1) and group.group(2) == regime.group(2)

@@ -110,6 +110,13 @@ def test_replay_carries_the_names_and_is_unchanged_without(tmp_path, cluster, ca
     assert by_name == _truth_names(cluster)  # each recognised job named as the generator named it
     for name, g in named.groupby("job_name"):
         assert set(g["ip"]) == set(cluster.jobs.loc[cluster.jobs["job_id"] == name, "ip"])
+    id_to_name = dict(zip(named["job_id"], named["job_name"]))
+    for f in ("pairs.csv", "steps.csv", "phases.csv", "anomalies.csv", "collectives.csv"):  # every per-job file carries the name
+        p, n = pd.read_csv(tmp_path / "plain" / f), pd.read_csv(tmp_path / "named" / f, keep_default_na=False, dtype={"job_name": str})
+        assert "job_name" not in p and list(n.columns) == list(p.columns) + ["job_name"], f
+        assert len(n) == len(p) and n["job_name"].tolist() == [id_to_name.get(j, "") for j in n["job_id"]], f
+        if f in ("steps.csv", "anomalies.csv"):
+            assert (n["job_name"] != "").any(), f
     summary = json.loads((tmp_path / "named" / "summary.json").read_text())
     assert sorted(j["job_name"] for j in summary["jobs"]) == sorted(cluster.jobs["job_id"].unique())
     assert main(args + ["--out", str(tmp_path / "bad"), "--job-names", str(tmp_path / "missing.csv")]) == 2
@@ -129,6 +136,18 @@ def test_the_daemon_labels_its_jobs_and_reads_a_changed_inventory(tmp_path, clus
     truth = {j: set(g["ip"]) for j, g in cluster.jobs.groupby("job_id")}
     named = {st.view.name for st in m._jobs.values()}
     assert named == set(truth)
+    # the events the daemon logs carry the name too, and their log lines show it
+    from prism.serve.daemon import format_event
+
+    events = list(m.events)
+    jobs = [e for k, e in events if k == "job"]
+    assert {e["job_name"] for e in jobs} == set(truth)
+    assert all(f"{e['job_id']} ({e['job_name']})" in format_event("job", e) for e in jobs)
+    names = {st.view.job_id: st.view.name for st in m._jobs.values()}
+    of_jobs = [e for k, e in events if k == "anomaly" and isinstance(e.get("job_id"), str) and e["job_id"] in names]
+    assert of_jobs  # the tiny cluster's faults: a slow step, a regime change and a slow group by now
+    for e in of_jobs:
+        assert e["job_name"] == names[e["job_id"]] and f"({e['job_name']})" in format_event("anomaly", e)
     info = {tuple(s.labels[k] for k in ("job_id", "job_name")) for f in PrismCollector(m).collect() if f.name == "prism_job_info" for s in f.samples}
     assert {n for _, n in info} == set(truth)
     # the scheduler's export is rewritten: the next window takes the new names; a broken one keeps the last good

@@ -243,6 +243,22 @@ def test_refused_connection_is_reported_within_seconds(protocol):
         assert time.monotonic() - t0 < 3.0
 
 
+def test_the_daemon_reports_a_refused_broker_before_compiling(tmp_path, monkeypatch):
+    """On a cold numba cache the warm-up compiles for 15-45 s: a refused broker was reported only after it."""
+    from prism.serve import build
+    from prism.serve.settings import resolve_settings
+
+    topology = tmp_path / "topology.csv"
+    topology.write_text("ip,server\n10.0.0.1,s0\n10.0.0.2,s1\n")
+    warmed = []
+    monkeypatch.setattr(build, "warm_up", lambda: warmed.append(1) or 0.0)
+    settings = resolve_settings({"topology": str(topology), "kafka_bootstrap_servers": f"127.0.0.1:{free_port()}",
+                                 "web_listen_address": "127.0.0.1:0"})
+    with pytest.raises(build.StartupError, match="nothing listens there") as e:
+        build.build_daemon(settings, warm=True)
+    assert e.value.exit_code == 1 and not warmed
+
+
 def test_scram_refusal_recognised_when_the_last_attempt_timed_out():
     """kafka-python retries a refused SCRAM exchange until the deadline; on a loaded machine its last attempt ends
     in a timeout. The refusal seen earlier is the reason (log lines recorded from kafka-python 3.0 against Tansu)."""

@@ -520,9 +520,14 @@ def write_outputs(res: ReplayResult, out: Path) -> None:
         "anomalies.csv": an.anomalies if an is not None else None,
         "collectives.csv": summarise(an.collectives, an.steps) if an is not None and an.collectives is not None else None,
     }
+    # with --job-names, every per-job file carries the scheduler's name beside the id, as jobs.csv does
+    names = jobs.drop_duplicates("job_id").set_index("job_id")["job_name"] if "job_name" in jobs else None
     for name, df in frames.items():
         df = df if df is not None else pd.DataFrame(columns=OUTPUT_COLUMNS[name])
-        df[OUTPUT_COLUMNS[name]].to_csv(out / name, index=False)
+        df = df[OUTPUT_COLUMNS[name]]
+        if names is not None:
+            df = df.assign(job_name=df["job_id"].map(names).fillna(""))
+        df.to_csv(out / name, index=False)
     sw = an.switch_bandwidth if an is not None and an.switch_bandwidth is not None else pd.DataFrame(columns=SWITCH_COLUMNS)
     sw.to_csv(out / "switches.csv", index=False)
     (out / "timeline.json").write_text(json.dumps(chrome_trace(res), indent=None) + "\n")

@@ -140,6 +140,8 @@ def build_daemon(
         raise StartupError(str(e)) from e
     monitor_type = {"ingest": IngestMonitor, "analyse": AnalyseMonitor}.get(settings.role, Monitor)
     monitor = monitor_type(topology, settings.monitor, job_names=names)
+    # a broker that cannot be reached is said before the warm-up, which compiles for 15-45 s on a cold cache
+    _check_kafka(settings)
     # the compiled kernels load now, not inside the first window; before any
     # other thread runs, as the warm-up silences the prism loggers meanwhile
     compiling = log_compile_state(log, "daemon's start") if warm and log_startup else False
@@ -179,14 +181,22 @@ def _start_server(registry: CollectorRegistry, health: Health, settings: DaemonS
         raise StartupError(f"--web.listen-address {address}: {e}") from e
 
 
+def _check_kafka(settings: DaemonSettings) -> None:
+    """Connect to the brokers once (see :func:`check_connection`): a failure is one clear line, exit 1."""
+    if settings.kafka is not None:
+        try:
+            check_connection(settings.kafka.bootstrap_servers, settings.kafka.security)
+        except KafkaConnectError as e:
+            raise StartupError(str(e), EXIT_FAILED) from e
+
+
 def _open_source(settings: DaemonSettings) -> KafkaSource | DirectorySource:
-    """The directory or Kafka source; Kafka's connection is tried first, so that its failure is one clear line."""
+    """The directory or Kafka source (its brokers checked by :func:`_check_kafka` before)."""
     kafka = settings.kafka
     try:
         if kafka is None:
             assert settings.source_dir is not None  # DaemonSettings has exactly one source
             return DirectorySource(settings.source_dir)
-        check_connection(kafka.bootstrap_servers, kafka.security)
         common: dict[str, Any] = dict(security=kafka.security, replica_id=kafka.replica_id, max_message_bytes=kafka.max_message_bytes,
                       max_poll_interval_ms=int(settings.max_poll_interval_s * 1000), session_timeout_ms=int(kafka.session_timeout_s * 1000))
         if settings.role == "ingest":

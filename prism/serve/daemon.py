@@ -36,11 +36,12 @@ log = logging.getLogger("prism.daemon")
 
 def format_event(kind: str, e: dict) -> str:
     """One readable line for a job or anomaly event."""
+    named = f" ({e['job_name']})" if e.get("job_name") else ""  # the scheduler's name, with --jobs.names
     if kind == "job":
-        return f"job      {e['job_id']}  {e['gpus']} GPUs on {e['servers']} servers"
+        return f"job      {e['job_id']}{named}  {e['gpus']} GPUs on {e['servers']} servers"
     if kind == "job_gone":
         return f"job gone {e['job_id']}"
-    return f"anomaly  {e['kind']:<13} {e.get('job_id') or '-':<13} {e['explanation']}"
+    return f"anomaly  {e['kind']:<13} {e.get('job_id') or '-':<13}{named} {e['explanation']}"
 
 
 class Daemon:

@@ -681,7 +681,9 @@ class Monitor:
                 st = max(absorbed, key=lambda o: o.view.steps) if absorbed else _JobState(job_id, self.s.step_history, self.SETTLE_STEPS)
                 st.view.job_id = job_id
                 self._jobs[job_id] = st
-                self.events.append(("job", {"job_id": job_id, "gpus": int(len(g)), "servers": int(g["server"].nunique())}))
+                name = self.job_names.name(current[job_id]) if self.job_names is not None else ""
+                self.events.append(("job", {"job_id": job_id, "gpus": int(len(g)), "servers": int(g["server"].nunique()),
+                                            **({"job_name": name} if name else {})}))
             # the id names the servers; the GPUs seen on them can still grow
             st.servers = current[job_id]
             st.view.gpus, st.view.servers = int(len(g)), len(st.servers)
@@ -828,6 +830,8 @@ class Monitor:
             for k in sorted(st.reported, key=st.reported.__getitem__)[: len(st.reported) // 2]:
                 del st.reported[k]
         st.view.anomalies[row["kind"]] += 1
+        if st.view.name:  # the scheduler's name (--jobs.names), in the event and its log line
+            row["job_name"] = st.view.name
         self._note_anomaly(row)
 
     def _note_anomaly(self, row: dict) -> None:

@@ -129,7 +129,7 @@ MAX_COUNTS = {"--window.max-flows": 1 << 32, "--kafka.max-message-bytes": (1 << 
 ROLES = ("all", "ingest", "analyse")
 
 # a Kafka topic name, as the broker checks it (1-249 of these characters; "." and ".." are not names)
-_TOPIC_RE = r"[A-Za-z0-9._-]{1,249}"
+TOPIC_RE = r"[A-Za-z0-9._-]{1,249}"
 
 
 def _count(value: Any, flag: str, most: int | None = None) -> int:
@@ -237,7 +237,7 @@ def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
             import re
 
             topic = "" if out[key] is None else str(out[key])
-            if not re.fullmatch(_TOPIC_RE, topic) or topic in (".", ".."):
+            if not re.fullmatch(TOPIC_RE, topic) or topic in (".", ".."):
                 raise ValueError(f"{flag}: {topic!r} is not a Kafka topic name (1-249 letters, digits, '.', '_', '-')")
             out[key] = topic
     # an empty group id is Kafka's deprecated "no group": nothing would be committed, and replicas would not share partitions
