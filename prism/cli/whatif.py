@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +58,13 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="with --search: micro-batch counts to try (default: the observed global batch, M from DP)")
     p.add_argument("--search-steps", type=int, default=4, metavar="K",
                    help="with --search: simulate each configuration on the trace's first K steps (default 4)")
+    p.add_argument("--chakra", metavar="DIR", type=output_directory,
+                   help="with --ops or --kineto: also write the graph simulated (after the scenarios) as MLCommons Chakra "
+                        "execution traces, the input of ASTRA-sim and SimAI: DIR/PREFIX.RANK.et per rank (compute nodes with "
+                        "their durations, collectives, pipeline sends/receives, dependencies within each rank) and "
+                        "DIR/PREFIX.comm_groups.json")
+    p.add_argument("--chakra-prefix", default="workload", metavar="PREFIX",
+                   help="with --chakra: the files' name before .RANK.et (default workload: pass DIR/workload to the simulator)")
     p.add_argument("--out", required=True, type=output_directory, help="output directory (made if missing)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     add_output_flags(p)
@@ -77,6 +85,15 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             raise ValueError(f"--search-steps {args.search_steps}: at least 1")
         if sum(map(bool, (args.ops, args.replay_dir, args.kineto))) != 1:
             raise ValueError("give one of REPLAY_DIR, --ops TRACE or --kineto TRACE...")
+        if args.chakra and args.replay_dir:
+            raise ValueError("--chakra needs ranks: give --ops or --kineto (a network replay models DP rings, not ranks)")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.chakra_prefix):
+            raise ValueError(f"--chakra-prefix {args.chakra_prefix!r}: letters, digits, '.', '_' and '-' only")
+        if args.chakra:
+            try:
+                import prism.whatif.chakra  # noqa: F401  (protobuf, an extra)
+            except ImportError as e:
+                raise ValueError(f"--chakra needs protobuf ({e}): pip install 'prism-netdiag[chakra]'") from None
         if args.partial and not args.kineto:
             raise ValueError("--partial goes with --kineto")
         if args.replay_dir and Path(args.replay_dir).is_file():
@@ -100,7 +117,18 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         print(f"prism whatif: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     write_outputs(args.out, result)
-    warnings = list(result.warnings) + [f"job {job} not modelled: {reason}" for job, reason in result.skipped.items()]
+    chakra = None
+    if args.chakra:
+        from prism.whatif.chakra import write_chakra
+
+        assert result.et_tasks is not None  # set by whatif_ops and whatif_kineto
+        try:
+            chakra = write_chakra(*result.et_tasks(), args.chakra, args.chakra_prefix)
+        except (ValueError, OSError) as e:
+            print(f"prism whatif: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    warnings = list(result.warnings) + ([f"chakra: {w}" for w in chakra["warnings"]] if chakra else [])
+    warnings += [f"job {job} not modelled: {reason}" for job, reason in result.skipped.items()]
     warnings += [f"job {job}: {w}" for job, j in result.jobs.items() for w in j.get("warnings", [])]
     if not result.jobs:
         warnings.append("no job was modelled")
@@ -118,9 +146,15 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             lines.append(_format_search(result))
         extra = (", attribution.csv" if result.attribution is not None else "") + (", search.csv" if result.search is not None else "")
         lines.append(f"wrote summary.json, steps.csv, timeline.json{extra} to {args.out}")
+        if chakra:
+            lines.append(f"wrote {len(chakra['files'])} Chakra ET file(s) ({sum(chakra['nodes_per_rank'].values())} nodes) and "
+                         f"{chakra['prefix']}.comm_groups.json to {chakra['dir']}")
         return "\n".join(lines)
 
-    return finish(args, "whatif", {"jobs": result.jobs, "skipped": result.skipped, "out": str(args.out)}, warnings, text=text)
+    payload = {"jobs": result.jobs, "skipped": result.skipped, "out": str(args.out)}
+    if chakra:
+        payload["chakra"] = {k: v for k, v in chakra.items() if k != "warnings"}
+    return finish(args, "whatif", payload, warnings, text=text)
 
 
 def _format_attribution(result: WhatIfResult) -> str:

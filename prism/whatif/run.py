@@ -22,12 +22,12 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pandas as pd
 
-from prism.whatif.graph import simulate
+from prism.whatif.graph import SimResult, simulate
 from prism.whatif.scenarios import Scenario
 
 if TYPE_CHECKING:
@@ -50,6 +50,8 @@ class WhatIfResult:
     warnings: list = field(default_factory=list)  # about the whole run
     search: dict | None = None  # --search: the summary (.search)
     search_table: pd.DataFrame | None = None  # --search: every configuration (search.csv)
+    #: --chakra: the simulated graph (after the scenarios) and its tasks per rank (:mod:`.chakra`), made when asked
+    et_tasks: Callable[[], tuple[SimResult, pd.DataFrame]] | None = None
 
 
 def _natural_key(name: str):
@@ -233,7 +235,12 @@ def whatif_ops(trace_path: str | Path, meta: dict | None, scenarios: list[Scenar
     start = pred.start[node] + offset
     rows = pd.DataFrame({"name": gp.ops["optype"].to_numpy(), "track": "rank " + gp.ops["rank"].astype(str),
                          "start": start, "dur": pred.graph.duration[node], "step": gp.ops["step"].to_numpy()})
-    return WhatIfResult({job: summary}, steps, _trace_events(job, rows), table)
+    def et_tasks() -> tuple[SimResult, pd.DataFrame]:
+        from prism.whatif.chakra import op_tasks
+
+        return pred, op_tasks(gp)
+
+    return WhatIfResult({job: summary}, steps, _trace_events(job, rows), table, et_tasks=et_tasks)
 
 
 def attribute_replay(g: ReplayGraph, anomalies: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict]:
@@ -426,7 +433,12 @@ def whatif_kineto(sources: list[str | Path], scenarios: list[Scenario], partial:
     keep = (it["kind"] == "gpu").to_numpy() | (it["kind"] == "call").to_numpy()
     rows = pd.DataFrame({"name": it["name"].to_numpy(), "track": "rank " + it["rank"].astype(str) + " " + it["track"].astype(str),
                          "start": pred.start[g.node], "dur": pred.finish[g.node] - pred.start[g.node], "step": it["step"].to_numpy()})[keep]
-    return WhatIfResult({job: summary}, steps, _trace_events(job, rows))
+    def et_tasks() -> tuple[SimResult, pd.DataFrame]:
+        from prism.whatif.chakra import kineto_tasks
+
+        return pred, kineto_tasks(g)
+
+    return WhatIfResult({job: summary}, steps, _trace_events(job, rows), et_tasks=et_tasks)
 
 
 def write_outputs(out: str | Path, result: WhatIfResult) -> None:
