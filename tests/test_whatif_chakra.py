@@ -144,7 +144,7 @@ def test_a_truncated_file_and_a_network_replay_are_refused(exported, tmp_path, c
     assert rc != 0 and "--chakra needs ranks" in capsys.readouterr().err
 
 
-def _kineto_rank(rank: int, compute_us: float) -> dict:
+def _kineto_rank(rank: int, compute_us: float, sized: bool) -> dict:
     """One rank of a hand-made 2-rank Kineto trace: a GEMM, then an NCCL all-reduce waiting for it, the host syncing."""
     def ev(cat, name, ts, dur, **args):
         return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": args.get("stream", 101), "ts": ts, "dur": dur, "args": args}
@@ -156,20 +156,25 @@ def _kineto_rank(rank: int, compute_us: float) -> dict:
         ev("kernel", "volta_sgemm_128x64_nn", 1020, compute_us, stream=7, correlation=1),
         ev("cuda_runtime", "cudaStreamWaitEvent", 1016, 1, correlation=2),
         ev("cuda_runtime", "cudaLaunchKernel", 1020, 5, correlation=3),
-        ev("kernel", "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", k_end, 50, stream=20, correlation=3),
+        ev("kernel", "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", k_end, 50, stream=20, correlation=3,
+           **{"In msg nelems": 1 << 20, "dtype": "Float"} if sized else {}),
         ev("cuda_runtime", "cudaStreamSynchronize", 1030, k_end + 55 - 1030, correlation=4)]}
 
 
-def test_kineto_traces_export_their_gpu_and_host_tasks(tmp_path):
+@pytest.mark.parametrize("sized", [True, False])
+def test_kineto_traces_export_their_gpu_and_host_tasks(tmp_path, capsys, sized):
     """From Kineto traces: every GPU operation and host call of a rank is a node (the step markers are not), the
-    all-reduce is one ALL_REDUCE over both ranks with no size (the trace gives none: a warning says so)."""
+    all-reduce is one ALL_REDUCE over both ranks, its size the kernel's input (PyTorch's In msg nelems x dtype), 0
+    with a warning where the trace gives none."""
     k = tmp_path / "k"
     k.mkdir()
     for r, c in enumerate([100.0, 300.0]):
-        (k / f"rank{r}.json").write_text(json.dumps(_kineto_rank(r, c)))
+        (k / f"rank{r}.json").write_text(json.dumps(_kineto_rank(r, c, sized)))
     rc = main(["whatif", "--kineto", str(k), "--chakra", str(tmp_path / "et"), "--chakra-prefix", "dlrm",
-               "--out", str(tmp_path / "o"), "--output", "json", "--quiet"])
+               "--out", str(tmp_path / "o"), "--output", "json"])
     assert rc == 0
+    warned = "without a size" in json.dumps(json.loads(capsys.readouterr().out).get("warnings", []))
+    assert warned != sized
     for r in (0, 1):
         _, nodes = read_et(tmp_path / "et" / f"dlrm.{r}.et")
         assert Counter(n.type for n in nodes) == {et.COMP_NODE: 5, et.COMM_COLL_NODE: 1}  # 4 host calls, the GEMM
@@ -177,7 +182,7 @@ def test_kineto_traces_export_their_gpu_and_host_tasks(tmp_path):
         assert all(set(n.data_deps) <= ids for n in nodes)
         ar = next(n for n in nodes if n.type == et.COMM_COLL_NODE)
         a = {x.name: x for x in ar.attr}
-        assert a["comm_type"].int64_val == et.ALL_REDUCE and a["comm_size"].int64_val == 0
+        assert a["comm_type"].int64_val == et.ALL_REDUCE and a["comm_size"].int64_val == (4 << 20 if sized else 0)
         gemm = next(n for n in nodes if n.name.startswith("volta"))
         assert gemm.id in ar.data_deps or any(gemm.id in n.data_deps for n in nodes)
         assert gemm.duration_micros == [100, 300][r]

@@ -127,7 +127,9 @@ def op_tasks(g: OpGraph) -> pd.DataFrame:
 def kineto_tasks(g: KinetoGraph) -> pd.DataFrame:
     """A Kineto graph (:class:`~.kineto.KinetoGraph`), one row per item: host calls (``cpu``) and GPU operations;
     NCCL kernels matched across ranks are collectives (a ``SendRecv`` kernel as ``ALL_TO_ALL`` over its
-    communicator: PyTorch's all_to_all runs as one; a kernel does not say which way a pipeline transfer went); sizes are not read from Kineto traces (-1).
+    communicator: PyTorch's all_to_all runs as one; a kernel does not say which way a pipeline
+    transfer went); ``comm_size``: the kernel's ``In msg nelems`` times its dtype's size (its input, as Chakra's PyTorch
+    converter counts it) where the trace gives them (PyTorch 2.1 on), else -1.
     Step markers, which take no time, are left out, and dependencies through them are kept by bridging them."""
     it = g.items
     n = len(it)
@@ -143,7 +145,7 @@ def kineto_tasks(g: KinetoGraph) -> pd.DataFrame:
     types = {k: comm_type_of(k)[0] for k in pd.unique(name[coll])}
     comm_type[coll] = [types[k] for k in name[coll]]
     return pd.DataFrame({"rank": rank, "node": node, "step": it["step"].to_numpy(np.int64), "name": name,
-                         "kind": np.where(coll, "coll", "comp"), "comm_type": comm_type, "comm_size": -1,
+                         "kind": np.where(coll, "coll", "comp"), "comm_type": comm_type, "comm_size": np.where(coll, g.item_bytes, -1),
                          "peer": -1, "tag": -1, "group": _groups(node, rank, coll), "cpu": (it["kind"] == "call").to_numpy(),
                          "marker": it["kind"].isin(["begin", "end"]).to_numpy()})
 

@@ -119,6 +119,23 @@ def _load(path: Path) -> dict:
     return d
 
 
+#: bytes per element of the dtypes PyTorch names in an NCCL kernel's args
+_DTYPE_BYTES = {"double": 8, "long": 8, "float": 4, "int": 4, "half": 2, "bfloat16": 2, "short": 2, "byte": 1, "char": 1,
+                "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def _msg_bytes(args: dict) -> int:
+    """An NCCL kernel's input in bytes from its args (``In msg nelems`` x the dtype's size, PyTorch 2.1 on), -1 unknown.
+
+    >>> _msg_bytes({"In msg nelems": 1024, "dtype": "BFloat16"}), _msg_bytes({"dtype": "Float"})
+    (2048, -1)
+    """
+    n, size = args.get("In msg nelems"), _DTYPE_BYTES.get(str(args.get("dtype", "")).lower())
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0 or size is None:
+        return -1
+    return n * size
+
+
 def _read_rank(path: Path, n_files: int) -> RankTrace:
     d = _load(path)
     info_raw = d.get("distributedInfo")
@@ -152,7 +169,7 @@ def _read_rank(path: Path, n_files: int) -> RankTrace:
             ranks = args.get("Process Group Ranks")
             gpu.append((ts, dur, args.get("stream", e.get("tid")), args.get("correlation"), str(name), GPU_CATS[cat],
                         m.group(1) if m else "", str(args.get("Process Group Name", "world")) if m else "",
-                        str(ranks) if m and ranks is not None else ""))
+                        str(ranks) if m and ranks is not None else "", _msg_bytes(args) if m else -1))
         elif cat in CALL_CATS:
             calls.append((ts, dur, e.get("tid"), args.get("correlation"), str(name)))
         elif isinstance(name, str) and cat in ("user_annotation", "cpu_op", "cpu_instant_event") and STEP_RE.match(name):
@@ -161,7 +178,7 @@ def _read_rank(path: Path, n_files: int) -> RankTrace:
         raise ValueError(f"{path}: no GPU kernel in the trace (a Kineto trace recorded with CUDA activities is needed)")
     if not steps:
         raise ValueError(f"{path}: no ProfilerStep#N annotation (record with torch.profiler and call prof.step() every step)")
-    g = pd.DataFrame(gpu, columns=["ts", "dur", "stream", "corr", "name", "cat", "coll", "comm", "comm_ranks"])
+    g = pd.DataFrame(gpu, columns=["ts", "dur", "stream", "corr", "name", "cat", "coll", "comm", "comm_ranks", "bytes"])
     g["stream"] = g["stream"].astype(str)
     c = pd.DataFrame(calls, columns=["ts", "dur", "tid", "corr", "name"])
     c["tid"] = c["tid"].astype(str)
@@ -199,7 +216,7 @@ class _Items:
     """Columns of the graph's items (before collectives are merged into nodes) and the edges between them."""
 
     def __init__(self) -> None:
-        self.cols: dict[str, list] = {k: [] for k in ("kind", "rank", "step", "ts", "end", "work", "name", "track", "coll_key", "release")}
+        self.cols: dict[str, list] = {k: [] for k in ("kind", "rank", "step", "ts", "end", "work", "name", "track", "coll_key", "release", "bytes")}
         self.src: list[np.ndarray] = []
         self.dst: list[np.ndarray] = []
         self.gap: list[np.ndarray] = []
@@ -207,7 +224,7 @@ class _Items:
 
     def add(self, n: int, **cols) -> np.ndarray:
         for k in self.cols:
-            v = cols.get(k, {"coll_key": "", "release": 0.0, "work": 0.0}.get(k))
+            v = cols.get(k, {"coll_key": "", "release": 0.0, "work": 0.0, "bytes": -1}.get(k))
             self.cols[k].append(np.asarray(v) if np.ndim(v) else np.full(n, v, dtype=object if isinstance(v, str) else None))
         idx = np.arange(self.n, self.n + n)
         self.n += n
@@ -251,6 +268,8 @@ class KinetoGraph:
         self.items["step"] = self.items["step"].astype(np.int64)
         self.items[["ts", "end"]] = self.items[["ts", "end"]].astype(np.float64)
         work = cols["work"].astype(np.float64)
+        #: per item, an NCCL kernel's input bytes where the trace gives them (-1: unknown or not NCCL)
+        self.item_bytes = cols["bytes"].astype(np.int64)
         release = cols["release"].astype(np.float64)
         src, dst, gap = (np.concatenate(x) if x else np.zeros(0) for x in (it.src, it.dst, it.gap))
         pairs, self.collectives, self.clock_spread_us = self._match_collectives(nccl_items, work)
@@ -323,7 +342,7 @@ class KinetoGraph:
         ge = gt + gd
         gcall, gsi = gpu["call"].to_numpy(), gpu["si"].to_numpy()
         gidx = it.add(len(gpu), kind="gpu", rank=r.rank, step=s_id[gsi] if len(gpu) else np.zeros(0, np.int64), ts=gt - base,
-                      end=ge - base, work=gd.copy(), name=gpu["name"].to_numpy(object),
+                      end=ge - base, work=gd.copy(), name=gpu["name"].to_numpy(object), bytes=gpu["bytes"].to_numpy(np.int64),
                       track=("stream " + gpu["stream"]).to_numpy(object))
         for i in np.flatnonzero(gpu["coll"].to_numpy() != ""):
             nccl_items.append((int(gidx[i]), r.rank, gpu["comm"].iat[i], gpu["coll"].iat[i], gt[i], gpu["comm_ranks"].iat[i], r.path))
