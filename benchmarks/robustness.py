@@ -26,6 +26,7 @@ no fault explains.
 
     python benchmarks/robustness.py [--scenarios clip,all] [--seeds 0,1,2] [--windows 60,180,600] [--no-traces]
     python benchmarks/robustness.py --scenarios moe,moe-flat,cp --seeds 0 --windows 60 --no-traces  (the modern shapes, by name only)
+    python benchmarks/robustness.py --scenarios moe-all,cp-all --no-traces  (beside 3D jobs, with confounders; by name only)
                                     [--stream [--window 120] [--window-step 15]] [--slice-flows N]
     python benchmarks/robustness.py --matrix dp [--shapes ddp,fsdp] [--lengths 0.3s,5s] [--windows 60,180] [--stream]
 """
@@ -277,12 +278,13 @@ def main_dp(args) -> int:
 
 
 def main() -> int:
-    from synthetic.scenarios import SCENARIOS, scenario_cluster
+    from synthetic.scenarios import MODERN_SCENARIOS, SCENARIOS, scenario_cluster
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: every one; 'all' is the scenario with every confounder), "
                     "or 'none' for the real-trace rows only; also, by name only, the modern shapes moe, moe-flat and cp (synthetic.modern: "
-                    "MoE all-to-all, ring attention)")
+                    "MoE all-to-all, ring attention, each alone) and moe-<scenario>, cp-<scenario> (those jobs beside 3D jobs, "
+                    "with the scenario's confounders: moe-all, cp-clip, ...)")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; the DP matrix: 0)")
     ap.add_argument("--windows", default=None, help="capture windows in seconds (default 60,180,600; the DP matrix: 60,180, and a window of 8 steps for a step too long for them)")
     ap.add_argument("--matrix", choices=("scenarios", "dp"), default="scenarios",
@@ -306,9 +308,9 @@ def main() -> int:
     from synthetic.modern import MODERN_KINDS, modern_cluster
 
     names = [*SCENARIOS, HANG_RESTART, SLOW_NIC] if args.scenarios is None else ([] if args.scenarios == "none" else args.scenarios.split(","))
-    unknown = set(names) - set(SCENARIOS) - {HANG_RESTART, SLOW_NIC} - set(MODERN_KINDS)
+    unknown = set(names) - set(SCENARIOS) - {HANG_RESTART, SLOW_NIC} - set(MODERN_KINDS) - set(MODERN_SCENARIOS)
     if unknown:
-        ap.error(f"unknown scenario(s) {', '.join(sorted(unknown))}; choose from {', '.join([*SCENARIOS, HANG_RESTART, SLOW_NIC, *MODERN_KINDS])}")
+        ap.error(f"unknown scenario(s) {', '.join(sorted(unknown))}; choose from {', '.join([*SCENARIOS, HANG_RESTART, SLOW_NIC, *MODERN_KINDS, *MODERN_SCENARIOS])}")
     print("| scenario | seed | window | run | jobs ARI | pair types | steps found | spurious | mean step error | faults found | unexplained anomalies |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     t0 = time.perf_counter()

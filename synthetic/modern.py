@@ -102,7 +102,18 @@ class CPJob(JobSpec):
             raise ValueError(f"{self.name}: a CP job has tp = the {gpus_per_server} GPUs of a server, cp >= 2, attn_layers >= 1")
 
     def rank(self, t, d, p):
-        """``d`` runs over CP rank and DP replica (``c + cp * d``): Megatron's tp-cp-dp-pp order."""
+        """``d`` runs over CP rank and DP replica (``c + cp * d``): Megatron's tp-cp-dp-pp order, or tp-cp-pp-dp
+        (``rank_order="tp-pp-dp"``: the CP ring stays inside a replica's stage, the replicas of a stage far apart).
+
+        >>> j = CPJob("j", tp=8, cp=2, dp=2, pp=2)
+        >>> int(j.rank(0, 1, 0)), int(j.rank(0, 2, 0)), int(j.rank(0, 0, 1))
+        (8, 16, 32)
+        >>> j = dataclasses.replace(j, rank_order="tp-pp-dp")
+        >>> int(j.rank(0, 1, 0)), int(j.rank(0, 2, 0)), int(j.rank(0, 0, 1))
+        (8, 32, 16)
+        """
+        if self.rank_order == "tp-pp-dp":
+            return t + self.tp * (d % self.cp + self.cp * (p + self.pp * (d // self.cp)))
         return t + self.tp * (d + self.cp * self.dp * p)
 
 
@@ -198,6 +209,11 @@ class CPSimulation(JobSimulation):
     def __init__(self, gen, spec: CPJob, servers, rng, degraded):
         self.cp_spec = spec
         super().__init__(gen, dataclasses.replace(spec, dp=spec.dp * spec.cp, cp=1), servers, rng, degraded)
+        # the ranks by the CP job's own order (the simulated spec's cp = 1 loses it; the same for tp-cp-dp-pp)
+        T, D, P = self.spec.tp, self.spec.dp, self.spec.pp
+        t, d, p = np.meshgrid(np.arange(T), np.arange(D), np.arange(P), indexing="ij")
+        self.gpu = self.base + spec.rank(t, d, p)
+        self.pp_a, self.pp_b = self.gpu[:, :, :-1], self.gpu[:, :, 1:]
         self.kv_rng = np.random.default_rng(rng.integers(1 << 62))
         self._rings()
 
@@ -272,7 +288,9 @@ class CPSimulation(JobSimulation):
         end = -np.inf
         for p in range(P):
             t0 = float(eB[-1, :, p].max()) if ready is None else float(ready[p])
-            for bucket in self.buckets:
+            for i, bucket in enumerate(self.buckets):
+                if bucket_ready is not None:  # overlap: a bucket waits for its own readiness
+                    t0 = max(t0, float(bucket_ready[p, i]))
                 chunk = -(-int(bucket) // D)
                 full, rem = divmod(chunk, cs.message_bytes)
                 sizes = np.array([cs.message_bytes] * full + ([rem] if rem else []), dtype=np.int64)

@@ -204,3 +204,35 @@ def test_the_replay_summary_names_the_expert_group_size(tmp_path, moe):
     job = r.summary()["jobs"][0]
     assert job["ep"] == modern_job("moe").ep and "cp" not in job
     assert f"expert all-to-all groups of {job['ep']}" in format_summary(r)
+
+
+def test_modern_scenarios_put_the_jobs_beside_3d_jobs_with_the_confounders():
+    from synthetic.scenarios import MODERN_SCENARIOS, SCENARIOS, modern_scenario_generator, scenario_generator
+
+    assert {"moe-all", "cp-all", "moe-baseline", "cp-collector"} <= set(MODERN_SCENARIOS)
+    assert len(MODERN_SCENARIOS) == 2 * len(SCENARIOS)
+    g, noisy = scenario_generator("moe-all")  # the matrix's entry point knows them too
+    names = [j.name for j in g.jobs]
+    assert names[:2] == ["moe-ep8", "moe-flat-ep8"] and "tp8-pp2-dp2" in names and noisy
+    assert all(j.clip_allreduce and j.dp_overlap and j.distributed_optimizer and j.rank_order == "tp-pp-dp" for j in g.jobs)
+    assert {f.job for f in g.faults if hasattr(f, "job")} == {"moe-ep8", "moe-flat-ep8"}
+    g, noisy = modern_scenario_generator("cp-clip")
+    assert g.jobs[0].name == "ring-cp4" and g.jobs[0].clip_allreduce and not g.jobs[0].dp_overlap and not noisy
+    with pytest.raises(ValueError):
+        modern_scenario_generator("moe-flat")
+
+
+def test_cp_job_in_the_other_rank_order_keeps_each_ring_in_a_stage():
+    from synthetic.fabric import Fabric
+    from synthetic.generator import ClusterGenerator
+
+    job = modern_job("cp", rank_order="tp-pp-dp")
+    c = ClusterGenerator(Fabric(servers=20, servers_per_group=8), [job], duration_s=2.0, seed=0, with_faults=False,
+                         uniform_dp_share=0.0, storage_flows_per_s=0).generate()
+    assert c.pairs["type"].value_counts().to_dict() == {"CP": 128, "PP": 64, "DP": 64}
+    server = Topology.from_frame(c.topology).nics.set_index("ip")["server"]
+    first = min(server[c.jobs["ip"]])
+    pos = lambda ips: np.array([int(s[3:]) for s in server[ips]]) - int(first[3:])  # noqa: E731
+    for kind, apart in (("CP", {1, 3}), ("PP", {4}), ("DP", {8})):  # tp-cp-pp-dp: CP ranks next to each other, then stages, then replicas
+        p = c.pairs[c.pairs["type"] == kind]
+        assert set(np.abs(pos(p["dst"]) - pos(p["src"])).tolist()) == apart, kind

@@ -168,7 +168,7 @@ def analyse(
     if "type" in p:
         # a DP ring whose edges ride all-to-all pairs (an MoE job's dense ring inside its EP groups): its bursts
         # are the DP marker, the all-to-alls are not
-        ring = ring_bursts_on(np.asarray(ptype[o] == "EP")[flow_pair], flow_pair, a, b, start, end)
+        ring = ring_bursts_on(np.asarray(ptype[o] == "EP")[flow_pair], flow_pair, a, b, start, end, size=size)
         if ring.any():
             is_dp = is_dp | ring
             if collective is not None:
@@ -261,13 +261,33 @@ def _collectives(is_dp, is_pp, pair_type, flow_pair, a, b, start, end, size, pai
 
 
 def ring_bursts_on(mask: np.ndarray, flow_pair: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray, end: np.ndarray,
-                   merge_ns: int = 20_000, min_flows: int = 3) -> np.ndarray:
-    """Per flow: among the flows ``mask`` marks, those of one-way bursts of ``min_flows`` or more (ring collective steps).
+                   merge_ns: int = 20_000, min_flows: int = 3, pace: float = 20.0, size: np.ndarray | None = None) -> np.ndarray:
+    """Per flow: among the flows ``mask`` marks, those of one-way runs of ``min_flows`` or more (ring collective steps).
 
     An all-to-all goes every way at once (an episode of its pair carries
     both directions); a ring collective's steps go one way round the ring,
-    several chunks back to back. Episodes as :func:`prism.analysis.parallelism.pair_episodes`
-    cuts them; one sort of the marked flows.
+    several chunks back to back. A run is one one-way episode, or
+    consecutive one-way episodes of a pair in the same direction with no
+    two-way episode between them, each within ``pace`` times the previous
+    one's length a flow of it and (``size`` given) with flows of its mean
+    size within 5%: a ring paced by a slower edge (a degraded link
+    elsewhere in the ring) sends each step's equal chunk alone and waits,
+    so its steps show apart, one flow each; an all-to-all flow whose
+    reverse was lost is a compute phase away from the ring, and of another
+    size. Episodes as
+    :func:`prism.analysis.parallelism.pair_episodes` cuts them; one sort of
+    the marked flows.
+
+    >>> a, b = np.array([0, 1, 0, 0, 0, 0]), np.array([1, 0, 1, 1, 1, 1])  # an all-to-all both ways, then 4 ring steps apart
+    >>> t = np.array([0, 0, 10, 10.1, 10.2, 10.3]) * 1_000_000
+    >>> ring_bursts_on(np.ones(6, dtype=bool), np.zeros(6, dtype=np.int64), a, b, t, t + 9_000).tolist()
+    [False, False, True, True, True, True]
+    >>> t[-1] = 20_000_000  # the last a compute phase later: a lost record's all-to-all flow, not a ring step
+    >>> ring_bursts_on(np.ones(6, dtype=bool), np.zeros(6, dtype=np.int64), a, b, t, t + 9_000).tolist()
+    [False, False, True, True, True, False]
+    >>> t[-1] = 10_300_000  # near, but of another size
+    >>> ring_bursts_on(np.ones(6, dtype=bool), np.zeros(6, dtype=np.int64), a, b, t, t + 9_000, size=np.array([9, 9, 4, 4, 4, 1])).tolist()
+    [False, False, True, True, True, False]
     """
     out = np.zeros(len(a), dtype=bool)
     idx = np.flatnonzero(mask)
@@ -277,7 +297,20 @@ def ring_bursts_on(mask: np.ndarray, flow_pair: np.ndarray, a: np.ndarray, b: np
     ep = np.cumsum(pair_episodes(flow_pair[o], start[o], end[o], merge_ns)) - 1
     n = np.bincount(ep)
     fwd = np.bincount(ep, weights=(a[o] < b[o]).astype(np.float64))
-    burst = ((fwd == 0) | (fwd == n)) & (n >= min_flows)
+    oneway = (fwd == 0) | (fwd == n)
+    # runs: consecutive one-way episodes of one pair in one direction (episodes are numbered in (pair, start) order)
+    first = np.r_[0, np.flatnonzero(np.diff(ep)) + 1]
+    ep_pair, ep_fwd = flow_pair[o][first], fwd > 0
+    ep_start = start[o][first]
+    ep_end = np.maximum.reduceat(end[o], first)
+    per_flow = np.maximum((ep_end - ep_start) / n, 1.0)  # an episode's length a flow (a burst's back-to-back chunks: one chunk's time)
+    near = ep_start[1:] - ep_end[:-1] <= pace * per_flow[:-1]
+    if size is not None:  # a ring's steps move equal chunks: alike flows (however many of them an episode merges)
+        flow_bytes = np.bincount(ep, weights=np.asarray(size, dtype=np.float64)[o]) / n
+        near &= np.abs(flow_bytes[1:] - flow_bytes[:-1]) <= 0.05 * np.maximum(flow_bytes[1:], flow_bytes[:-1])
+    new_run = np.r_[True, (ep_pair[1:] != ep_pair[:-1]) | (ep_fwd[1:] != ep_fwd[:-1]) | ~oneway[1:] | ~oneway[:-1] | ~near]
+    run = np.cumsum(new_run) - 1
+    burst = oneway & (np.bincount(run, weights=n)[run] >= min_flows)
     out[o] = burst[ep]
     return out
 
