@@ -291,6 +291,19 @@ def test_bad_search_settings_exit_2(tmp_path, capsys, args, match):
     assert main(["whatif", str(tmp_path), "--search", "--gpus", "8", "--out", str(tmp_path / "o")]) == 2
 
 
+@pytest.mark.parametrize("inputs, args, match", [
+    (["REPLAY"], ["--meta", "m.yaml"], "--meta goes with --ops"),
+    (["--kineto", "k.json"], ["--meta", "m.yaml"], "--meta goes with --ops"),
+    (["--ops", "OPS"], ["--topology", "t.csv"], "--topology goes with REPLAY_DIR"),
+    (["--ops", "OPS"], ["--partial"], "--partial goes with --kineto"),
+])
+def test_a_flag_for_another_input_is_refused_not_ignored(tmp_path, capsys, inputs, args, match):
+    PipelineJob(stages=2, steps=1).trace().to_parquet(tmp_path / "ops.parquet")
+    inputs = [{"REPLAY": str(tmp_path), "OPS": str(tmp_path / "ops.parquet")}.get(a, a) for a in inputs]
+    assert main(["whatif", *inputs, *args, "--out", str(tmp_path / "o")]) == 2
+    assert match in capsys.readouterr().err
+
+
 @needs_sa
 def test_a_rebuilt_trace_too_large_is_refused(tmp_path, capsys):
     assert main(["whatif", "--ops", str(SA / "trace-SE.parquet"), "--meta", str(SA / "meta-SE.yaml"), "--scenario", "scale-pp:64",

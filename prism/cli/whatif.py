@@ -96,6 +96,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                 raise ValueError(f"--chakra needs protobuf ({e}): pip install 'prism-netdiag[chakra]'") from None
         if args.partial and not args.kineto:
             raise ValueError("--partial goes with --kineto")
+        if args.meta and not args.ops:  # ignored otherwise: say so rather than run without what the user meant
+            raise ValueError("--meta goes with --ops (the op trace's parallel sizes)")
+        if args.topology and not args.replay_dir:
+            raise ValueError("--topology goes with REPLAY_DIR (a 'prism replay' output directory)")
         if args.replay_dir and Path(args.replay_dir).is_file():
             raise ValueError(f"{args.replay_dir} is a file; an op-level trace goes with --ops, a 'prism replay' output directory as REPLAY_DIR")
         if args.ops:
