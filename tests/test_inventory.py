@@ -150,6 +150,11 @@ def test_the_daemon_labels_its_jobs_and_reads_a_changed_inventory(tmp_path, clus
         assert e["job_name"] == names[e["job_id"]] and f"({e['job_name']})" in format_event("anomaly", e)
     info = {tuple(s.labels[k] for k in ("job_id", "job_name")) for f in PrismCollector(m).collect() if f.name == "prism_job_info" for s in f.samples}
     assert {n for _, n in info} == set(truth)
+    # the current anomalies carry it too: an alert on them names the job as the scheduler does
+    current = [s.labels for f in PrismCollector(m).collect() if f.name == "prism_anomaly_info" for s in f.samples]
+    assert any(x["job_id"] for x in current)
+    for x in current:
+        assert x["job_name"] == names.get(x["job_id"], ""), x
     # the scheduler's export is rewritten: the next window takes the new names; a broken one keeps the last good
     _inventory(cluster, rename=lambda n: "team-" + n).to_csv(path, index=False)
     os.utime(path, (os.stat(path).st_atime, os.stat(path).st_mtime + 10))

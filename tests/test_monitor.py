@@ -275,7 +275,10 @@ def test_the_anomalies_kept_are_bounded(cluster, monkeypatch):
     monkeypatch.setattr(monitor_mod, "RECENT_ANOMALIES_PER_JOB", 3)
     monkeypatch.setattr(monitor_mod, "RECENT_ANOMALIES", 7)
     m = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
-    m._jobs = {f"job-{j}": None for j in range(4)}  # recognised jobs (the pruning only looks at the keys)
+    from types import SimpleNamespace
+
+    # recognised jobs (the pruning looks at the keys, the labels at the names); job-3 named by an inventory
+    m._jobs = {f"job-{j}": SimpleNamespace(view=SimpleNamespace(name="llama" if j == 3 else "")) for j in range(4)}
     for i in range(100):
         job = f"job-{i % 5}"  # job-4 is not (or no longer) recognised
         m._note_anomaly({"kind": "slow_step", "job_id": job, "subject": "s" * 1000, "step": i, "start_ns": i, "score": 2.0,
@@ -290,7 +293,8 @@ def test_the_anomalies_kept_are_bounded(cluster, monkeypatch):
     assert len(fam.samples) == 7
     assert all(len(s.labels["subject"]) == ANOMALY_SUBJECT_CHARS for s in fam.samples[:-1])
     assert fam.samples[0].labels["explanation"] == "anomaly 92\\x1b[31m"  # control characters escaped
-    assert fam.samples[-1].labels == {"job_id": "", "kind": "slow_switch", "subject": "spine-0", "step": "", "explanation": "fabric"}
+    assert [s.labels["job_name"] for s in fam.samples] == ["", "llama", "", "", "", "llama", ""]  # steps 92, 93, 95-98: jobs 2, 3, 0-3
+    assert fam.samples[-1].labels == {"job_id": "", "job_name": "", "kind": "slow_switch", "subject": "spine-0", "step": "", "explanation": "fabric"}
 
 
 def test_a_slow_group_found_in_a_later_window_names_the_jobs_steps():

@@ -327,8 +327,9 @@ def anomaly_info(rows: Sequence[dict]) -> GaugeMetricFamily:
     [('7', '\\\\x0a2x', 17), ('', 'xxxxx…', 200)]
     """
     fam = GaugeMetricFamily("prism_anomaly_info", "A current anomaly (value 1): the last few of each job and of the fabric, with its "
-                            "explanation (job_id empty for switches and links, step empty when not tied to a step).",
-                            labels=["job_id", "kind", "subject", "step", "explanation"])
+                            "explanation (job_id empty for switches and links, job_name empty without --jobs.names, step empty when "
+                            "not tied to a step).",
+                            labels=["job_id", "job_name", "kind", "subject", "step", "explanation"])
     seen: set = set()
     for r in rows:
         step = r.get("step")
@@ -337,7 +338,7 @@ def anomaly_info(rows: Sequence[dict]) -> GaugeMetricFamily:
         except (TypeError, ValueError):  # NaN
             step_label = ""
         job = r.get("job_id")
-        labels = (printable(job if isinstance(job, str) else "", 100), printable(r.get("kind") or "", 50),
+        labels = (printable(job if isinstance(job, str) else "", 100), printable(r.get("job_name") or "", 100), printable(r.get("kind") or "", 50),
                   printable(r.get("subject") or "", ANOMALY_SUBJECT_CHARS), step_label,
                   printable(r.get("explanation") or "", ANOMALY_EXPLANATION_CHARS))
         if labels not in seen:

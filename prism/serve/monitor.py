@@ -851,7 +851,9 @@ class Monitor:
         for job in [j for j in self._recent if j and j not in self._jobs]:
             del self._recent[job]  # the job ended, or was absorbed into a bigger one
         rows = sorted((x for q in self._recent.values() for x in q), key=lambda x: x[0])[-RECENT_ANOMALIES:]
-        return tuple(dict(r) for _, r in rows)
+        # each job's name as the inventory says now (it may have been renamed since the anomaly)
+        names = {j: st.view.name for j, st in self._jobs.items() if st.view.name}
+        return tuple(dict(r, job_name=names.get(r["job_id"], "") if isinstance(r["job_id"], str) else "") for _, r in rows)
 
     def _merge_groups(self, lag: pd.DataFrame | None, anomalies: pd.DataFrame | None, steps: pd.DataFrame | None) -> None:
         for js in self._jobs.values():
