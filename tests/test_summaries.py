@@ -106,3 +106,18 @@ def test_the_safety_limit_stops_a_catch_up_with_a_warning(summaries, monkeypatch
     monkeypatch.setattr(KafkaSource, "SUMMARY_CATCH_UP_LIMIT_S", 600.0)
     src.read_summaries(catch_up=True)
     assert src.summaries == _latest()
+
+
+def test_the_summaries_topic_is_created_compacted_with_segments_that_roll(broker, monkeypatch):
+    """Created compacted, its segments rolled hourly (Kafka cleans only closed segments); an existing topic is left as it is."""
+    from kafka.admin import KafkaAdminClient
+
+    sent = []
+    create = KafkaAdminClient.create_topics
+    monkeypatch.setattr(KafkaAdminClient, "create_topics", lambda self, topics, **kw: sent.extend(topics) or create(self, topics, **kw))
+    name = f"sum-{uuid.uuid4().hex[:8]}"
+    assert ensure_topic(broker.bootstrap, name, 1, compact=True)
+    assert not ensure_topic(broker.bootstrap, name, 1, compact=True)
+    assert len(sent) == 1 and sent[0].name == name
+    cfg = sent[0].topic_configs
+    assert cfg["cleanup.policy"] == "compact" and 0 < int(cfg["segment.ms"]) <= 24 * 3_600_000

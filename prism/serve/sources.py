@@ -119,6 +119,11 @@ class Source(Protocol):
         ...
 
 
+#: A compacted topic (the summaries: the latest record per key) rolls a segment hourly: Kafka never compacts the
+#: segment it is writing to, a week's by default, so the topic would otherwise grow for a week before any cleaning.
+COMPACTED_TOPIC_CONFIGS = {"cleanup.policy": "compact", "segment.ms": str(3_600_000)}
+
+
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, compact: bool = False, timeout_s: float = 30.0,
                  security: KafkaSecurity | None = None) -> bool:
     """Create ``topic`` if it does not exist; return True if created (``security``: a KafkaSecurity, default plaintext)."""
@@ -131,7 +136,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, compact: bool 
     try:
         if topic in admin.list_topics():
             return False
-        cfg = {"cleanup.policy": "compact"} if compact else {}
+        cfg = dict(COMPACTED_TOPIC_CONFIGS) if compact else {}
         try:
             admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=cfg)])
         except TopicAlreadyExistsError:
