@@ -121,3 +121,16 @@ def test_the_summaries_topic_is_created_compacted_with_segments_that_roll(broker
     assert len(sent) == 1 and sent[0].name == name
     cfg = sent[0].topic_configs
     assert cfg["cleanup.policy"] == "compact" and 0 < int(cfg["segment.ms"]) <= 24 * 3_600_000
+
+
+def test_a_catch_up_that_reads_nothing_stops_with_a_warning(summaries, monkeypatch, caplog):
+    """A consumer whose fetches bring nothing while offsets remain (a broker that lost and re-created the topic) ends
+    the catch-up after SUMMARY_CATCH_UP_STALL_POLLS polls, not at the safety limit: the daemon's loop and its group
+    membership wait on it."""
+    src, _, _ = summaries
+    polls = []
+    src.summary_consumer.poll = lambda *a, **k: polls.append(1) or {}
+    src.read_summaries(catch_up=True)
+    assert len(polls) == KafkaSource.SUMMARY_CATCH_UP_STALL_POLLS
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "polls that read nothing" in warning.getMessage() and warning.fields["offsets_to_go"] > 0 and warning.fields["records"] == 0

@@ -235,6 +235,10 @@ class KafkaSource(Source):
     SUMMARY_CATCH_UP_LIMIT_S = 600.0
     #: Seconds between the progress lines of a long catch-up.
     SUMMARY_CATCH_UP_LOG_S = 10.0
+    #: Polls (of 100 ms) in a row that move no offset end a catch-up, with a warning: a consumer that fetches
+    #: nothing (a broker that lost and re-created the topic, its fetches failing) must not hold the daemon, and
+    #: its group membership, for the whole safety limit.
+    SUMMARY_CATCH_UP_STALL_POLLS = 50
 
     def read_summaries(self, catch_up: bool = False) -> None:
         """Take new summary records; with ``catch_up``, every record up to the end offsets the topic has now.
@@ -293,23 +297,26 @@ class KafkaSource(Source):
         def to_go() -> int | None:  # offsets left before the end captured (not records: compaction leaves gaps)
             return None if end is None else sum(max(end[tp] - consumer.position(tp), 0) for tp in tps)
 
-        read = 0
-        while end is None or to_go():
+        read = stalled = 0
+        left = to_go()
+        while end is None or left:
             batch = consumer.poll(timeout_ms=100)
             read += self._take_summaries(batch)
             if end is None and not batch and all(
                     consumer.highwater(tp) is not None and consumer.position(tp) >= consumer.highwater(tp) for tp in tps):
                 break
-            now = time.monotonic()
-            fields = {"topic": self.summary_topic, "records": read, "offsets_to_go": to_go(), "seconds": round(now - start, 1)}
-            if now - start >= self.SUMMARY_CATCH_UP_LIMIT_S:
-                log.warning("summaries: catch-up stopped after %.0f s, %s offsets before the end it started from (%d records read): "
+            now, before, left = time.monotonic(), left, to_go()
+            stalled = 0 if batch or left != before else stalled + 1
+            fields = {"topic": self.summary_topic, "records": read, "offsets_to_go": left, "seconds": round(now - start, 1)}
+            if now - start >= self.SUMMARY_CATCH_UP_LIMIT_S or stalled >= self.SUMMARY_CATCH_UP_STALL_POLLS:
+                why = f"after {now - start:.0f} s" if stalled < self.SUMMARY_CATCH_UP_STALL_POLLS else f"after {stalled} polls that read nothing"
+                log.warning("summaries: catch-up stopped %s, %s offsets before the end it started from (%d records read): "
                             "the partitions assigned start from the states read so far, which may be stale",
-                            now - start, fields["offsets_to_go"], read, extra={"fields": fields})
+                            why, left, read, extra={"fields": fields})
                 return
             if now - last_log >= self.SUMMARY_CATCH_UP_LOG_S:
                 last_log = now
-                log.info("summaries: catching up, %d records read in %.0f s, %s offsets to go", read, now - start, fields["offsets_to_go"],
+                log.info("summaries: catching up, %d records read in %.0f s, %s offsets to go", read, now - start, left,
                          extra={"fields": fields})
         took = time.monotonic() - start
         if took >= self.SUMMARY_CATCH_UP_LOG_S:  # a short one (the usual) says nothing
