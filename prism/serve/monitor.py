@@ -250,6 +250,9 @@ class Monitor:
         self.max_start: int | None = None  # latest record start over all partitions
         self._part_max: dict[str, int] = {}  # latest record start per partition
         self._part_seen: dict[str, float] = {}  # wall time of each partition's last batch
+        self._last_input = -float("inf")  # wall time of the last batch from any partition
+        self._resumed_at = -float("inf")  # wall time input came back after a quiet spell of idle_flush_s (see watermark)
+        self.clock = time.monotonic  # wall clock of the idle rules (a seam for tests)
         self._disorder: deque = deque()  # (event time, ns a record started behind its partition's latest), see _note_disorder
         self.backlogged: set[str] = set()  # partitions the source knows have unread records
         self.analysed_to: int | None = None
@@ -296,7 +299,10 @@ class Monitor:
             self._part_max[partition] = max(self._part_max.get(partition, m), m)
             lo = int(start[~late].min())
             self.min_start = lo if self.min_start is None else min(self.min_start, lo)
-        self._part_seen[partition] = time.monotonic()
+        now = self.clock()
+        if now - self._last_input > self.s.idle_flush_s:
+            self._resumed_at = now
+        self._last_input = self._part_seen[partition] = now
         if not gpu.any():
             return
         a, b, start = a[gpu], b[gpu], start[gpu]
@@ -464,13 +470,21 @@ class Monitor:
         slower partitions' records late. The minimum over the partitions
         that delivered within ``idle_flush_s`` does not; an idle partition
         does not hold the others back.
+
+        After a quiet spell of every partition (a pause of the collectors, a
+        replica taking partitions over) the first partition read again
+        would otherwise be the only active one, and its records would carry
+        the watermark past what the others, read a moment later, hold: so
+        every partition counts as active again for ``idle_flush_s`` from
+        the moment input resumes.
         """
         if any(p not in self._part_max for p in self.backlogged):
             return None  # a partition with unread records has not been heard from yet
         if not self._part_max:
             return self.max_start
-        now = time.monotonic()
-        active = [t for p, t in self._part_max.items() if p in self.backlogged or now - self._part_seen.get(p, 0) <= self.s.idle_flush_s]
+        now = self.clock()
+        active = [t for p, t in self._part_max.items()
+                  if p in self.backlogged or now - max(self._part_seen.get(p, 0), self._resumed_at) <= self.s.idle_flush_s]
         return min(active) if active else self.max_start
 
     def due(self) -> bool:
