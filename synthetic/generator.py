@@ -164,16 +164,18 @@ class ClusterGenerator:
         #: idle servers, in order: a restarted job takes the first in place of a broken one
         self.spare_servers = [s for s in range(fab.servers) if s not in used]
         switch_names = fab.switch_names()
-        degraded = self._resolve_switch_faults(placement, switch_names)
+        degraded, shared = self._resolve_switch_faults(placement, switch_names)
 
         cols = FlowColumns()
         truth_pairs: list[pd.DataFrame] = []
         truth_steps: list[_StepRow] = []
         truth_faults: list[_FaultRow] = []
-        for spec, seq in zip(self.jobs, job_seqs):
-            _simulation(spec)(self, spec, placement[spec.name], np.random.default_rng(seq), degraded).run(
-                cols, truth_pairs, truth_steps, truth_faults
-            )
+        # each job draws from its own stream, so building them all before running any changes no draw
+        sims = [_simulation(spec)(self, spec, placement[spec.name], np.random.default_rng(seq), degraded)
+                for spec, seq in zip(self.jobs, job_seqs)]
+        degraded = self._share_switches(sims, degraded, shared)
+        for sim in sims:
+            sim.run(cols, truth_pairs, truth_steps, truth_faults)
         self._storage_noise(cols, np.random.default_rng(noise_seq))
         for name, sw_id, t0, t1, factor in degraded:
             truth_faults.append(("slow_link" if isinstance(sw_id, tuple) else "slow_switch", "", -1, t0, t1, name, factor))
@@ -214,11 +216,13 @@ class ClusterGenerator:
         return GeneratedCluster(flows, topo, jobs_df, pairs_df, steps_df, faults_df, meta)
 
     # ------------------------------------------------------------------
-    def _resolve_switch_faults(self, placement: dict[str, np.ndarray], switch_names: list[str]) -> list[_Degraded]:
-        """(name, switch index, t0_ns, t1_ns, factor) for each active switch fault; a link's: its two switches'."""
+    def _resolve_switch_faults(self, placement: dict[str, np.ndarray], switch_names: list[str]) -> tuple[list[_Degraded], list[int]]:
+        """(name, switch index, t0_ns, t1_ns, factor) for each active switch fault (a link's: its two switches'),
+        and the positions of the ``shared`` ones."""
         out: list[_Degraded] = []
+        shared: list[int] = []
         if not self.with_faults:
-            return out
+            return out, shared
         for f in self.faults:
             if isinstance(f, DegradedLink):
                 ends = f.link.split(">")
@@ -235,8 +239,31 @@ class ClusterGenerator:
                 idx = switch_names.index(f.switch)
             else:
                 raise ValueError(f"degraded switch {f.switch!r} is not in the fabric")
+            if f.shared:
+                shared.append(len(out))
             out.append((switch_names[idx], idx, f.start_frac * self.duration_ns, f.end_frac * self.duration_ns, f.factor))
-        return out
+        return out, shared
+
+    def _share_switches(self, sims: list["JobSimulation"], degraded: list[_Degraded], shared: list[int]) -> list[_Degraded]:
+        """Split each ``shared`` degraded switch's capacity equally between the jobs crossing it; the faults as recorded.
+
+        A job crosses the switch when one of its DP ring or pipeline transfers goes through it. Each such job's
+        transfers there run at ``min(1, capacity / k)`` of the link's speed (k: how many jobs cross it), all the
+        time it is degraded: a fluid share, as if the jobs' transfers always overlapped (SYNTHETIC; what the
+        what-if's ``move-job`` scenario assumes). The other faults are left as they are.
+        """
+        if not shared:
+            return degraded
+        fab = self.fabric
+        crossed = np.zeros((len(sims), len(degraded)), bool)
+        for j, sim in enumerate(sims):
+            hops = np.concatenate([fab.paths(a.ravel(), b.ravel()).ravel() for a, b in ((sim.dp_a, sim.dp_b), (sim.pp_a, sim.pp_b))])
+            crossed[j] = [i in shared and idx in hops for i, (_, idx, *_) in enumerate(degraded)]
+        k = crossed.sum(axis=0)
+        share = [(n, idx, t0, t1, min(1.0, f / max(int(k[i]), 1)) if i in shared else f) for i, (n, idx, t0, t1, f) in enumerate(degraded)]
+        for sim in sims:
+            sim.degraded = share
+        return share
 
     def _busiest_dp_switch(self, placement) -> int:
         """The spine (or else leaf) crossed by most DP ring edges of the first DP job."""

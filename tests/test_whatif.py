@@ -38,11 +38,12 @@ def test_a_cycle_is_a_clear_error():
 
 def test_scenario_parsing_rejects_nonsense():
     for bad in ["faster", "scale-comm", "scale-comm:-1", "scale-compute", "scale-compute:0", "scale-dp:two", "remove-stragglers:1", "heal-switch", "heal-link",
-                "heal-link:spine-00"]:
+                "heal-link:spine-00", "move-job", "move-job:spine-00", "move-job:@spine-00", "move-job:job-1@", "move-job:job-1@a>b>c"]:
         with pytest.raises(ValueError):
             parse_scenario(bad)
     assert str(parse_scenario("heal-switch:spine-00")) == "heal-switch:spine-00"
     assert str(parse_scenario("heal-link:leaf-g00-r0>spine-00")) == "heal-link:leaf-g00-r0>spine-00"
+    assert parse_scenario("move-job:job-1@spine-00").value == "job-1@spine-00"
 
 
 @needs_sa
@@ -555,6 +556,67 @@ def test_heal_link_matches_the_twin_without_the_slow_link(tmp_path):
                  "--out", str(d / "w2"), "--quiet"]) == 0
     same = next(iter(_jobs(d / "w2").values()))
     assert same["predicted_step_s"] == pytest.approx(same["baseline_step_s"], rel=1e-3)
+
+
+# ------------------------------------- jobs contending for a shared switch
+
+
+@pytest.fixture(scope="module")
+def two_jobs_contending(tmp_path_factory):
+    """Two pure-DP jobs whose rings cross spine-00 and its fault-free twin (same seed): the faulty one with spine-00
+    shared (SYNTHETIC: its capacity split equally between the jobs crossing it) at the capacity of one job at full
+    speed, from the middle of the capture: each job runs there at half speed."""
+    from synthetic.fabric import Fabric
+    from synthetic.faults import DegradedSwitch
+    from synthetic.generator import ClusterGenerator
+    from synthetic.workload import JobSpec
+
+    d = tmp_path_factory.mktemp("contend")
+    jobs = [JobSpec("dp-a", tp=8, pp=1, dp=4, microbatches=4, fwd_ms=10, grad_bytes=1 << 30, bucket_bytes=64 << 20),
+            JobSpec("dp-b", tp=8, pp=1, dp=4, microbatches=4, fwd_ms=12, grad_bytes=768 << 20, bucket_bytes=64 << 20)]
+    out = {"dir": d}
+    for tag, faults in (("twin", []), ("faulty", [DegradedSwitch("spine-00", 0.5, 1.0, 1.0, shared=True)])):
+        c = ClusterGenerator(Fabric(servers=10, servers_per_group=1, spines=4), jobs, duration_s=5.0, faults=faults, seed=0,
+                             with_faults=bool(faults), storage_flows_per_s=20).generate()
+        if faults:
+            assert c.faults.query("kind == 'slow_switch'")["factor"].tolist() == [0.5]  # two jobs share it
+        out[tag] = _replayed(c, d / tag)
+    out["topology"] = d / "faulty" / "topology.csv"
+    assert main(["whatif", str(out["twin"]), "--out", str(d / "wt"), "--quiet"]) == 0
+    out["truth"] = {j: v["observed_step_s"] for j, v in _jobs(d / "wt").items()}
+    return out
+
+
+def _contended(t: dict, scenario: str) -> dict:
+    """Both jobs' what-if summaries under ``scenario`` on the faulty replay, each checked against its fault-free
+    twin: the shared spine costs each job over 3%, the prediction lands within 2% of the twin's observed step."""
+    out = t["dir"] / scenario.replace(":", "-").replace("@", "-")
+    assert main(["whatif", str(t["faulty"]), "--topology", str(t["topology"]), "--scenario", scenario, "--out", str(out), "--quiet"]) == 0
+    pred = _jobs(out)
+    assert set(pred) == set(t["truth"]) and len(pred) == 2
+    for job, truth in t["truth"].items():
+        assert pred[job]["observed_step_s"] / truth - 1 > 0.03, (job, pred[job], truth)
+        assert abs(pred[job]["predicted_step_s"] / truth - 1) < 0.02, (scenario, job, pred[job], truth)
+    return pred
+
+
+def test_heal_switch_predicts_every_job_sharing_it(two_jobs_contending):
+    _contended(two_jobs_contending, "heal-switch:spine-00")
+
+
+@pytest.mark.parametrize("moved", [0, 1])
+def test_moving_a_job_off_a_shared_switch_gives_the_other_its_share(two_jobs_contending, moved):
+    """The spine carries one job at full speed: moved off it, a job runs healthy, and the other gets the whole
+    spine, so both reach their fault-free steps. Without contention the job left on the spine would keep its
+    slowed step (over 3% above the twin)."""
+    t = two_jobs_contending
+    job = sorted(t["truth"])[moved]
+    pred = _contended(t, f"move-job:{job}@spine-00")
+    notes = {j: v["scenario_notes"][f"move-job:{job}@spine-00"] for j, v in pred.items()}
+    for j, n in notes.items():
+        assert n["shares"][j] == pytest.approx(0.5, abs=0.05) and n["capacity"] == pytest.approx(1.0, abs=0.1)
+        assert n["gain"] == "healed" if j == job else n["gain"] == pytest.approx(2.0, rel=0.1)
+    assert main(["whatif", str(t["faulty"]), "--scenario", "move-job:no-such-job@spine-00", "--out", str(t["dir"] / "x")]) == 2
 
 
 def _replay_tables(n_steps: int, work: np.ndarray, rings: int = 2):
