@@ -53,6 +53,10 @@ class DegradedSwitch:
     #: (each at ``min(1, factor / k)``), as if their transfers always overlapped. Recorded in the truth with
     #: that share as its factor.
     shared: bool = False
+    #: jobs whose traffic is routed around the switch (a spine: ECMP's pick replaced by the next spine), as if
+    #: moved off it: they do not cross it, nor count among the jobs sharing it (the truth of the what-if's
+    #: ``move-job`` scenario)
+    moved: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ import pandas as pd
 
 from prism.whatif.graph import ExecutionGraph, SimResult
 
-__all__ = ["ReplayGraph", "read_replay"]
+__all__ = ["ReplayGraph", "read_replay", "contention"]
 
 #: a collective this much below the healthy rate was slowed (rates of healthy rings vary by a few %)
 TOLERANCE = 0.15
@@ -489,6 +489,11 @@ class ReplayGraph:
         return out
 
 
+def element_kind(name: str) -> str:
+    """``"link"`` for a link as ``switches.csv`` names it (``A>B``), else ``"switch"``."""
+    return "link" if ">" in name else "switch"
+
+
 def contention(graphs: dict[str, ReplayGraph], moved: str, name: str, rep: dict) -> tuple[dict[str, float], dict]:
     """``move-job:JOB@NAME``: per job, the gain in rate its collectives through the switch (or link ``A>B``) get
     when ``moved`` takes its traffic off it; and a note for the summary.
@@ -503,10 +508,9 @@ def contention(graphs: dict[str, ReplayGraph], moved: str, name: str, rep: dict)
     if moved not in graphs:
         known = ", ".join(sorted(graphs)[:10])
         raise ValueError(f"no job {moved!r} is modelled in this replay (jobs: {known})")
-    kind = "link" if ">" in name else "switch"
     shares = {}
     for job, g in graphs.items():
-        info = g.heal_switch(name, rep["switches"], rep["topology"], g.coll, g.work, kind=kind, pairs=rep["pairs"])[2]
+        info = g.heal_switch(name, rep["switches"], rep["topology"], g.coll, g.work, kind=element_kind(name), pairs=rep["pairs"])[2]
         if info["share"] is not None:
             shares[job] = info["share"]
     capacity = sum(shares.values())

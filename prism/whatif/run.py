@@ -302,7 +302,7 @@ def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: s
     dropped: ``WhatIfResult.skipped`` names it with the reason. A job modelled from fewer than half of
     its steps, or a ``heal-switch`` without a topology, carries a warning.
     """
-    from prism.whatif.netreplay import ReplayGraph, contention, read_replay
+    from prism.whatif.netreplay import ReplayGraph, contention, element_kind, read_replay
 
     rep = read_replay(replay_dir, topology)
     jobs, tables, events, skipped, attributions, run_warnings = {}, [], [], dict(rep["invalid"]), [], []
@@ -311,7 +311,7 @@ def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: s
             raise ValueError(f"--scenario {sc}: not available for network replays (use remove-stragglers, heal-switch:NAME, "
                              "heal-link:A>B, move-job:JOB@NAME, scale-comm:X)")
         if sc.kind in ("heal-switch", "heal-link", "move-job") and rep["topology"] is None:
-            run_warnings.append(f"{sc} without --topology assumes every DP ring crosses the {'link' if '>' in sc.value else 'switch'}")
+            run_warnings.append(f"{sc} without --topology assumes every DP ring crosses the {element_kind(sc.value)}")
     graphs, built = {}, {}
     for job in sorted(rep["steps"]["job_id"].unique()):
         t0 = time.perf_counter()
@@ -352,7 +352,7 @@ def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: s
                 notes[str(sc)] = how
             elif sc.kind == "move-job":
                 name, gains, shared = moves[str(sc)]
-                coll, work, how = g.heal_switch(name, rep["switches"], rep["topology"], coll, work, kind="link" if ">" in name else "switch",
+                coll, work, how = g.heal_switch(name, rep["switches"], rep["topology"], coll, work, kind=element_kind(name),
                                                 pairs=rep["pairs"], gain=gains[job])
                 notes[str(sc)] = dict(how, **shared, gain="healed" if np.isinf(gains[job]) else round(gains[job], 4))
             elif sc.kind == "scale-comm":
