@@ -15,8 +15,10 @@ Prints Markdown tables:
    micro-batches, built as an execution graph and simulated.
 
    ``heal-link:<the slow link>`` likewise on ``one-slow-link``.
+4. **Jobs contending** for a shared spine (``shared-spine``): ``heal-switch``
+   and ``move-job`` of either job against the generator's truth.
 
-    python benchmarks/bench_whatif.py [--clusters tiny,demo,baseline,every-ring-crosses,one-slow-link]
+    python benchmarks/bench_whatif.py [--clusters tiny,demo,baseline,every-ring-crosses,one-slow-link,shared-spine]
 """
 from __future__ import annotations
 
@@ -207,6 +209,47 @@ def counterfactuals(clusters: list[str], duration_s: float | None = None) -> Non
     print()
 
 
+def contention() -> None:
+    """Two jobs sharing a degraded spine (:func:`synthetic.presets.shared_spine`): ``heal-switch`` against the
+    fault-free twin, ``move-job`` of either job against the cluster generated with it routed around the spine
+    (at capacity 1 that is the twin too). Mean step per job."""
+    from synthetic.presets import shared_spine
+
+    print("### SYNTHETIC jobs contending for a shared spine (mean step)\n")
+    print("| capacity | scenario | job | observed (faulty) | truth | predicted | error |")
+    print("|---:|---|---|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+
+        def replayed(tag: str, gen) -> dict:
+            """Generator name -> (replay's job id, mean observed step) of the cluster ``gen`` makes."""
+            cl = gen.generate()
+            cl.write(d / tag)
+            prism(["replay", str(d / tag / "flows.parquet"), "--topology", str(d / tag / "topology.csv"), "--out", str(d / f"r-{tag}"), "--quiet"])
+            prism(["whatif", str(d / f"r-{tag}"), "--out", str(d / f"w-{tag}"), "--quiet"])
+            name = {tuple(v["servers"]): k for k, v in cl.meta["jobs"].items()}
+            steps = json.loads((d / f"w-{tag}" / "summary.json").read_text())["jobs"]
+            return {name[tuple(j["servers"])]: (j["job_id"], steps[j["job_id"]]["observed_step_s"])
+                    for j in json.loads((d / f"r-{tag}" / "summary.json").read_text())["jobs"]}
+
+        twin = replayed("twin", shared_spine(with_faults=False))
+        for capacity in (1.0, 0.6):
+            faulty = replayed(f"faulty-{capacity}", shared_spine(capacity))
+            runs = [("heal-switch:spine-00", "heal-switch:spine-00", twin)]
+            for moved in ("dp-a", "dp-b"):
+                truth = twin if capacity >= 1 else replayed(f"moved-{moved}-{capacity}", shared_spine(capacity, (moved,)))
+                runs.append((f"move-job:{moved}", f"move-job:{faulty[moved][0]}@spine-00", truth))
+            for i, (label, sc, truth) in enumerate(runs):
+                out = d / f"p-{capacity}-{i}"
+                prism(["whatif", str(d / f"r-faulty-{capacity}"), "--topology", str(d / f"faulty-{capacity}" / "topology.csv"),
+                       "--scenario", sc, "--out", str(out), "--quiet"])
+                pred = json.loads((out / "summary.json").read_text())["jobs"]
+                for job, (jid, observed) in sorted(faulty.items()):
+                    t, p = truth[job][1], pred[jid]["predicted_step_s"]
+                    print(f"| {capacity:g} | `{label}` | {job} | {observed * 1e3:.1f} ms | {t * 1e3:.1f} ms | {p * 1e3:.1f} ms | {p / t - 1:+.2%} |")
+    print()
+
+
 def speed() -> None:
     dp, pp, mb, steps = 128, 8, 8, 100
     ranks = dp * pp
@@ -247,11 +290,15 @@ def speed() -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clusters", default="tiny,demo,baseline,every-ring-crosses,one-slow-link",
-                    help="presets, scenarios of the matrix (30 s), every-ring-crosses and one-slow-link")
+    ap.add_argument("--clusters", default="tiny,demo,baseline,every-ring-crosses,one-slow-link,shared-spine",
+                    help="presets, scenarios of the matrix (30 s), every-ring-crosses, one-slow-link and shared-spine "
+                         "(two jobs contending for a spine)")
     args = ap.parse_args()
+    clusters = args.clusters.split(",")
     real_traces()
     if SA.is_dir():
         trace_counterfactuals()
     speed()
-    counterfactuals(args.clusters.split(","))
+    counterfactuals([c for c in clusters if c != "shared-spine"])
+    if "shared-spine" in clusters:
+        contention()

@@ -200,7 +200,7 @@ class DPShapeSimulation(JobSimulation):
             paths, net = self._pair_info(a, b)
             self.rings[name] = (mem, a, b, paths, net)
             if spec.cts_bytes > 0:
-                self.rings_back[name] = self.fab.paths(b.ravel(), a.ravel()).reshape(b.shape + (3,))
+                self.rings_back[name] = self._pair_info(b, a)[0]
         self.comm_free = np.zeros(S)
         self.bw: dict[str, np.ndarray] = {}
 

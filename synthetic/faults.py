@@ -39,13 +39,24 @@ class DegradedSwitch:
 
     ``switch`` is a switch name or ``"auto"`` (the switch carrying the most
     DP ring edges of the first multi-replica job: a fault that matters).
-    The window is given as fractions of the capture window.
+    The window is given as fractions of the capture window. Each transfer
+    through it runs at ``factor`` of the link's speed whatever else crosses
+    it, unless ``shared``.
     """
 
     switch: str = "auto"
     start_frac: float = 0.4
     end_frac: float = 1.0
     factor: float = 0.25
+    #: the jobs crossing the switch contend for it: ``factor`` is then its capacity while degraded, in units of
+    #: one job's traffic at full speed, split equally between the k jobs whose DP or pipeline transfers cross it
+    #: (each at ``min(1, factor / k)``), as if their transfers always overlapped. Recorded in the truth with
+    #: that share as its factor.
+    shared: bool = False
+    #: jobs whose traffic is routed around the switch (a spine: ECMP's pick replaced by the next spine), as if
+    #: moved off it: they do not cross it, nor count among the jobs sharing it (the truth of the what-if's
+    #: ``move-job`` scenario)
+    moved: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

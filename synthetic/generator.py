@@ -128,6 +128,7 @@ class ClusterGenerator:
         self.split_pp_prob = split_pp_prob
         self.storage_flows_per_s = storage_flows_per_s
         self.spare_servers: list[int] = []  # idle servers (set by generate): a restarted job takes one
+        self.reroute: dict[str, dict[int, int]] = {}  # job -> {spine: the spine its traffic takes instead} (set by generate)
         names = [j.name for j in self.jobs]
         if len(set(names)) != len(names):
             raise ValueError("job names must be unique")
@@ -139,6 +140,8 @@ class ClusterGenerator:
         for f in self.faults:
             if isinstance(f, (SlowStep, SlowServer, SlowNic, Hang, Restart)) and f.job not in names:
                 raise ValueError(f"fault {f} names an unknown job")
+            if isinstance(f, DegradedSwitch) and not set(f.moved) <= set(names):
+                raise ValueError(f"fault {f} moves an unknown job")
 
     # ------------------------------------------------------------------
     def _place(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -164,16 +167,18 @@ class ClusterGenerator:
         #: idle servers, in order: a restarted job takes the first in place of a broken one
         self.spare_servers = [s for s in range(fab.servers) if s not in used]
         switch_names = fab.switch_names()
-        degraded = self._resolve_switch_faults(placement, switch_names)
+        degraded, shared = self._resolve_switch_faults(placement, switch_names)
 
         cols = FlowColumns()
         truth_pairs: list[pd.DataFrame] = []
         truth_steps: list[_StepRow] = []
         truth_faults: list[_FaultRow] = []
-        for spec, seq in zip(self.jobs, job_seqs):
-            _simulation(spec)(self, spec, placement[spec.name], np.random.default_rng(seq), degraded).run(
-                cols, truth_pairs, truth_steps, truth_faults
-            )
+        # each job draws from its own stream, so building them all before running any changes no draw
+        sims = [_simulation(spec)(self, spec, placement[spec.name], np.random.default_rng(seq), degraded)
+                for spec, seq in zip(self.jobs, job_seqs)]
+        degraded = self._share_switches(sims, degraded, shared)
+        for sim in sims:
+            sim.run(cols, truth_pairs, truth_steps, truth_faults)
         self._storage_noise(cols, np.random.default_rng(noise_seq))
         for name, sw_id, t0, t1, factor in degraded:
             truth_faults.append(("slow_link" if isinstance(sw_id, tuple) else "slow_switch", "", -1, t0, t1, name, factor))
@@ -214,11 +219,14 @@ class ClusterGenerator:
         return GeneratedCluster(flows, topo, jobs_df, pairs_df, steps_df, faults_df, meta)
 
     # ------------------------------------------------------------------
-    def _resolve_switch_faults(self, placement: dict[str, np.ndarray], switch_names: list[str]) -> list[_Degraded]:
-        """(name, switch index, t0_ns, t1_ns, factor) for each active switch fault; a link's: its two switches'."""
+    def _resolve_switch_faults(self, placement: dict[str, np.ndarray], switch_names: list[str]) -> tuple[list[_Degraded], list[int]]:
+        """(name, switch index, t0_ns, t1_ns, factor) for each active switch fault (a link's: its two switches'),
+        and the positions of the ``shared`` ones."""
         out: list[_Degraded] = []
+        shared: list[int] = []
+        self.reroute = {}
         if not self.with_faults:
-            return out
+            return out, shared
         for f in self.faults:
             if isinstance(f, DegradedLink):
                 ends = f.link.split(">")
@@ -235,8 +243,37 @@ class ClusterGenerator:
                 idx = switch_names.index(f.switch)
             else:
                 raise ValueError(f"degraded switch {f.switch!r} is not in the fabric")
+            if f.shared:
+                shared.append(len(out))
+            if f.moved:
+                first = self.fabric.groups * self.fabric.gpus_per_server  # the spines' indices follow the leaves'
+                if not first <= idx < first + self.fabric.spines or self.fabric.spines < 2:
+                    raise ValueError(f"degraded switch {switch_names[idx]}: only a spine of several can be moved off")
+                for job in f.moved:
+                    self.reroute.setdefault(job, {})[idx] = first + (idx - first + 1) % self.fabric.spines
             out.append((switch_names[idx], idx, f.start_frac * self.duration_ns, f.end_frac * self.duration_ns, f.factor))
-        return out
+        return out, shared
+
+    def _share_switches(self, sims: list["JobSimulation"], degraded: list[_Degraded], shared: list[int]) -> list[_Degraded]:
+        """Split each ``shared`` degraded switch's capacity equally between the jobs crossing it; the faults as recorded.
+
+        A job crosses the switch when one of its DP ring or pipeline transfers goes through it (not when it is
+        ``moved`` off it). Each such job's transfers there run at ``min(1, capacity / k)`` of the link's speed (k:
+        how many jobs cross it), all the time it is degraded: a fluid share, as if the jobs' transfers always
+        overlapped (SYNTHETIC; what the what-if's ``move-job`` scenario assumes). The other faults are left as
+        they are.
+        """
+        if not shared:
+            return degraded
+        crossed = np.zeros((len(sims), len(degraded)), bool)
+        for j, sim in enumerate(sims):
+            hops = sim.switches_crossed()
+            crossed[j] = [i in shared and idx in hops for i, (_, idx, *_) in enumerate(degraded)]
+        k = crossed.sum(axis=0)
+        share = [(n, idx, t0, t1, min(1.0, f / max(int(k[i]), 1)) if i in shared else f) for i, (n, idx, t0, t1, f) in enumerate(degraded)]
+        for sim in sims:
+            sim.degraded = share
+        return share
 
     def _busiest_dp_switch(self, placement) -> int:
         """The spine (or else leaf) crossed by most DP ring edges of the first DP job."""
@@ -405,12 +442,19 @@ class JobSimulation:
         self.uniform_edge = rng.random(self.dp_a.shape) < gen.uniform_dp_share
         self.buckets = spec.bucket_sizes()
         self.slow_nic: tuple[int, float] | None = None  # (server index, factor) of a SlowNic fault
+        self.reroute = gen.reroute.get(spec.name, {})  # spines the job is moved off: the spine it takes instead
 
     # path helpers ---------------------------------------------------------
     def _pair_info(self, a, b):
         paths = self.fab.paths(a.ravel(), b.ravel()).reshape(a.shape + (3,))
+        for spine, instead in self.reroute.items():
+            paths = np.where(paths == spine, instead, paths)
         net = paths[..., 0] >= 0
         return paths, net
+
+    def switches_crossed(self) -> np.ndarray:
+        """The switches the job's DP ring and pipeline transfers go through (the jobs contending for a shared one)."""
+        return np.unique(np.concatenate([self._pair_info(a, b)[0].ravel() for a, b in ((self.dp_a, self.dp_b), (self.pp_a, self.pp_b))]))
 
     def _bw_factor(self, paths, t_ns: float, ends=None):
         """Bandwidth multiplier per pair at time t (min over degraded switches and links; a slow NIC at either of

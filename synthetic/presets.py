@@ -6,7 +6,7 @@ from .faults import DegradedSwitch, SlowServer, SlowStep
 from .generator import ClusterGenerator
 from .workload import JobSpec
 
-__all__ = ["PRESETS", "preset"]
+__all__ = ["PRESETS", "preset", "shared_spine"]
 
 MiB = 1 << 20
 
@@ -83,6 +83,22 @@ def _accuracy(seed, with_faults, duration_s):
         fabric, jobs, duration_s=duration_s or 600.0, faults=faults, seed=seed, with_faults=with_faults,
         uniform_dp_share=0.10, split_pp_prob=0.002, storage_flows_per_s=100,
     )
+
+
+def shared_spine(capacity: float = 1.0, moved: tuple[str, ...] = (), with_faults: bool = True, seed: int = 0) -> ClusterGenerator:
+    """Two pure-DP jobs, ``dp-a`` and ``dp-b`` (TP 8 x DP 4, one server a leaf group), whose rings cross spine-00,
+    sharing it from the middle of a 5 s capture at ``capacity`` (in units of one job at full speed; each of two at
+    ``capacity / 2``); ``moved`` jobs routed around it. Jobs contending for a switch, for the what-if's
+    ``move-job`` (``tests/test_whatif.py``, ``benchmarks/bench_whatif.py``).
+
+    >>> [(f.switch, f.factor, f.shared, f.moved) for f in shared_spine(0.6, ("dp-b",)).faults]
+    [('spine-00', 0.6, True, ('dp-b',))]
+    """
+    jobs = [JobSpec("dp-a", tp=8, pp=1, dp=4, microbatches=4, fwd_ms=10, grad_bytes=1 << 30, bucket_bytes=64 * MiB),
+            JobSpec("dp-b", tp=8, pp=1, dp=4, microbatches=4, fwd_ms=12, grad_bytes=768 * MiB, bucket_bytes=64 * MiB)]
+    faults = [DegradedSwitch("spine-00", 0.5, 1.0, capacity, shared=True, moved=moved)]
+    return ClusterGenerator(Fabric(servers=10, servers_per_group=1, spines=4), jobs, duration_s=5.0, faults=faults, seed=seed,
+                            with_faults=with_faults, storage_flows_per_s=20)
 
 
 PRESETS = {"tiny": _tiny, "demo": _demo, "large": _large, "accuracy": _accuracy}

@@ -32,7 +32,10 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             "predicted speed-up, baseline over predicted; "
             "jobs that could not be modelled, with why), OUT/steps.csv, OUT/timeline.json (the predicted "
             "timeline, Chrome trace) and, with --attribute, OUT/attribution.csv. On op traces scenarios run "
-            "without launch delays: compare 'predicted' with 'baseline', the observed work simulated the same way."
+            "without launch delays: compare 'predicted' with 'baseline', the observed work simulated the same way. "
+            "On a network replay every job is predicted together: move-job:JOB@NAME takes JOB's traffic off a "
+            "switch or link and gives the jobs that shared it with JOB the capacity it leaves (their shares measured "
+            "in the capture, taken to overlap all the time the switch was slow)."
         ),
     )
     p.add_argument("replay_dir", nargs="?", metavar="REPLAY_DIR", help="output directory of 'prism replay'")
@@ -44,7 +47,8 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="with --kineto: model the ranks given although the job had more (a collective's last arrival "
                         "is then the last among them)")
     p.add_argument("--meta", metavar="YAML", help="with --ops: the job's parallel sizes (dp_size, pp_size, trial_name)")
-    p.add_argument("--topology", metavar="CSV", help="with REPLAY_DIR: the topology (ip,server,rail,leaf) for heal-switch to tell which DP rings cross the switch")
+    p.add_argument("--topology", metavar="CSV", help="with REPLAY_DIR: the topology (ip,server,rail,leaf) for heal-switch, heal-link and move-job to tell "
+                        "which DP rings cross the switch")
     p.add_argument("--scenario", action="append", default=[], metavar="S", help=SCENARIO_HELP)
     p.add_argument("--attribute", action="store_true",
                    help="attribute each job's slowdown (observed vs ideal: no straggler, no imbalance) to workers, DP "

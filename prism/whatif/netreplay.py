@@ -47,6 +47,11 @@ Scenarios:
   itself ran within 15% of its tier's bandwidth (the rings' slowness is
   then elsewhere: another link of the same leaf looks the same from the
   rings' ends);
+* ``move-job:JOB@NAME``: jobs contend for a switch they share, so moving one
+  off it changes every other's prediction. Each job's share of NAME (the
+  fraction of its healthy rate its slowed collectives got there) is measured
+  over every job of the replay first; their sum is NAME's capacity. JOB is
+  healed, the others get what it leaves (:func:`contention`);
 * ``scale-comm:X``: every collective X times as long.
 """
 from __future__ import annotations
@@ -60,7 +65,7 @@ import pandas as pd
 
 from prism.whatif.graph import ExecutionGraph, SimResult
 
-__all__ = ["ReplayGraph", "read_replay"]
+__all__ = ["ReplayGraph", "read_replay", "contention"]
 
 #: a collective this much below the healthy rate was slowed (rates of healthy rings vary by a few %)
 TOLERANCE = 0.15
@@ -356,10 +361,13 @@ class ReplayGraph:
 
     def heal_switch(self, name: str, switches: pd.DataFrame | None, topology: pd.DataFrame | None,
                     coll: np.ndarray, work: np.ndarray, kind: str = "switch",
-                    pairs: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+                    pairs: pd.DataFrame | None = None, gain: float = np.inf) -> tuple[np.ndarray, np.ndarray, dict]:
         """(collectives, work) with the transfers that crossed the switch (``kind="link"``: the link ``A>B``) at
         the healthy bandwidth measured in the capture; and how (``{"crossing_rings", "healed", "reference",
-        "ratio"}``)."""
+        "ratio", "share"}``; ``share``: the median fraction of the healthy rate the slowed collectives ran at).
+
+        ``gain``: the slowed collectives get ``gain`` times the rate they had there, up to the healthy one
+        (:func:`contention`: the share of a switch that other jobs left); the default heals them."""
         flag = "heal-switch" if kind == "switch" else "heal-link"
         if switches is None:
             raise ValueError(f"{flag} needs switches.csv in the replay directory")
@@ -370,7 +378,7 @@ class ReplayGraph:
         ratio = float(sw["ratio"].min())
         crosses = self._rings_crossing(name, str(sw["tier"].iloc[0]), topology, pairs)[self.ring_of]
         info: dict = {"crossing_rings": int(crosses.reshape(self.n_s, self.n_r)[0].sum()), "healed": 0,
-                      "reference": None, "ratio": ratio}
+                      "reference": None, "ratio": ratio, "share": None}
         if ratio >= 1 or not crosses.any():
             return coll, work, info
         if kind == "link" and ratio >= 1 - TOLERANCE:
@@ -380,8 +388,8 @@ class ReplayGraph:
             return coll, work, info
         if self.bytes is None or not np.isfinite(self.bytes).all():
             # no byte counts: the crossing collectives at the switch's bandwidth ratio
-            info.update(healed=int(crosses.sum()), reference="ratio")
-            return np.where(crosses, coll * ratio, coll), work, info
+            info.update(healed=int(crosses.sum()), reference="ratio", share=ratio)
+            return np.where(crosses, coll * max(ratio, 1 / gain), coll), work, info
         # A slow transfer can also delay when the ring's last member is seen to arrive (its first flow of the
         # collective), so part of the collective counts as the members' wait: the wait beyond the ring's
         # usual one goes with the transfer when the transfer was slowed
@@ -401,18 +409,20 @@ class ReplayGraph:
             # no ring of the job is faster than another, in any step: either none went through the switch (a
             # spine the ECMP hash avoids), or all did for the whole capture. A ring's pairs each carry its
             # rate / pairs: against the tier's healthy median bandwidth per flow (switches.csv)
-            return self._heal_against_tier(sw, crosses, rate, coll, work, info, pairs)
+            return self._heal_against_tier(sw, crosses, rate, coll, work, info, pairs, gain)
         out, out_work = coll.copy(), work.copy()
         # the collective's bytes at the healthy rate (scaled as a scenario before may have scaled it), from
-        # the end of the members' usual wait
+        # the end of the members' usual wait; with a gain, no faster than its observed time over the gain
         scale = coll[slowed] / np.maximum(self.coll[slowed], 1e-12)
-        out[slowed] = np.minimum(coll[slowed] + excess[slowed], (self.bytes[slowed] / ref) * scale)
+        slow = coll[slowed] + excess[slowed]
+        out[slowed] = np.minimum(slow, np.maximum((self.bytes[slowed] / ref) * scale, slow / gain))
         out_work[slowed] = np.maximum(work[slowed] - excess[slowed], 0.0)
-        info.update(healed=int(slowed.sum()), reference=how)
+        info.update(healed=int(slowed.sum()), reference=how, share=float(np.median(rate[slowed] / ref)) if slowed.any() else None)
         return out, out_work, info
 
     def _heal_against_tier(self, sw: pd.DataFrame, crosses: np.ndarray, rate: np.ndarray, coll: np.ndarray,
-                           work: np.ndarray, info: dict, pairs: pd.DataFrame | None) -> tuple[np.ndarray, np.ndarray, dict]:
+                           work: np.ndarray, info: dict, pairs: pd.DataFrame | None,
+                           gain: float = np.inf) -> tuple[np.ndarray, np.ndarray, dict]:
         """Every ring may cross the switch and none is faster: each ring's rate per DP pair (bytes per second
         each of its pairs moves) against the tier's healthy median bandwidth; a collective clearly below it
         takes ``its rate / the median`` of its time. Without the pairs or the tier's median: the switch's
@@ -421,12 +431,13 @@ class ReplayGraph:
         n_pairs = np.array([len(_ring_pairs(members[g], pairs, self.job_id)) if g in members else 0 for g in self.rings])[self.ring_of]
         tier = pd.to_numeric(sw.get("tier_median_gbps", pd.Series(dtype=float)), errors="coerce").max()
         if not (n_pairs[crosses] > 0).all() or not np.isfinite(tier) or tier <= 0:
-            info.update(healed=int(crosses.sum()), reference="ratio")
-            return np.where(crosses, coll * info["ratio"], coll), work, info
+            info.update(healed=int(crosses.sum()), reference="ratio", share=info["ratio"])
+            return np.where(crosses, coll * max(info["ratio"], 1 / gain), coll), work, info
         factor = rate / np.maximum(n_pairs, 1) / 1e9 / tier  # the switches' GB/s
         slowed = crosses & (factor < 1 - TOLERANCE)
-        out = np.where(slowed, coll * factor, coll)
-        info.update(healed=int(slowed.sum()), reference="the tier's median bandwidth")
+        out = np.where(slowed, coll * np.maximum(factor, 1 / gain), coll)
+        info.update(healed=int(slowed.sum()), reference="the tier's median bandwidth",
+                    share=float(np.median(factor[slowed])) if slowed.any() else None)
         return out, work, info
 
     def _ring_members(self, pairs: pd.DataFrame | None) -> dict:
@@ -476,3 +487,34 @@ class ReplayGraph:
             ends = list(zip(name.split(">"), tier.split(">"))) if ">" in name else [(name, tier)]
             out[i] = all((n in leaves) if tr == "leaf" else len(leaves) > 1 for n, tr in ends)
         return out
+
+
+def element_kind(name: str) -> str:
+    """``"link"`` for a link as ``switches.csv`` names it (``A>B``), else ``"switch"``."""
+    return "link" if ">" in name else "switch"
+
+
+def contention(graphs: dict[str, ReplayGraph], moved: str, name: str, rep: dict) -> tuple[dict[str, float], dict]:
+    """``move-job:JOB@NAME``: per job, the gain in rate its collectives through the switch (or link ``A>B``) get
+    when ``moved`` takes its traffic off it; and a note for the summary.
+
+    The jobs whose collectives through NAME were slowed shared it: each one's *share* is the median fraction of
+    its healthy rate it ran at there (:meth:`ReplayGraph.heal_switch`), and the switch's capacity, in those
+    units, is their sum. They are taken to share it all the time it was slow (their transfers overlapping), a
+    fluid share: what the capture's per-instant overlap adds is not modelled. The moved job is healed (its
+    traffic on a healthy path); the others split what it leaves, each ``capacity / (capacity - its share)``
+    times faster there, up to its healthy rate.
+    """
+    if moved not in graphs:
+        known = ", ".join(sorted(graphs)[:10])
+        raise ValueError(f"no job {moved!r} is modelled in this replay (jobs: {known})")
+    shares = {}
+    for job, g in graphs.items():
+        info = g.heal_switch(name, rep["switches"], rep["topology"], g.coll, g.work, kind=element_kind(name), pairs=rep["pairs"])[2]
+        if info["share"] is not None:
+            shares[job] = info["share"]
+    capacity = sum(shares.values())
+    left = capacity - shares.get(moved, 0.0)
+    gains = {job: np.inf if job == moved else capacity / left if left > 0 else 1.0 for job in graphs}
+    note = {"shares": {j: round(s, 4) for j, s in shares.items()}, "capacity": round(capacity, 4)}
+    return gains, note

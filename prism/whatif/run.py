@@ -302,23 +302,35 @@ def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: s
     dropped: ``WhatIfResult.skipped`` names it with the reason. A job modelled from fewer than half of
     its steps, or a ``heal-switch`` without a topology, carries a warning.
     """
-    from prism.whatif.netreplay import ReplayGraph, read_replay
+    from prism.whatif.netreplay import ReplayGraph, contention, element_kind, read_replay
 
     rep = read_replay(replay_dir, topology)
     jobs, tables, events, skipped, attributions, run_warnings = {}, [], [], dict(rep["invalid"]), [], []
     for sc in scenarios:
-        if sc.kind not in ("remove-stragglers", "heal-switch", "heal-link", "scale-comm"):
+        if sc.kind not in ("remove-stragglers", "heal-switch", "heal-link", "move-job", "scale-comm"):
             raise ValueError(f"--scenario {sc}: not available for network replays (use remove-stragglers, heal-switch:NAME, "
-                             "heal-link:A>B, scale-comm:X)")
-        if sc.kind in ("heal-switch", "heal-link") and rep["topology"] is None:
-            run_warnings.append(f"{sc} without --topology assumes every DP ring crosses the {sc.kind[5:]}")
+                             "heal-link:A>B, move-job:JOB@NAME, scale-comm:X)")
+        if sc.kind in ("heal-switch", "heal-link", "move-job") and rep["topology"] is None:
+            run_warnings.append(f"{sc} without --topology assumes every DP ring crosses the {element_kind(sc.value)}")
+    graphs, built = {}, {}
     for job in sorted(rep["steps"]["job_id"].unique()):
         t0 = time.perf_counter()
         try:
-            g = ReplayGraph(job, rep["steps"], rep["phases"])
+            graphs[job] = ReplayGraph(job, rep["steps"], rep["phases"])
         except ValueError as e:
             skipped[job] = str(e)
-            continue
+        built[job] = time.perf_counter() - t0
+    # jobs sharing a switch: moving one off it changes the others' share, so it is measured over every job first
+    moves = {}
+    for sc in scenarios:
+        if sc.kind == "move-job":
+            moved, _, name = sc.value.rpartition("@")
+            try:
+                moves[str(sc)] = (name, *contention(graphs, moved, name, rep))
+            except ValueError as e:
+                raise ValueError(f"--scenario {sc}: {e}") from None
+    for job, g in graphs.items():
+        t0 = time.perf_counter() - built[job]
         warnings = []
         if g.steps_seen and len(g.steps) < 0.5 * g.steps_seen:
             warnings.append(f"only {len(g.steps)} of {g.steps_seen} steps have every DP ring's collective: the step "
@@ -336,7 +348,13 @@ def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: s
             elif sc.kind in ("heal-switch", "heal-link"):
                 coll, work, how = g.heal_switch(sc.value, rep["switches"], rep["topology"], coll, work, kind=sc.kind[5:],
                                                 pairs=rep["pairs"])
+                how.pop("share")  # the share a job had of the switch matters to move-job only
                 notes[str(sc)] = how
+            elif sc.kind == "move-job":
+                name, gains, shared = moves[str(sc)]
+                coll, work, how = g.heal_switch(name, rep["switches"], rep["topology"], coll, work, kind=element_kind(name),
+                                                pairs=rep["pairs"], gain=gains[job])
+                notes[str(sc)] = dict(how, **shared, gain="healed" if np.isinf(gains[job]) else round(gains[job], 4))
             elif sc.kind == "scale-comm":
                 coll = coll * float(sc.value)
         pred = simulate(g.graph(work, coll))

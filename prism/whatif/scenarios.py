@@ -20,6 +20,11 @@
                            healthy bandwidth measured in the capture (network
                            replays only; :mod:`.netreplay`)
 ``heal-link:A>B``          the same for one link (``switches.csv`` names it)
+``move-job:JOB@NAME``      JOB's traffic taken off the switch (or link A>B)
+                           NAME: JOB healed, every other job whose
+                           transfers through it were slowed gets the share
+                           JOB leaves (network replays;
+                           :func:`.netreplay.contention`)
 ``microbatches:M``         the pipeline rebuilt for M micro-batches per step
                            (op traces; :mod:`.repartition`)
 ``scale-pp:N``             the layers re-partitioned over N pipeline stages,
@@ -51,14 +56,16 @@ if TYPE_CHECKING:
 __all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "apply_kineto_scenarios", "ideal_op_work", "SCENARIO_HELP"]
 
 SCENARIO_HELP = ("remove-stragglers, ideal, scale-comm:X, scale-compute:X, scale-dp:N, microbatches:M, scale-pp:N, "
-                 "layers:L, heal-switch:NAME, heal-link:A>B (repeatable; applied in order)")
+                 "layers:L, heal-switch:NAME, heal-link:A>B, move-job:JOB@NAME (network replays: JOB's traffic off the switch "
+                 "or link NAME, the other jobs that shared it with JOB re-costed at the share it leaves) "
+                 "(repeatable; applied in order)")
 #: a real pipeline runs tens to hundreds of micro-batches a step
 MAX_MICROBATCHES = 1024
 #: guards against a typo building an enormous graph (a rebuilt trace grows with stages x micro-batches)
 MAX_STAGES = 256
 MAX_LAYERS = 4096
-_KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-compute", "scale-dp", "heal-switch", "heal-link", "microbatches",
-          "scale-pp", "layers")
+_KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-compute", "scale-dp", "heal-switch", "heal-link", "move-job",
+          "microbatches", "scale-pp", "layers")
 #: scenarios that rebuild or re-cost the graph itself (applied before the others)
 STRUCTURAL = ("microbatches", "scale-pp", "layers")
 
@@ -90,11 +97,15 @@ def parse_scenario(text: str) -> Scenario:
         raise ValueError(f"--scenario {text!r}: unknown; use {SCENARIO_HELP}")
     if kind in ("remove-stragglers", "ideal") and sep:
         raise ValueError(f"--scenario {text!r}: {kind} takes no argument")
-    if kind in ("scale-comm", "scale-compute", "scale-dp", "microbatches", "scale-pp", "layers", "heal-switch", "heal-link") and not arg:
-        example = {"heal-switch": "spine-00", "heal-link": "leaf-g00-r0>spine-00"}.get(kind, "2")
+    if kind in ("scale-comm", "scale-compute", "scale-dp", "microbatches", "scale-pp", "layers", "heal-switch", "heal-link",
+                "move-job") and not arg:
+        example = {"heal-switch": "spine-00", "heal-link": "leaf-g00-r0>spine-00", "move-job": "job-1234abcd@spine-00"}.get(kind, "2")
         raise ValueError(f"--scenario {text!r}: {kind} needs a value, e.g. {kind}:{example}")
     if kind == "heal-link" and arg.count(">") != 1:
         raise ValueError(f"--scenario {text!r}: heal-link takes a link as switches.csv names it, FROM>TO")
+    if kind == "move-job" and (not arg.rpartition("@")[0] or arg.rpartition("@")[2].count(">") > 1
+                               or not all(arg.rpartition("@")[2].split(">"))):
+        raise ValueError(f"--scenario {text!r}: move-job takes a job and a switch or link, JOB@NAME (e.g. job-1234abcd@spine-00)")
     if kind in ("scale-comm", "scale-compute"):
         try:
             if not 0 < float(arg) < math.inf:
@@ -168,7 +179,7 @@ def apply_op_scenarios(graph_builder: OpGraph, scenarios: list[Scenario], dp_siz
         elif sc.kind in STRUCTURAL:
             continue  # applied to the trace or its work before (repartition)
         else:
-            raise ValueError(f"--scenario {sc}: not available for op traces (heal-switch and heal-link need a network replay)")
+            raise ValueError(f"--scenario {sc}: not available for op traces (heal-switch, heal-link and move-job need a network replay)")
     return d * comm_scale
 
 
