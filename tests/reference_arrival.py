@@ -176,3 +176,37 @@ def _cut(gid, srv, start, end, size, n_srv, min_pause):
         burst[i] = b
     return burst, first
 
+
+
+def reference_draws(start_ns, step_start, step_end, gap=8.0, alike=2.0):
+    """:func:`prism.analysis.diagnosis.arrival.draws` step by step in plain Python: each step's rounds, its alike
+    ones (at least ``1 / alike`` of its largest), and its draws."""
+    from prism.analysis.diagnosis.arrival import rounds
+
+    order = np.argsort(step_start, kind="stable")
+    s0 = [int(x) for x in np.asarray(step_start)[order]]
+    s1 = [int(x) for x in np.asarray(step_end)[order]]
+    t = sorted(int(x) for x in start_ns)
+    r0 = rounds(np.asarray(t, np.int64), gap)
+    d0, d1, split = [], [], False
+    for a, b in zip(s0, s1):
+        # the step's bursts: those for which it is the last step starting at or before them
+        mine = [x for x in t if x >= a and x < b and max(i for i, s in enumerate(s0) if s <= x) == s0.index(a)]
+        segs = []  # [round, first start, bursts]
+        for x in mine:
+            r = -1 if r0 is None else int(np.searchsorted(r0, x, side="right")) - 1
+            if segs and segs[-1][0] == r:
+                segs[-1][2] += 1
+            else:
+                segs.append([r, x, 1])
+        hi = max((n for _, _, n in segs), default=0)
+        big = [x for _, x, n in segs if n * alike >= hi]
+        if r0 is not None and len(big) >= 2:
+            split = True
+            cuts = [a] + big[1:]
+            d0 += cuts
+            d1 += cuts[1:] + [b]
+        else:
+            d0.append(a)
+            d1.append(b)
+    return np.asarray(d0, np.int64), np.asarray(d1, np.int64), split

@@ -258,3 +258,64 @@ def test_rounds_are_one_draw_without_steps():
     even = burst_table(["srv0005"] * 40 + list(rng.choice(servers, 10)))
     found = ArrivalDiagnoser().diagnose(even).predict()
     assert list(found["subject"]) == ["srv0005"] and "of 50 collectives" in found["explanation"].iloc[0]
+
+
+def micro_batch_table(laggards, rounds=8, per_round=40, lone=True):
+    """A job of ``len(laggards)`` steps, each ``rounds`` micro-batches of ``per_round`` collectives 20 ms apart between
+    long pauses (each backward's reductions), the step's first led by one collective alone (the tail of the step
+    before); ``laggards[s][m]``: the server last in every collective of micro-batch m of step s."""
+    rows, t = [], []
+    for s, step in enumerate(laggards):
+        t0 = s * 100_000_000_000
+        if lone:
+            rows.append(step[0])
+            t.append(t0)
+        for m, lag in enumerate(step):
+            for i in range(per_round):
+                rows.append(lag)
+                t.append(t0 + 2_000_000_000 + m * 10_000_000_000 + i * 20_000_000)
+    table = burst_table(rows)
+    table["start_ns"] = np.array(t, dtype=np.int64)
+    steps = pd.DataFrame({"job_id": "j", "step": np.arange(len(laggards)), "start_ns": np.arange(len(laggards)) * 100_000_000_000,
+                          "end_ns": np.arange(1, len(laggards) + 1) * 100_000_000_000})
+    return table, steps
+
+
+def test_micro_batches_are_draws_in_a_few_long_steps():
+    """Steps of 45 s or more: 8 in view, the server slow in the last 5. Per step, 5 of 5 at chance 1/4 (p = 1e-3) is
+    not significant; but where the step's collectives come in alike rounds between long pauses (a job that reduces
+    every micro-batch, each backward's end waiting for its reductions), every rank leaves a round together and each
+    round is a draw: 40 of 40. The lone collective at each step's start goes with the round after it."""
+    rng = np.random.default_rng(5)
+    servers = ["srv0004", "srv0005", "srv0006", "srv0007"]
+    lag = [list(rng.choice(servers, 8)) for _ in range(3)] + [["srv0005"] * 8 for _ in range(5)]
+    table, steps = micro_batch_table(lag)
+    found = ArrivalDiagnoser().diagnose(table, steps).predict()
+    assert list(found["subject"]) == ["srv0005"], found
+    assert "of 40 steps and micro-batches" in found["explanation"].iloc[0]
+    assert found["step"].iloc[0] == 3
+
+
+def test_a_step_of_one_round_stays_one_draw():
+    """The same job reducing once a step (DDP with ``no_sync``): one round a step, plus the lone collective after a
+    pause; the lone one is no micro-batch, the step stays one draw, and 5 slowed steps name no one. A fault-free job
+    whose laggard changes from micro-batch to micro-batch names no one either."""
+    rng = np.random.default_rng(6)
+    servers = ["srv0004", "srv0005", "srv0006", "srv0007"]
+    lag = [[s] for s in rng.choice(servers, 3)] + [["srv0005"]] * 5
+    table, steps = micro_batch_table(lag, rounds=1)
+    assert ArrivalDiagnoser().diagnose(table, steps).predict().empty
+    for seed in range(10):
+        r = np.random.default_rng(seed)
+        table, steps = micro_batch_table([list(r.choice(servers, 8)) for _ in range(8)])
+        assert ArrivalDiagnoser().diagnose(table, steps).predict().empty
+
+
+def test_draws_split_only_alike_rounds():
+    from prism.analysis.diagnosis.arrival import draws
+
+    t = np.r_[np.arange(0, 40, 10), np.arange(1_000, 1_040, 10), 5_000, np.arange(6_000, 6_040, 10)]
+    d0, d1, split = draws(t, np.array([0, 5_000]), np.array([5_000, 10_000]))
+    assert (d0.tolist(), d1.tolist(), split) == ([0, 1_000, 5_000], [1_000, 5_000, 10_000], True)
+    d0, d1, split = draws(t[t >= 5_000], np.array([0, 5_000]), np.array([5_000, 10_000]))
+    assert (d0.tolist(), d1.tolist(), split) == ([0, 5_000], [5_000, 10_000], False)

@@ -584,3 +584,35 @@ def test_arrival_hand_on_equals_the_numpy_reference():
         assert got.tolist() == want.tolist()
         moved += int((want != burst).sum())
     assert moved > 0  # the tails were handed on somewhere
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(1, 8), st.integers(1, 6), st.booleans())
+def test_arrival_draws_equal_the_python_reference(seed, n_steps, max_rounds, lone):
+    """:func:`prism.analysis.diagnosis.arrival.draws` (vectorised) cuts the steps where a plain loop over each step's
+    rounds does: steps of random rounds (alike or not) between long pauses, lone collectives, bursts outside steps."""
+    from reference_arrival import reference_draws
+
+    from prism.analysis.diagnosis.arrival import draws
+
+    rng = np.random.default_rng(seed)
+    t, s0 = [], []
+    at = 0
+    for _ in range(n_steps):
+        s0.append(at)
+        if lone and rng.random() < 0.5:
+            t.append(at)
+            at += int(rng.integers(1, 5)) * 1_000
+        for _ in range(int(rng.integers(1, max_rounds + 1))):
+            n = int(rng.integers(1, 12))
+            t += list(at + np.arange(n) * 10)
+            at += n * 10 + int(rng.choice([5, 2_000]))
+        at += 3_000
+    s0 = np.asarray(s0, np.int64)
+    s1 = np.r_[s0[1:], at]
+    if rng.random() < 0.3:
+        t += list(at + np.arange(3) * 10)  # after the last step
+    t = np.asarray(rng.permutation(t), np.int64)
+    got = draws(t, s0, s1)
+    want = reference_draws(t, s0, s1)
+    assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist() and got[2] == want[2]
