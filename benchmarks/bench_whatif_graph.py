@@ -14,23 +14,39 @@ Prints Markdown tables:
    the GPU time per step relative to the observed job.
 4. **SYNTHETIC twin**: a job generated at P stages, re-partitioned to N,
    against the same job generated at N stages.
+5. **Hidden size** (``hidden:H``): ``hidden:<observed h>`` against the
+   baseline, and the predicted step, compute and bubble for a few H. The
+   real traces' meta does not name their model: h = 4096 and s = 4096 are
+   assumed (the scenario uses only ratios of h, so the assumption sets the
+   attention term's weight, 4s / (24h + 4s), 14% here).
+6. **GEMM time against FLOPs** on the Kineto traces that record shapes
+   (HTA's A100 tests): how far ``time = a + b x FLOPs`` is from measured
+   GEMMs, which ``hidden:H`` assumes for a layer's compute.
 
     python benchmarks/bench_whatif_graph.py
 """
 from __future__ import annotations
 
+import gzip
+import json
 import time
 
 import numpy as np
+import pandas as pd
 import yaml
 
 from prism.whatif.graph import simulate
-from prism.whatif.optrace import OpGraph, observed_step_times, read_op_trace
+from prism.whatif.optrace import COMPUTE, OpGraph, observed_step_times, read_op_trace
 from prism.whatif.repartition import bubble_fraction, fit_layer_models, layer_factors, observed_partition, repartition
+from prism.whatif.run import restructure
+from prism.whatif.scenarios import parse_scenario
 from synthetic.fromtrace import shared_data_dir
 from synthetic.pipeline import PipelineJob
 
 SA = shared_data_dir() / "straggler-analysis"
+HTA = shared_data_dir() / "kineto" / "hta"
+#: assumed: the traces' meta does not name the model
+MODEL = {"hidden_size": 4096, "seq_length": 4096}
 
 
 def _run(g: OpGraph, meta: dict, stages: int | None = None, layers: int | None = None):
@@ -100,6 +116,65 @@ def main() -> None:
             worst = max(worst, float(np.max(np.abs(pred.to_numpy() / tb.to_numpy() - 1))))
     print(f"with 5% compute jitter in the observed job (not in the truth): worst step error {worst:.2%} over P in 2-4, "
           "N in 1-12")
+
+    print(f"\n### hidden:H (assumed h = {MODEL['hidden_size']}, s = {MODEL['seq_length']}, MLP 4h)\n")
+    print("| trace | H | predicted step, s | vs baseline: mean / max per step | compute per step vs observed | bubble |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for trial, (_ops, meta, g) in traces.items():
+        base = g.step_seconds(simulate(g.graph(g.work(), launch_delay=False)))
+        rows = {}
+        for h in (2048, 4096, 6144, 8192, 16384):
+            gp, factor, _, _ = restructure(g, [parse_scenario(f"hidden:{h}")], {**meta, **MODEL})
+            work = gp.work() * factor
+            r = simulate(gp.graph(work, launch_delay=False))
+            rows[h] = (gp.step_seconds(r), float(work[gp.ops["optype"].isin(COMPUTE).to_numpy()].sum()), bubble_fraction(gp, r))
+        for h, (pred, comp, bubble) in rows.items():
+            e = pred / base - 1
+            obs = h == MODEL["hidden_size"]
+            print(f"| {trial} | {h}{' (assumed observed)' if obs else ''} | {pred.mean():.4f} | {e.mean():+.4%} / "
+                  f"{e.abs().max():.4%} | {comp / rows[MODEL['hidden_size']][1]:.2f}x | {bubble:.1%} |")
+
+    print("\n### GEMM time against FLOPs (Kineto traces with shapes)\n")
+    print("| trace | GPU | GEMMs | FLOPs | a, us | b, TFLOP/s | median / p90 rel. error | same, proportional (a = 0) |")
+    print("|---|---|---:|---|---:|---:|---:|---:|")
+    for path in (HTA / "trace_diff" / "control" / "control.json.gz", HTA / "trace_filter" / "sampled_rank-0.json.gz"):
+        if path.exists():
+            _gemm_fit(path)
+
+
+def _gemm_fit(path) -> None:
+    """One row: GEMM kernels (the kernels launched inside ``aten::mm``/``addmm``/``bmm``, summed per call) against
+    the call's FLOPs (2MKN from ``Input Dims``), ``time = a + b x FLOPs`` fitted by relative least squares."""
+    trace = json.loads(gzip.open(path).read())
+    ev = pd.DataFrame([e for e in trace["traceEvents"] if e.get("ph") == "X"])
+    ev = pd.concat([ev.drop(columns="args"), pd.json_normalize(ev["args"].tolist())], axis=1)
+    mm = ev[(ev["cat"] == "cpu_op") & ev["name"].isin(["aten::mm", "aten::addmm", "aten::bmm"])].sort_values("ts")
+    mm = mm.reset_index(drop=True)
+    rt = ev[ev["cat"] == "cuda_runtime"]
+    # the call a launch belongs to: the GEMM op on its thread that encloses it (GEMM ops do not nest)
+    own = np.full(len(rt), -1)
+    for tid, grp in mm.groupby("tid"):
+        sel = (rt["tid"] == tid).to_numpy()
+        t = rt["ts"].to_numpy()[sel]
+        i = np.maximum(np.searchsorted(grp["ts"].to_numpy(), t, side="right") - 1, 0)
+        inside = (t >= grp["ts"].to_numpy()[i]) & (t <= (grp["ts"] + grp["dur"]).to_numpy()[i])
+        own[np.flatnonzero(sel)] = np.where(inside, grp.index.to_numpy()[i], -1)
+    launch = pd.Series(own, index=rt["correlation"].to_numpy())
+    k = ev[ev["cat"] == "kernel"]
+    k = k.assign(call=launch.reindex(k["correlation"].to_numpy()).to_numpy())
+    t = k[k["call"] >= 0].groupby("call")["dur"].sum()
+    dims = mm["Input Dims"].to_numpy()
+    flops = np.array([2 * np.prod(d[1]) * d[2][1] if n == "aten::addmm" else 2 * np.prod(d[0]) * d[1][-1]
+                      for n, d in zip(mm["name"], dims)], dtype=np.float64)
+    sel = t.index.to_numpy(np.int64)
+    x, y = flops[sel], t.to_numpy(np.float64)
+    a = np.c_[np.ones_like(x), x]
+    coef, *_ = np.linalg.lstsq(a / y[:, None], np.ones_like(y), rcond=None)
+    rel = np.abs(a @ coef / y - 1)
+    prop = np.abs(np.sum(x / y) / np.sum((x / y) ** 2) * x / y - 1)
+    gpu = trace.get("deviceProperties", [{}])[0].get("name", "not recorded")
+    print(f"| {path.parent.name}/{path.name} | {gpu} | {len(x)} | {x.min():.1e}-{x.max():.1e} | {coef[0]:.1f} | "
+          f"{1e-6 / coef[1]:.0f} | {np.median(rel):.0%} / {np.quantile(rel, 0.9):.0%} | {np.median(prop):.0%} |")
 
 
 if __name__ == "__main__":

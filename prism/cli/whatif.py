@@ -46,7 +46,8 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--partial", action="store_true",
                    help="with --kineto: model the ranks given although the job had more (a collective's last arrival "
                         "is then the last among them)")
-    p.add_argument("--meta", metavar="YAML", help="with --ops: the job's parallel sizes (dp_size, pp_size, trial_name)")
+    p.add_argument("--meta", metavar="YAML", help="with --ops: the job's parallel sizes (dp_size, pp_size, trial_name) and model (num_layers, layers_per_stage; "
+                   "hidden_size, seq_length for hidden:H)")
     p.add_argument("--topology", metavar="CSV", help="with REPLAY_DIR: the topology (ip,server,rail,leaf) for heal-switch, heal-link and move-job to tell "
                         "which DP rings cross the switch")
     p.add_argument("--scenario", action="append", default=[], metavar="S", help=SCENARIO_HELP)

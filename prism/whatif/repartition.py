@@ -202,12 +202,16 @@ def bubble_fraction(g: OpGraph, result) -> float:
     return float(np.mean(1 - busy.to_numpy() / t))
 
 
-def layer_factors(ops: pd.DataFrame, models: dict[str, LayerModel], old: Partition, new: Partition) -> np.ndarray:
-    """Per op of ``ops`` (same stages as ``old``), its work's factor under the ``new`` partition (``layers:L``)."""
+def layer_factors(ops: pd.DataFrame, models: dict[str, LayerModel], old: Partition, new: Partition,
+                  costs: dict[str, LayerModel] | None = None) -> np.ndarray:
+    """Per op of ``ops`` (same stages as ``old``), its work's factor under the ``new`` partition (``layers:L``), costed
+    by ``costs`` (default: ``models``, the fit; :func:`.hidden.hidden_costs` for another hidden size)."""
     f = np.ones(len(ops))
     stage = ops["stage"].to_numpy(np.int64)
+    costs = models if costs is None else costs
     for optype, m in models.items():
-        ratio = np.array([max(m.value(new, k), 0.0) / m.value(old, k) for k in range(old.stages)])
+        c = costs[optype]
+        ratio = np.array([max(c.value(new, k), 0.0) / m.value(old, k) for k in range(old.stages)])
         sel = (ops["optype"] == optype).to_numpy()
         f[sel] = ratio[stage[sel]]
     return f
@@ -223,8 +227,11 @@ def _overlap(new: Partition, old: Partition) -> np.ndarray:
 
 
 def repartition(g: OpGraph, old: Partition, new: Partition, microbatches: int | None = None,
-                models: dict[str, LayerModel] | None = None) -> pd.DataFrame:
+                models: dict[str, LayerModel] | None = None, costs: dict[str, LayerModel] | None = None) -> pd.DataFrame:
     """The trace of ``g`` rebuilt for the ``new`` partition (stages and layers), with ``work_s`` per op.
+
+    ``models`` is the layer model fitted on ``g`` (each op's ratio to it is kept); the new stages are costed by
+    ``costs`` (default: ``models``; :func:`.hidden.hidden_costs` for another hidden size).
 
     Raises ``ValueError`` when the trace has no pipeline (one stage: no observed transfer between stages) or
     its ranks do not all run the same micro-batches.
@@ -234,6 +241,7 @@ def repartition(g: OpGraph, old: Partition, new: Partition, microbatches: int | 
     if new.stages > 1 and (p < 2 or not o["optype"].isin(P2P).any()):
         raise ValueError("the trace has no pipeline (one stage, no send/receive): nothing to take a transfer time from")
     models = fit_layer_models(g, old) if models is None else models
+    costs = models if costs is None else costs
     work = g.work()
     steps = np.sort(o["step"].unique())
     dps = np.sort(o["dp_rank"].unique())
@@ -277,7 +285,7 @@ def repartition(g: OpGraph, old: Partition, new: Partition, microbatches: int | 
 
     def scaled(optype: str, k: int, j: int) -> np.ndarray:
         """[dp, step]: new stage k's value of a layer-scaled op for observed micro-batch j."""
-        mdl, r = models[optype], ratio[optype][:, :, :, j]
+        mdl, r = costs[optype], ratio[optype][:, :, :, j]
         v = mdl.per_layer * np.tensordot(over[k], r, axes=(0, 0))
         if k == 0:
             v = v + mdl.first * r[0]

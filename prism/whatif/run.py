@@ -122,15 +122,15 @@ def _checked_meta(meta: dict) -> dict:
 
 
 def restructure(g: OpGraph, scenarios: list[Scenario], meta: dict) -> tuple[OpGraph, np.ndarray | float, dict, list[str]]:
-    """The scenarios that change the graph itself (``microbatches``, ``scale-pp``, ``layers``): the graph the
-    others apply to, a factor on its ops' work, notes for the summary and warnings."""
+    """The scenarios that change the graph itself or re-cost it (``microbatches``, ``scale-pp``, ``layers``,
+    ``hidden``): the graph the others apply to, a factor on its ops' work, notes for the summary and warnings."""
     from prism.whatif.optrace import OpGraph
 
     last = {sc.kind: sc for sc in scenarios}
-    pp, layers, mb = last.get("scale-pp"), last.get("layers"), last.get("microbatches")
+    pp, layers, mb, hidden = last.get("scale-pp"), last.get("layers"), last.get("microbatches"), last.get("hidden")
     from prism.whatif.repartition import fit_layer_models, layer_factors, observed_partition, repartition
 
-    if pp is None and layers is None:
+    if pp is None and layers is None and hidden is None:
         if mb is None:
             return g, 1.0, {}, []
         # the observed partition rebuilt for M micro-batches: each op's work from its own observation
@@ -146,30 +146,50 @@ def restructure(g: OpGraph, scenarios: list[Scenario], meta: dict) -> tuple[OpGr
     warnings = []
     if layers is not None and not old.known:
         raise ValueError(f"--scenario {layers}: needs the job's layer count: --meta num_layers (or layers_per_stage)")
-    if not old.known:
-        warnings.append(f"{pp}: the trace gives no layer counts: the observed {old.stages} stages are assumed to hold equal "
-                        "layers (--meta num_layers or layers_per_stage to say otherwise)")
+    from prism.whatif.hidden import architecture, checked_hidden, hidden_costs, hidden_factors
+
+    arch, h = None, 0.0
+    if hidden is not None:
+        arch = architecture(meta, str(hidden))
+        h = float(checked_hidden(arch, int(hidden.value), str(hidden)))
+    if not old.known and (pp is not None or (hidden is not None and old.stages > 1)):
+        warnings.append(f"{pp or hidden}: the trace gives no layer counts: the observed {old.stages} stages are assumed to "
+                        "hold equal layers (--meta num_layers or layers_per_stage to say otherwise)")
     models = fit_layer_models(g, old)
+    costs = models
+    if arch is not None:
+        costs = hidden_costs(models, arch, h)
     total = float(layers.value) if layers is not None else None
-    factor: np.ndarray | float = 1.0
     if pp is not None:
         new = old.even(int(pp.value), total, str(pp))
         try:
-            gp = OpGraph(repartition(g, old, new, int(mb.value) if mb else None, models))
+            gp = OpGraph(repartition(g, old, new, int(mb.value) if mb else None, models, costs))
         except ValueError as e:
             raise ValueError(f"--scenario {pp}: {e}") from None
+        factor: np.ndarray | float = 1.0
     else:
-        assert layers is not None and total is not None
-        new = old.scaled(total, str(layers))
+        new = old.scaled(total, str(layers)) if total is not None else old
         gp = g if mb is None else OpGraph(repartition(g, old, old, int(mb.value), models))
-        factor = layer_factors(gp.ops, models, old, new)
-    note: dict[str, Any] = {"observed_stages": old.stages, "stages": new.stages,
-            "observed_layers_per_stage": list(old.layers) if old.known else None,
-            "layers_per_stage": list(new.layers) if old.known else [round(x, 6) for x in new.layers],
-            "layers_known": old.known, "layer_model": {k: m.as_dict() for k, m in models.items()}}
-    if not old.known:
-        note["layers_per_stage_unit"] = "one observed stage's layers"
-    return gp, factor, {str(pp if pp is not None else layers): note}, warnings
+        factor = layer_factors(gp.ops, models, old, new, costs)
+    notes: dict[str, Any] = {}
+    if pp is not None or layers is not None:
+        note: dict[str, Any] = {"observed_stages": old.stages, "stages": new.stages,
+                "observed_layers_per_stage": list(old.layers) if old.known else None,
+                "layers_per_stage": list(new.layers) if old.known else [round(x, 6) for x in new.layers],
+                "layers_known": old.known, "layer_model": {k: m.as_dict() for k, m in models.items()}}
+        if not old.known:
+            note["layers_per_stage_unit"] = "one observed stage's layers"
+        notes[str(pp if pp is not None else layers)] = note
+    if arch is not None:
+        # the op types outside the layer model (pipeline transfers, embedding and layernorm all-reduces)
+        factor = factor * hidden_factors(gp.ops, arch, h)
+        f = arch.factors(h)
+        notes[str(hidden)] = {"observed_hidden_size": arch.hidden, "hidden_size": int(h),
+                              "seq_length": arch.seq_length, "ffn_hidden_size_ratio": arch.ffn_ratio, "swiglu": arch.swiglu,
+                              "layer_flops_factor": round(f["flops"], 6), "layer_params_factor": round(f["params"], 6),
+                              "activation_factor": round(f["linear"], 6),
+                              "layer_model": {k: m.as_dict() for k, m in models.items()}}
+    return gp, factor, notes, warnings
 
 
 def whatif_ops(trace_path: str | Path, meta: dict | None, scenarios: list[Scenario], attribution: bool = False) -> WhatIfResult:
@@ -238,7 +258,12 @@ def whatif_ops(trace_path: str | Path, meta: dict | None, scenarios: list[Scenar
     def et_tasks() -> tuple[SimResult, pd.DataFrame]:
         from prism.whatif.chakra import op_tasks
 
-        return pred, op_tasks(gp)
+        tasks = op_tasks(gp)
+        if np.ndim(factor):
+            # layers:L and hidden:H re-cost a communication op in proportion to the bytes it moves: its size follows
+            size = tasks["comm_size"].to_numpy(np.float64)
+            tasks["comm_size"] = np.where(size >= 0, np.round(size * factor), -1).astype(np.int64)
+        return pred, tasks
 
     return WhatIfResult({job: summary}, steps, _trace_events(job, rows), table, et_tasks=et_tasks)
 

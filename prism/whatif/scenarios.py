@@ -32,11 +32,16 @@
                            :mod:`.repartition`)
 ``layers:L``               the job re-costed for L layers (op traces; with
                            ``--meta`` ``num_layers``; :mod:`.repartition`)
+``hidden:H``               the job re-costed for hidden size H: each layer's
+                           compute by its FLOPs, its DP collectives and
+                           optimizer by its parameters, activations and the
+                           embedding by H (op traces; with ``--meta``
+                           ``hidden_size`` and ``seq_length``; :mod:`.hidden`)
 =========================  ===================================================
 
 Several scenarios combine, applied in the order given; ``microbatches``,
-``scale-pp`` and ``layers`` change the graph itself, so they are applied
-first. On op traces every
+``scale-pp``, ``layers`` and ``hidden`` change the graph or re-cost it, so
+they are applied first. On op traces every
 scenario is simulated without launch delays and compared with the baseline
 simulated the same way (see :meth:`~prism.whatif.optrace.OpGraph.graph`).
 """
@@ -56,7 +61,8 @@ if TYPE_CHECKING:
 __all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "apply_kineto_scenarios", "ideal_op_work", "SCENARIO_HELP"]
 
 SCENARIO_HELP = ("remove-stragglers, ideal, scale-comm:X, scale-compute:X, scale-dp:N, microbatches:M, scale-pp:N, "
-                 "layers:L, heal-switch:NAME, heal-link:A>B, move-job:JOB@NAME (network replays: JOB's traffic off the switch "
+                 "layers:L, hidden:H (op traces, --meta hidden_size and seq_length: each layer's compute re-costed by its FLOPs, its "
+                 "DP collectives and optimizer by its parameters, pipeline transfers by H), heal-switch:NAME, heal-link:A>B, move-job:JOB@NAME (network replays: JOB's traffic off the switch "
                  "or link NAME, the other jobs that shared it with JOB re-costed at the share it leaves) "
                  "(repeatable; applied in order)")
 #: a real pipeline runs tens to hundreds of micro-batches a step
@@ -64,10 +70,12 @@ MAX_MICROBATCHES = 1024
 #: guards against a typo building an enormous graph (a rebuilt trace grows with stages x micro-batches)
 MAX_STAGES = 256
 MAX_LAYERS = 4096
+#: today's largest models have hidden sizes of 16-32k
+MAX_HIDDEN = 262_144
 _KINDS = ("remove-stragglers", "ideal", "scale-comm", "scale-compute", "scale-dp", "heal-switch", "heal-link", "move-job",
-          "microbatches", "scale-pp", "layers")
+          "microbatches", "scale-pp", "layers", "hidden")
 #: scenarios that rebuild or re-cost the graph itself (applied before the others)
-STRUCTURAL = ("microbatches", "scale-pp", "layers")
+STRUCTURAL = ("microbatches", "scale-pp", "layers", "hidden")
 
 
 @dataclass(frozen=True)
@@ -97,9 +105,10 @@ def parse_scenario(text: str) -> Scenario:
         raise ValueError(f"--scenario {text!r}: unknown; use {SCENARIO_HELP}")
     if kind in ("remove-stragglers", "ideal") and sep:
         raise ValueError(f"--scenario {text!r}: {kind} takes no argument")
-    if kind in ("scale-comm", "scale-compute", "scale-dp", "microbatches", "scale-pp", "layers", "heal-switch", "heal-link",
-                "move-job") and not arg:
-        example = {"heal-switch": "spine-00", "heal-link": "leaf-g00-r0>spine-00", "move-job": "job-1234abcd@spine-00"}.get(kind, "2")
+    if kind in ("scale-comm", "scale-compute", "scale-dp", "microbatches", "scale-pp", "layers", "hidden", "heal-switch",
+                "heal-link", "move-job") and not arg:
+        example = {"heal-switch": "spine-00", "heal-link": "leaf-g00-r0>spine-00", "move-job": "job-1234abcd@spine-00",
+                   "hidden": "8192"}.get(kind, "2")
         raise ValueError(f"--scenario {text!r}: {kind} needs a value, e.g. {kind}:{example}")
     if kind == "heal-link" and arg.count(">") != 1:
         raise ValueError(f"--scenario {text!r}: heal-link takes a link as switches.csv names it, FROM>TO")
@@ -112,7 +121,7 @@ def parse_scenario(text: str) -> Scenario:
                 raise ValueError
         except ValueError:
             raise ValueError(f"--scenario {text!r}: {kind} takes a positive, finite factor") from None
-    if kind in ("scale-dp", "microbatches", "scale-pp", "layers"):
+    if kind in ("scale-dp", "microbatches", "scale-pp", "layers", "hidden"):
         if not arg.isdigit() or int(arg) < 1:
             raise ValueError(f"--scenario {text!r}: {kind} takes a positive whole number")
         if kind == "microbatches" and int(arg) > MAX_MICROBATCHES:
@@ -122,6 +131,8 @@ def parse_scenario(text: str) -> Scenario:
             raise ValueError(f"--scenario {text!r}: at most {MAX_STAGES} pipeline stages")
         if kind == "layers" and int(arg) > MAX_LAYERS:
             raise ValueError(f"--scenario {text!r}: at most {MAX_LAYERS} layers")
+        if kind == "hidden" and int(arg) > MAX_HIDDEN:
+            raise ValueError(f"--scenario {text!r}: at most a hidden size of {MAX_HIDDEN:,}")
     return Scenario(kind, arg or None)
 
 
