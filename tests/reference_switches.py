@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.diagnosis import ANOMALY_COLUMNS, empty_anomalies
-from prism.analysis.diagnosis.switches import SWITCH_COLUMNS, SwitchBandwidth, SwitchDiagnoser, _tiers
+from prism.analysis.diagnosis.switches import _SHOWN, SWITCH_COLUMNS, SwitchBandwidth, SwitchDiagnoser, _tiers
 
 
 class ReferenceSwitchDiagnoser(SwitchDiagnoser):
@@ -58,6 +58,8 @@ class ReferenceSwitchDiagnoser(SwitchDiagnoser):
                         own = own[own["name"] == name]
                         evidence.append(1 if own.empty or not bool(own["judged"].iloc[0]) else 2 if bool(own["slow"].iloc[0]) else 0)
                     worst = bad.assign(evidence=evidence).sort_values(["evidence", "ratio"], ascending=[False, True], kind="stable").iloc[0]
+                    # one kind of flow: the unit is shown by its pooled figures (flow kind -2)
+                    worst = pd.concat([worst, pd.Series({"flow_kind": -2, **{f"kind_{c}": worst[c] for c in _SHOWN}})])
                     rows.append(self._row(kind, worst, int(w) * bw.window_ns, bw.window_ns))
                     if kind == "switch":
                         flagged_sw.add(worst["name"])

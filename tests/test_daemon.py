@@ -30,7 +30,7 @@ from prism.serve.broker import LocalBroker, free_port
 from prism.serve.build import build_daemon
 from prism.serve.daemon import Daemon
 from prism.serve.live import stream_flows
-from prism.serve.metrics import Health
+from prism.serve.metrics import ANOMALY_EXPLANATION_CHARS, Health, printable
 from prism.serve.monitor import Monitor, MonitorSettings
 from prism.serve.produce import FlowProducer
 from prism.serve.settings import DaemonSettings, KafkaSettings
@@ -161,9 +161,10 @@ def test_stream_gives_jobs_steps_and_anomalies(broker, topic, cluster):
         lag = d.value("prism_group_lag_ratio", job_id=slow_group[0]["job_id"], group=slow_group[0]["subject"])
         assert lag > 1.2
         # the current anomalies on /metrics, with their explanations: those the daemon logged (the tiny cluster has fewer
-        # than the bounds, so all of them)
+        # than the bounds, so all of them; a long explanation cut as the label is)
         info = {(s.labels["kind"], s.labels["job_id"], s.labels["subject"], s.labels["explanation"]) for s in fams["prism_anomaly_info"].samples}
-        logged = {(e["kind"], e["job_id"] if isinstance(e["job_id"], str) else "", str(e["subject"]), e["explanation"]) for k, e in d.events if k == "anomaly"}
+        logged = {(e["kind"], e["job_id"] if isinstance(e["job_id"], str) else "", str(e["subject"]), printable(e["explanation"], ANOMALY_EXPLANATION_CHARS))
+                  for k, e in d.events if k == "anomaly"}
         assert info == logged and len(info) == len(fams["prism_anomaly_info"].samples)
         assert d.scrape("/healthz")[0] == 200 and d.scrape("/readyz")[0] == 200
         # windows follow how the backlog arrives (a loaded machine reads it in fewer,

@@ -250,3 +250,62 @@ def test_slow_steps_that_recur_say_so():
     d[[30, 170, 250]] = 170.0
     a = CrossStepDiagnoser().fit(steps.assign(duration_ns=d)).predict()
     assert len(a) == 3 and not a["explanation"].str.contains("recur").any()
+
+
+def _mixed_bw(slow_spine=None, seed=6):
+    """Two kinds of flow over leaf-spine-leaf paths: all-to-all (EP) flows at a seventh of the rate of ring (DP) ones,
+    each spine with its own share of EP pairs (ECMP's mix, 20% to 80%); flows via ``slow_spine`` take 5x longer.
+
+    Returns the sums and the pair kinds (``(a, b, kind)``, as :func:`prism.analysis.analyse.pair_kinds` gives).
+    """
+    rng = np.random.default_rng(seed)
+    leaves, spines = [f"leaf-{i}" for i in range(6)], [f"spine-{i}" for i in range(6)]
+    ep_share = np.linspace(0.2, 0.8, len(spines))
+    src, dst, path, kinds = [], [], [], {}
+    for s in range(48):
+        for d in range(48):
+            if s // 8 == d // 8 or (min(s, d), max(s, d)) in kinds and kinds[min(s, d), max(s, d)][1] != s:
+                continue
+            sp = int(rng.integers(len(spines)))  # one spine a pair (ECMP), its kind drawn with that spine's EP share
+            kinds[min(s, d), max(s, d)] = ("EP" if rng.random() < ep_share[sp] else "DP", s)
+            for x, y in ((s, d), (d, s)):
+                src += [x] * 8
+                dst += [y] * 8
+                path += [f"{leaves[x // 8]}|{spines[sp]}|{leaves[y // 8]}"] * 8
+    src, dst, path = np.array(src), np.array(dst), np.array(path, dtype=object)
+    ab = np.array(list(kinds), dtype=np.int64)
+    kind = np.array([k for k, _ in kinds.values()], dtype=object)
+    is_ep = pd.Series(dict(zip(map(tuple, ab.tolist()), kind == "EP")))[list(zip(np.minimum(src, dst).tolist(), np.maximum(src, dst).tolist()))].to_numpy()
+    size = np.full(len(src), 4 << 20)
+    dur = (size / np.where(is_ep, 50.0 / 7, 50.0) * rng.lognormal(0, 0.02, len(src))).astype(np.int64)
+    if slow_spine is not None:
+        dur = np.where([f"|{slow_spine}|" in p for p in path], dur * 5, dur)
+    bw = SwitchBandwidth(window_s=60)
+    bw.partial_fit(np.sort(rng.integers(0, 50_000_000_000, len(src))), dur, size, pd.Categorical(path), src=src, dst=dst)
+    return bw, (ab[:, 0], ab[:, 1], kind)
+
+
+def test_switch_judges_each_kind_of_flow_apart():
+    """Pooled, healthy spines differ by their mix of slow (EP) and fast (ring) flows, so a 0.2x spine is not enough
+    spreads below their median to be flagged; each kind's flows alone are alike on every healthy spine, and the
+    degraded one stands out in each."""
+    bw, kinds = _mixed_bw(slow_spine="spine-2")
+    pooled = SwitchDiagnoser().fit(bw)
+    assert pooled.predict().empty, pooled.predict()["explanation"].tolist()
+    spines = pooled.bandwidth_.query("kind == 'switch' and tier == 'spine'").set_index("name")
+    assert spines["ratio"].drop("spine-2").agg(lambda r: r.max() / r.min()) > 1.8  # the mix alone
+    a = SwitchDiagnoser().fit(bw, kinds).predict()
+    assert a["kind"].tolist() == ["slow_switch"] and a["subject"].tolist() == ["spine-2"], a["explanation"].tolist()
+    assert 0.15 < a["score"].iloc[0] < 0.3
+    assert a["explanation"].iloc[0].startswith(("switch spine-2 (spine): DP flows ", "switch spine-2 (spine): EP flows "))
+    # the pooled figures stay in switches.csv (the links are judged once the spine's paths are explained away)
+    sw = SwitchDiagnoser().fit(bw, kinds).bandwidth_.query("kind == 'switch'")
+    assert sw.equals(pooled.bandwidth_.query("kind == 'switch'"))
+
+
+def test_switch_kinds_quiet_when_healthy():
+    """Judged apart, no kind of flow makes a healthy fabric slow; pairs given no kind are judged as a kind of their own."""
+    bw, (a, b, kind) = _mixed_bw()
+    assert SwitchDiagnoser().fit(bw, (a, b, kind)).predict().empty
+    half = slice(0, len(a) // 2)
+    assert SwitchDiagnoser().fit(bw, (a[half], b[half], kind[half])).predict().empty

@@ -121,7 +121,7 @@ class _ScriptedSwitches:
     def __init__(self, script):
         self.script, self.bandwidth_ = list(script), None
 
-    def fit(self, bw):
+    def fit(self, bw, pair_kinds=None):
         self.flagged = self.script.pop(0)
         return self
 
@@ -249,7 +249,7 @@ def test_current_anomalies_are_exported_with_their_explanations(cluster):
     """``prism_anomaly_info``: one series per anomaly the monitor raised and still keeps, its explanation in a label."""
     from prometheus_client import CollectorRegistry
 
-    from prism.serve.metrics import ANOMALY_EXPLANATION_CHARS, PrismCollector
+    from prism.serve.metrics import ANOMALY_EXPLANATION_CHARS, PrismCollector, printable
 
     _, m = steps_by_job(cluster, messages(cluster.flows), ())
     raised = [e for kind, e in m.events if kind == "anomaly"]
@@ -260,7 +260,7 @@ def test_current_anomalies_are_exported_with_their_explanations(cluster):
     assert len(got) == len({tuple(sorted(x.items())) for x in got}) == len(m.view.anomalies) > 0
     for labels, row in zip(got, m.view.anomalies):
         assert labels["kind"] == row["kind"] and labels["job_id"] == (row["job_id"] if isinstance(row["job_id"], str) else "")
-        assert labels["explanation"] == row["explanation"][:ANOMALY_EXPLANATION_CHARS] and labels["explanation"]
+        assert labels["explanation"] == printable(row["explanation"], ANOMALY_EXPLANATION_CHARS) and labels["explanation"]
         assert labels["step"] == (str(int(row["step"])) if row["step"] >= 0 else "")
     # the newest of each job are the ones kept, and only those of jobs still recognised
     assert {x["job_id"] for x in got} <= set(m._jobs) | {""}

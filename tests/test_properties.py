@@ -360,6 +360,10 @@ def test_switch_diagnosis_equals_the_pandas_reference(seed, n, slow, senders, sh
     got, ref = SwitchDiagnoser(**settings).fit(bw), ReferenceSwitchDiagnoser(**settings).fit(bw)
     pd.testing.assert_frame_equal(got.bandwidth_, ref.bandwidth_)
     pd.testing.assert_frame_equal(got.anomalies_, ref.anomalies_)
+    # every pair of one kind (or none typed, without the NICs): the pooled test, as without kinds
+    one = SwitchDiagnoser(**settings).fit(bw, (src, dst, np.full(n, "DP")))
+    pd.testing.assert_frame_equal(one.bandwidth_, got.bandwidth_)
+    pd.testing.assert_frame_equal(one.anomalies_, got.anomalies_)
 
 
 @SETTINGS

@@ -33,7 +33,7 @@ from prism.analysis.timeline import PHASE_COLUMNS, STEP_COLUMNS, StepTimeline, p
 from prism.common.ordering import rank_keys, stable_order
 from prism.ingest.topology import Topology
 
-__all__ = ["Analysis", "DEFAULT_SLICE_FLOWS", "Settings", "add_anomalies", "analyse", "label_names"]
+__all__ = ["Analysis", "DEFAULT_SLICE_FLOWS", "Settings", "add_anomalies", "analyse", "label_names", "pair_kinds"]
 
 #: GPU flows of one job analysed at once (about 1.5 GiB at the analyses' peak): a
 #: longer job is analysed in time slices of this many (:mod:`prism.analysis.slices`), so
@@ -203,7 +203,7 @@ def analyse(
     # a pure-DP job's straggler: the server that sends last at its collectives (not one the stages already name)
     arr = s.arrival.fit(job, a, start, end, is_dp, comps["dp"], server_of, label_name, out.steps, b=b)
     out.arrivals = arr.arrivals_
-    add_anomalies(out, [s.cross_step.fit(out.steps).predict(), lag.predict(), not_named_by(arr.predict(), lag.predict()), hangs.predict()], switch_bw, s)
+    add_anomalies(out, [s.cross_step.fit(out.steps).predict(), lag.predict(), not_named_by(arr.predict(), lag.predict()), hangs.predict()], switch_bw, s, topology)
     return out
 
 
@@ -315,13 +315,24 @@ def ring_bursts_on(mask: np.ndarray, flow_pair: np.ndarray, a: np.ndarray, b: np
     return out
 
 
-def add_anomalies(out: Analysis, found: list[pd.DataFrame], switch_bw: SwitchBandwidth | None, s: Settings) -> None:
-    """The jobs' anomalies and the fabric's (one switch diagnosis over all flows) into ``out``."""
+def add_anomalies(out: Analysis, found: list[pd.DataFrame], switch_bw: SwitchBandwidth | None, s: Settings, topology: Topology | None = None) -> None:
+    """The jobs' anomalies and the fabric's (one switch diagnosis over all flows, each pair's flows of its type: with
+    ``topology``, ``out.pairs`` gives them) into ``out``."""
     if switch_bw is not None:
-        sd = s.switches.fit(switch_bw)
+        sd = s.switches.fit(switch_bw, pair_kinds(out.pairs, topology) if topology is not None else None)
         found = found + [sd.predict()]
         out.switch_bandwidth = sd.bandwidth_
     out.anomalies = in_time_order(found)
+
+
+def pair_kinds(pairs: pd.DataFrame | None, topology: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(a, b, type)`` of the typed GPU pairs (NIC indices) of a ``pairs`` frame: the flow kinds the switch diagnosis
+    judges apart (:meth:`prism.analysis.diagnosis.SwitchDiagnoser.fit`); None without pairs."""
+    if pairs is None or not len(pairs) or "type" not in pairs:
+        return None
+    a, b = topology.nic_index(pairs["src"]), topology.nic_index(pairs["dst"])
+    ok = (a >= 0) & (b >= 0)
+    return a[ok], b[ok], pairs["type"].to_numpy()[ok]
 
 
 def label_names(labels: np.ndarray, jobs: pd.DataFrame, topology: Topology) -> dict:

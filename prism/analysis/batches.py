@@ -291,7 +291,7 @@ def analyse_job_batches(batches: Iterable[tuple[np.ndarray, list[np.ndarray] | J
     s = settings or Settings()
     if executor is not None:
         parts = _fan_out(batches, job_label, labels, jobs, topology, capture_end, settings, stop_after, on_stage, executor, on_batch)
-        return _combine(parts, switch_bw, s, stop_after)
+        return _combine(parts, switch_bw, s, stop_after, topology)
     parts = []
     for batch_labels, cols in batches:
         batch_jobs = jobs[np.isin(job_label, batch_labels)]
@@ -305,7 +305,7 @@ def analyse_job_batches(batches: Iterable[tuple[np.ndarray, list[np.ndarray] | J
             parts.append(analyse(a, b, start, duration, size, labels, batch_jobs, topology, capture_end, None, settings, stop_after, on_stage))
             del a, b, start, duration, size  # the batch's columns go before the next is read
         del cols
-    return _combine(parts, switch_bw, s, stop_after)
+    return _combine(parts, switch_bw, s, stop_after, topology)
 
 
 def analyse_batch(cols: list[np.ndarray] | JobChunks | Callable[[], list[np.ndarray] | JobChunks], labels: np.ndarray, batch_jobs: pd.DataFrame, topology: Topology, capture_end: int,
@@ -373,7 +373,7 @@ def _fan_out(batches, job_label, labels, jobs, topology, capture_end, settings, 
     return [p for p in parts if p is not None]
 
 
-def _combine(parts: list[Analysis], switch_bw, s: Settings, stop_after: str) -> Analysis:
+def _combine(parts: list[Analysis], switch_bw, s: Settings, stop_after: str, topology: Topology) -> Analysis:
     """One :class:`Analysis` from per-batch ones, in the order a single run gives."""
     def cat(name):
         frames = [getattr(p, name) for p in parts if getattr(p, name) is not None]
@@ -395,5 +395,5 @@ def _combine(parts: list[Analysis], switch_bw, s: Settings, stop_after: str) -> 
     out.group_lag = pd.concat(lag, ignore_index=True).sort_values(["job_id", "server", "step"], kind="stable").reset_index(drop=True) if lag else pd.DataFrame()
     arrivals = cat("arrivals")
     out.arrivals = arrivals.sort_values(["job_id", "start_ns"], kind="stable").reset_index(drop=True) if arrivals is not None else None
-    add_anomalies(out, [p.anomalies for p in parts if p.anomalies is not None], switch_bw, s)
+    add_anomalies(out, [p.anomalies for p in parts if p.anomalies is not None], switch_bw, s, topology)
     return out

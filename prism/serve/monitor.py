@@ -48,7 +48,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from prism.analysis.analyse import Analysis, Settings, analyse, label_names
+from prism.analysis.analyse import Analysis, Settings, analyse, label_names, pair_kinds
 from prism.analysis.collectives import settled_by_job, summarise
 from prism.analysis.diagnosis import StageLagDiagnoser, SwitchBandwidth
 from prism.analysis.jobs import JobRecogniser, gpu_clusters
@@ -238,6 +238,10 @@ class Monitor:
         self._n = len(topology)
         self._pair_keys = np.empty(0, dtype=np.int64)
         self._pair_last = np.empty(0, dtype=np.int64)
+        # each live pair's type from the windows analysed (newest first): the flow kinds the switch diagnosis judges
+        # apart; kept past the window that typed them, as the switch window outlasts it
+        self._kind_keys = np.empty(0, dtype=np.int64)
+        self._kind_types = np.empty(0, dtype=object)
         self.remote_components: dict[str, list[list[str]]] = {}
         self._jobs: dict[str, _JobState] = {}
         self._active: dict[tuple, int] = {}  # (kind, job, subject) of ongoing group/switch anomalies -> last tick
@@ -539,6 +543,7 @@ class Monitor:
         an = analyse(a[:cut], b[:cut], start[:cut], duration[:cut], size[:cut], labels, jobs, self.topology,
                      capture_end=end, switch_bw=None, settings=self.analysis, phases=False)
         self._merge_jobs(jobs, an, end)
+        self._merge_pair_kinds(an)
         self._merge_states(an.job_states)
         # a job seen for less than half a window has too few steps to cut
         # them reliably (the gap threshold needs several): wait for more
@@ -914,8 +919,21 @@ class Monitor:
                 return step
         return -1
 
+    def _merge_pair_kinds(self, an: Analysis) -> None:
+        """The window's pair types over the earlier ones (a pair typed again takes its new type); pairs no longer live go."""
+        pk = pair_kinds(an.pairs, self.topology)
+        keys, types = self._kind_keys, self._kind_types
+        if pk is not None:
+            a, b, t = pk
+            keys = np.concatenate([np.minimum(a, b).astype(np.int64) * self._n + np.maximum(a, b), keys])
+            types = np.concatenate([np.asarray(t, dtype=object), types])
+        keys, first = np.unique(keys, return_index=True)  # the first of each key: the newest
+        live = np.isin(keys, self._pair_keys)
+        self._kind_keys, self._kind_types = keys[live], types[first][live]
+
     def _merge_switches(self, final: bool = False) -> dict:
-        sd = self.analysis.switches.fit(self.switch_bw)
+        kinds = (self._kind_keys // self._n, self._kind_keys % self._n, self._kind_types) if len(self._kind_keys) else None
+        sd = self.analysis.switches.fit(self.switch_bw, kinds)
         flagged_links = set()
         for r in sd.predict().sort_values("start_ns").itertuples(index=False):
             # one anomaly while the switch stays slow, window after window

@@ -15,6 +15,16 @@ every flow crosses a degraded spine has no such traffic, and is explained by
 the spine however the ratios fall. Links (consecutive switches of a path,
 directed) are then judged the same way over the paths left.
 
+Flows of different kinds (the pair types: all-to-all, ring, pipeline) run
+at different rates whatever the fabric: an all-to-all's flows share their
+NIC with the group's other transfers, a ring's have it alone. ECMP gives
+each switch its own mix of kinds, so pooled over every flow, healthy
+switches differ by their mix, and a degraded one need not stand out (a
+0.2x spine under MoE traffic was 0.41x the spine median but 3.6 spreads
+below it). Given the pair types, each kind's flows are judged as a table
+of their own, where healthy switches are alike, and a switch (link) is
+slow if it is slow for one kind, with that kind's flows, peers and votes.
+
 Before any switch is judged, the hosts are (host or link): a slow NIC or
 host makes all its flows slow, as sender and as receiver, on every switch
 and link it uses, while a slow switch or link makes every host's flows slow
@@ -59,6 +69,9 @@ _TEXT = pd.Series(["text"]).dtype
 #: LLMPrism averaged over an hour; five minutes finds a degraded switch
 #: sooner and still averages thousands of flows per switch.
 DEFAULT_WINDOW_S = 300.0
+
+#: what a slow unit is shown by (:meth:`SwitchDiagnoser._stats`): the figures of the kind of flow it is slowest in
+_SHOWN = ("flows", "gbps", "tier_median_gbps", "ratio", "senders", "slow_senders")
 
 
 class SwitchBandwidth:
@@ -340,6 +353,26 @@ def _rehash(keys, n, cap):  # pragma: no cover - compiled
     return slot_of
 
 
+def _row_kinds(src: np.ndarray, dst: np.ndarray, pair_kinds) -> tuple[list[str], np.ndarray | None]:
+    """(kind names, each row's kind code) for :meth:`SwitchDiagnoser.fit`: a row whose pair has no kind gets the
+    last code, ``untyped``; None without ``pair_kinds``."""
+    if pair_kinds is None:
+        return [], None
+    a, b, k = (np.asarray(x) for x in pair_kinds)
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    names, code = np.unique(k.astype(str), return_inverse=True)
+    n = int(max(a.max(initial=-1), b.max(initial=-1), src.max(initial=-1), dst.max(initial=-1))) + 1
+    key = np.minimum(a, b) * n + np.maximum(a, b)
+    if not len(key):
+        return ["untyped"], np.zeros(len(src), dtype=np.int64)
+    o = np.argsort(key, kind="stable")
+    key, code = key[o], code[o]
+    rk = np.minimum(src, dst) * n + np.maximum(src, dst)
+    at = np.minimum(np.searchsorted(key, rk), len(key) - 1)
+    found = (key[at] == rk) & (src >= 0) & (dst >= 0)
+    return names.tolist() + ["untyped"], np.where(found, code[at], len(names)).astype(np.int64)
+
+
 def _tiers(paths: list[tuple[int, ...]], n_switches: int) -> np.ndarray:
     """'leaf' for switches seen at a path's end, 'spine' for middle-only ones."""
     end = np.zeros(n_switches, dtype=bool)
@@ -486,7 +519,21 @@ class SwitchDiagnoser:
         self.min_peers = int(min_peers)
         self.min_flows = int(min_flows)
 
-    def fit(self, bw: SwitchBandwidth) -> "SwitchDiagnoser":
+    def fit(self, bw: SwitchBandwidth, pair_kinds: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike] | None = None) -> "SwitchDiagnoser":
+        """Diagnose ``bw``'s windows; ``pair_kinds`` is ``(a, b, kind)``: the flow kind (pair type, ``"EP"``, ``"DP"``,
+        ...) of each unordered NIC pair, from the pair typing.
+
+        With the kinds, each kind's flows are judged on their own, and a unit
+        is slow if it is slow for one kind's flows (that kind's ``min_flows``,
+        peers, ratio, z and vote all met). Flows of different kinds run at
+        different rates whatever the fabric: an all-to-all's share the NIC
+        with the group's other transfers, a ring's or pipeline's have it to
+        themselves. ECMP gives each switch its own mix of them, so pooled,
+        healthy switches differ by the mix (a 0.2x spine under MoE traffic
+        was 0.41x the spine median but only 3.6 spreads below it), while
+        each kind alone is tight. The pairs no kind is given for are one
+        more kind. Without ``pair_kinds`` every flow is one kind.
+        """
         t = bw.table()
         names = np.array(bw.switch_names, dtype=object)
         tiers = _tiers(bw.paths, len(names))
@@ -496,6 +543,7 @@ class SwitchDiagnoser:
         sums = t[["flows", "bytes", "busy_ns"]].to_numpy(np.int64)
         window = t["window"].to_numpy(np.int64)
         host_names, hs, hd = _host_codes(bw, src, t["dst"].to_numpy(np.int64))
+        kind_names, kind = _row_kinds(src, t["dst"].to_numpy(np.int64), pair_kinds)
         for w in np.unique(window):
             in_w = np.flatnonzero(window == w)
             if self.min_host_breadth <= 1.0:
@@ -503,23 +551,23 @@ class SwitchDiagnoser:
                 rows += self._host_rows(slow_hosts, host_names, int(w) * bw.window_ns, bw.window_ns)
             excluded = np.zeros(len(bw.paths), dtype=bool)
             flagged_sw: set[str] = set()
-            for kind, u in units.items():
+            for unit_kind, u in units.items():
                 first = True
                 while True:
                     live = in_w[~excluded[path[in_w]]]
-                    stats = self._stats(path[live], src[live], sums[live], u)
+                    stats = self._stats(path[live], src[live], sums[live], u, None if kind is None else kind[live])
                     if first:
-                        tables.append(stats.assign(window_start_ns=int(w) * bw.window_ns, kind=kind))
+                        tables.append(stats.assign(window_start_ns=int(w) * bw.window_ns, kind=unit_kind))
                         first = False
                     bad = stats[stats["slow"]]
-                    if kind == "link" and len(bad):  # a link of a flagged switch is explained by it
+                    if unit_kind == "link" and len(bad):  # a link of a flagged switch is explained by it
                         ends = bad["name"].str.split(">")
                         bad = bad[[not (set(e) & flagged_sw) for e in ends]]
                     if bad.empty:
                         break
-                    first_bad = self._first_to_flag(bad, in_w, excluded, path, src, sums, u)
-                    rows.append(self._row(kind, first_bad, int(w) * bw.window_ns, bw.window_ns))
-                    if kind == "switch":
+                    first_bad = self._first_to_flag(bad, in_w, excluded, path, src, sums, u, kind)
+                    rows.append(self._row(unit_kind, first_bad, int(w) * bw.window_ns, bw.window_ns, kind_names))
+                    if unit_kind == "switch":
                         flagged_sw.add(first_bad["name"])
                     excluded[u.paths_through(u.index[first_bad["name"]])] = True
         self.anomalies_ = pd.DataFrame(rows, columns=ANOMALY_COLUMNS) if rows else empty_anomalies()
@@ -671,7 +719,7 @@ class SwitchDiagnoser:
                         + ": the host (NIC), not the network"))
         return out
 
-    def _first_to_flag(self, bad: pd.DataFrame, in_w, excluded, path, src, sums, u: "_Units") -> pd.Series:
+    def _first_to_flag(self, bad: pd.DataFrame, in_w, excluded, path, src, sums, u: "_Units", kind: np.ndarray | None = None) -> pd.Series:
         """Which of several slow units to flag first: the one its own traffic convicts.
 
         A unit whose every flow also crosses another slow unit (a leaf whose
@@ -686,7 +734,7 @@ class SwitchDiagnoser:
         """
         if len(bad) == 1:
             return bad.iloc[0]
-        bad = bad.nsmallest(self.MAX_CANDIDATES, "ratio")
+        bad = bad.nsmallest(self.MAX_CANDIDATES, "kind_ratio")  # the ratio of the kind it is slow in
         paths_of = {name: u.paths_through(u.index[name]) for name in bad["name"]}
         evidence = []
         for name in bad["name"]:
@@ -695,36 +743,63 @@ class SwitchDiagnoser:
                 if other != name:
                     alone[paths] = True
             live = in_w[~alone[path[in_w]]]
-            own = self._stats(path[live], src[live], sums[live], u)
+            own = self._stats(path[live], src[live], sums[live], u, None if kind is None else kind[live])
             own = own[own["name"] == name]
             if own.empty or not bool(own["judged"].iloc[0]):
                 evidence.append(1)
             else:
                 evidence.append(2 if bool(own["slow"].iloc[0]) else 0)
-        return bad.assign(evidence=evidence).sort_values(["evidence", "ratio"], ascending=[False, True], kind="stable").iloc[0]
+        return bad.assign(evidence=evidence).sort_values(["evidence", "kind_ratio"], ascending=[False, True], kind="stable").iloc[0]
 
-    def _stats(self, path: np.ndarray, src: np.ndarray, sums: np.ndarray, u: "_Units") -> pd.DataFrame:
+    def _stats(self, path: np.ndarray, src: np.ndarray, sums: np.ndarray, u: "_Units", kind: np.ndarray | None = None) -> pd.DataFrame:
         """One row per unit (switch or link) some of these (path, sender) rows cross, in name order.
 
-        ``sums`` holds the rows' flows, bytes and busy ns. O(rows x path
-        length) numpy work; Python only per tier (two or three).
+        ``sums`` holds the rows' flows, bytes and busy ns; ``kind`` each
+        row's flow kind (:meth:`fit`'s ``pair_kinds``). The columns of
+        :data:`SWITCH_COLUMNS` are over every flow; ``slow`` and the
+        ``kind_*`` figures are the kinds' (see :meth:`fit`). O(rows x path
+        length) numpy work; Python only per tier (two or three) and kind.
         """
         # every row once per unit its path crosses (the path -> units incidence)
         row, unit = u.expand(path)
         present, unit = np.unique(unit, return_inverse=True)  # units in name order
         n = len(present)
-        flows, nbytes, busy = (_int_sums(unit, sums[row, k], n) for k in range(3))
         tier = u.tiers[present]
+        tier_names, tier_of = np.unique(tier, return_inverse=True)
+        pooled = self._judge(row, unit, src, sums, n, tier_of, len(tier_names))
+        s = pd.DataFrame({"name": pd.Series(u.names[present].tolist(), dtype=_TEXT), "tier": pd.Series(tier.tolist(), dtype=_TEXT),
+                          **{c: pooled[c] for c in ("flows", "bytes", "busy_ns", "gbps", "tier_median_gbps", "ratio", "senders", "slow_senders")}})
+        row_kind = kind[row] if kind is not None else np.zeros(len(row), dtype=np.int64)
+        kinds = np.unique(row_kind)
+        if len(kinds) <= 1:  # one kind of flow: the pooled test is that kind's
+            shown, slow, judged, flow_kind = pooled, pooled["slow"], pooled["judged"], np.full(n, -2, dtype=np.int64)
+        else:
+            per = [self._judge(row[m], unit[m], src, sums, n, tier_of, len(tier_names)) for m in (row_kind == k for k in kinds.tolist())]
+            slow = np.any([p["slow"] for p in per], axis=0)
+            judged = np.any([p["judged"] for p in per], axis=0)
+            # a slow unit is shown by the kind it is slowest in; any other by its pooled figures
+            by = np.argmin(np.stack([np.where(p["slow"], p["ratio"], np.inf) for p in per]), axis=0)
+            shown = {c: np.where(slow, np.stack([p[c] for p in per])[by, np.arange(n)], pooled[c]) for c in _SHOWN}
+            flow_kind = np.where(slow, kinds[by], -2)
+        return s.assign(slow=slow, judged=judged, flow_kind=flow_kind, **{f"kind_{c}": shown[c] for c in _SHOWN})
+
+    def _judge(self, row: np.ndarray, unit: np.ndarray, src: np.ndarray, sums: np.ndarray, n: int, tier_of: np.ndarray,
+               n_tiers: int) -> dict[str, np.ndarray]:
+        """The test of one table of flows (``row``, once per ``unit`` it crosses): per unit its sums, ratio to its tier's
+        median, votes, and whether it is ``judged`` and ``slow``."""
+        flows, nbytes, busy = (_int_sums(unit, sums[row, k], n) for k in range(3))
         with np.errstate(divide="ignore", invalid="ignore"):
             gbps = np.where(busy > 0, nbytes / np.where(busy > 0, busy, 1), np.nan)  # bytes per ns = GB/s
-        s = pd.DataFrame({"name": pd.Series(u.names[present].tolist(), dtype=_TEXT), "tier": pd.Series(tier.tolist(), dtype=_TEXT), "flows": flows, "bytes": nbytes, "busy_ns": busy, "gbps": gbps})
-        tier_names, tier_of = np.unique(tier, return_inverse=True)
-        tier_flows = np.array([np.median(flows[tier_of == k]) for k in range(len(tier_names))])[tier_of]
-        judged = (flows >= self.min_flows) & (flows >= self.min_flow_share * tier_flows)
+        out = {"flows": flows, "bytes": nbytes, "busy_ns": busy, "gbps": gbps}
+        seen = flows > 0  # units these rows cross (a kind's table leaves the others out)
+        tier_flows = np.array([np.median(flows[seen & (tier_of == k)]) if (seen & (tier_of == k)).any() else 0.0 for k in range(n_tiers)])[tier_of]
+        judged = seen & (flows >= self.min_flows) & (flows >= self.min_flow_share * tier_flows)
         if not judged.any():  # too little traffic to compare anything
-            return s.assign(tier_median_gbps=np.nan, ratio=np.nan, senders=0, slow_senders=0, slow=False, judged=False)
-        med, mad, peers = (np.full(len(tier_names), np.nan) for _ in range(3))
-        for k in range(len(tier_names)):
+            nan = np.full(n, np.nan)
+            zero = np.zeros(n, dtype=np.int64)
+            return out | {"tier_median_gbps": nan, "ratio": nan, "senders": zero, "slow_senders": zero, "slow": np.zeros(n, dtype=bool), "judged": judged}
+        med, mad, peers = (np.full(n_tiers, np.nan) for _ in range(3))
+        for k in range(n_tiers):
             g = gbps[judged & (tier_of == k)]
             peers[k] = len(g)
             g = g[~np.isnan(g)]
@@ -737,11 +812,11 @@ class SwitchDiagnoser:
             ratio = gbps / tier_median
             z = (tier_median - gbps) / spread
         # each sender's own view of the unit, for the vote
-        senders, slow_senders = self._votes(row, unit, src, sums, n, med[tier_of])
+        senders, slow_senders = self._votes(row, unit, src, sums, n, tier_median)
         voted = (senders < 2) | (slow_senders >= self.min_vote * senders)
         with np.errstate(invalid="ignore"):
             slow = judged & (np.nan_to_num(peers, nan=0)[tier_of] >= self.min_peers) & (ratio <= self.max_ratio) & (z >= self.z) & voted
-        return s.assign(tier_median_gbps=tier_median, ratio=ratio, senders=senders, slow_senders=slow_senders, slow=slow, judged=judged)
+        return out | {"tier_median_gbps": tier_median, "ratio": ratio, "senders": senders, "slow_senders": slow_senders, "slow": slow, "judged": judged}
 
     def _votes(self, row, unit, src, sums, n, unit_median):
         """Per unit: senders with enough flows through it, and those that found it slow."""
@@ -760,12 +835,17 @@ class SwitchDiagnoser:
         return senders, slow_senders
 
     @staticmethod
-    def _row(kind, r, w0, wlen):
+    def _row(kind, r, w0, wlen, kind_names=()):
+        """The anomaly of a slow unit: the figures of the kind of flow it is slowest in (its ratio the score), and the
+        pooled ratio beside them when the kinds were judged apart."""
+        fk = int(r["flow_kind"])
         return (
-            f"slow_{kind}", "", -1, w0, r["name"], round(float(r["ratio"]), 4),
-            f"{kind} {r['name']} ({r['tier']}): {r['gbps']:.1f} GB/s effective, {r['ratio']:.2f}x the {r['tier']} median "
-            f"{r['tier_median_gbps']:.1f} GB/s, over {int(r['flows']):,} flows in the {wlen / 1e9:g} s window"
-            + (f", slow for {int(r['slow_senders'])} of {int(r['senders'])} senders" if r["senders"] >= 2 else ""),
+            f"slow_{kind}", "", -1, w0, r["name"], round(float(r["kind_ratio"]), 4),
+            f"{kind} {r['name']} ({r['tier']}): {kind_names[fk] + ' flows ' if fk > -2 else ''}{r['kind_gbps']:.1f} GB/s effective, "
+            f"{r['kind_ratio']:.2f}x the {r['tier']} median {r['kind_tier_median_gbps']:.1f} GB/s, over {int(r['kind_flows']):,} flows "
+            f"in the {wlen / 1e9:g} s window"
+            + (f", slow for {int(r['kind_slow_senders'])} of {int(r['kind_senders'])} senders" if r["kind_senders"] >= 2 else "")
+            + (f" (all {int(r['flows']):,} flows: {r['ratio']:.2f}x)" if fk > -2 else ""),
         )
 
     def predict(self) -> pd.DataFrame:
