@@ -17,8 +17,10 @@ Prints Markdown tables:
    ``heal-link:<the slow link>`` likewise on ``one-slow-link``.
 4. **Jobs contending** for a shared spine (``shared-spine``): ``heal-switch``
    and ``move-job`` of either job against the generator's truth.
+5. **DP size** (``dp-sizes``): ``scale-dp:N`` on the replay of a job
+   generated at DP D against the same job generated at DP N.
 
-    python benchmarks/bench_whatif.py [--clusters tiny,demo,baseline,every-ring-crosses,one-slow-link,shared-spine]
+    python benchmarks/bench_whatif.py [--clusters tiny,demo,baseline,every-ring-crosses,one-slow-link,shared-spine,dp-sizes]
 """
 from __future__ import annotations
 
@@ -250,6 +252,45 @@ def contention() -> None:
     print()
 
 
+def dp_sizes() -> None:
+    """``scale-dp:N`` on the replay of a job generated at DP D, against the same job (same seed) generated at DP N:
+    pure DP (TP 8, 2 micro-batches of 5 ms, 512 MiB of gradients a GPU) and TP 8 x PP 2, on 8 servers in one leaf
+    group, and the pure-DP job on two groups of 4 (at DP 8 its rings cross the spines). Mean step."""
+    from synthetic.fabric import Fabric
+    from synthetic.generator import ClusterGenerator
+    from synthetic.workload import JobSpec
+
+    print("### SYNTHETIC DP size (mean step)\n")
+    print("| job | leaf groups | D -> N | baseline | predicted | truth (the job at N) | error | unchanged step's error | same D |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+
+        def replayed(dp: int, pp: int, per_group: int) -> Path:
+            out = d / f"dp{dp}-pp{pp}-g{per_group}"
+            if not out.is_dir():
+                job = JobSpec("j", tp=8, pp=pp, dp=dp, microbatches=2, fwd_ms=5, grad_bytes=512 << 20, bucket_bytes=128 << 20)
+                ClusterGenerator(Fabric(servers=8, servers_per_group=per_group, spines=4), [job], duration_s=3.0, seed=0,
+                                 storage_flows_per_s=20).generate().write(out)
+                prism(["replay", str(out / "flows.parquet"), "--topology", str(out / "topology.csv"), "--out", str(out / "r"), "--quiet"])
+            return out
+
+        def whatif(c: Path, sc: str) -> dict:
+            out = c / sc.replace(":", "-")
+            prism(["whatif", str(c / "r"), "--topology", str(c / "topology.csv"), "--scenario", sc, "--out", str(out), "--quiet"])
+            return next(iter(json.loads((out / "summary.json").read_text())["jobs"].values()))
+
+        for label, pp, per_group, d0, n in (("pure DP", 1, 8, 4, 8), ("pure DP", 1, 8, 8, 4), ("pure DP", 1, 8, 2, 8),
+                                            ("PP 2", 2, 8, 2, 4), ("PP 2", 2, 8, 4, 2), ("pure DP", 1, 4, 4, 8), ("pure DP", 1, 4, 8, 4)):
+            a, b = replayed(d0, pp, per_group), replayed(n, pp, per_group)
+            truth = whatif(b, f"scale-dp:{n}")["observed_step_s"]
+            pred, same = whatif(a, f"scale-dp:{n}"), whatif(a, f"scale-dp:{d0}")
+            base, p = pred["baseline_step_s"], pred["predicted_step_s"]
+            print(f"| {label} | {8 // per_group} | {d0} -> {n} | {base * 1e3:.2f} ms | {p * 1e3:.2f} ms | {truth * 1e3:.2f} ms | "
+                  f"{p / truth - 1:+.2%} | {base / truth - 1:+.2%} | {same['predicted_step_s'] / same['baseline_step_s'] - 1:+.4%} |")
+    print()
+
+
 def speed() -> None:
     dp, pp, mb, steps = 128, 8, 8, 100
     ranks = dp * pp
@@ -290,15 +331,17 @@ def speed() -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clusters", default="tiny,demo,baseline,every-ring-crosses,one-slow-link,shared-spine",
-                    help="presets, scenarios of the matrix (30 s), every-ring-crosses, one-slow-link and shared-spine "
-                         "(two jobs contending for a spine)")
+    ap.add_argument("--clusters", default="tiny,demo,baseline,every-ring-crosses,one-slow-link,shared-spine,dp-sizes",
+                    help="presets, scenarios of the matrix (30 s), every-ring-crosses, one-slow-link, shared-spine "
+                         "(two jobs contending for a spine) and dp-sizes (scale-dp against the job generated at N)")
     args = ap.parse_args()
     clusters = args.clusters.split(",")
     real_traces()
     if SA.is_dir():
         trace_counterfactuals()
     speed()
-    counterfactuals([c for c in clusters if c != "shared-spine"])
+    counterfactuals([c for c in clusters if c not in ("shared-spine", "dp-sizes")])
     if "shared-spine" in clusters:
         contention()
+    if "dp-sizes" in clusters:
+        dp_sizes()

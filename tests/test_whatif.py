@@ -636,6 +636,89 @@ def test_the_job_left_on_a_shared_switch_gets_the_share_the_moved_one_leaves(two
     assert truth / t["steps"]["twin"][left] - 1 > 0.03  # still slowed, but less: neither the observed nor the healed step
 
 
+# ------------------------------------- scale-dp: the same job generated with another DP size
+
+
+@pytest.fixture(scope="module")
+def dp_sizes(tmp_path_factory):
+    """A pure-DP job (TP 8, 2 micro-batches of 5 ms, 512 MiB of gradients a GPU: its all-reduce about a third of
+    the step) generated at DP 4 and at DP 8, same seed, on 8 servers in two leaf groups of 4: at DP 4 each ring
+    sits on one rail leaf, at DP 8 it spans both groups and crosses the spines."""
+    from synthetic.fabric import Fabric
+    from synthetic.generator import ClusterGenerator
+    from synthetic.workload import JobSpec
+
+    d = tmp_path_factory.mktemp("dp-sizes")
+    out: dict = {"dir": d}
+    for dp in (4, 8):
+        job = JobSpec("dp", tp=8, pp=1, dp=dp, microbatches=2, fwd_ms=5, grad_bytes=512 << 20, bucket_bytes=128 << 20)
+        c = ClusterGenerator(Fabric(servers=8, servers_per_group=4, spines=4), [job], duration_s=3.0, seed=0,
+                             storage_flows_per_s=20).generate()
+        out[dp] = _replayed(c, d / f"dp{dp}")
+        out[f"topology{dp}"] = d / f"dp{dp}" / "topology.csv"
+        assert main(["whatif", str(out[dp]), "--out", str(d / f"w{dp}"), "--quiet"]) == 0
+        out[f"step{dp}"] = next(iter(_jobs(d / f"w{dp}").values()))["observed_step_s"]
+    return out
+
+
+@pytest.mark.parametrize("observed,n", [(4, 8), (8, 4)])
+def test_scale_dp_matches_the_job_generated_with_that_dp(dp_sizes, observed, n):
+    """scale-dp:N on the replay of the DP-D job lands within 2% of the DP-N job's observed step, both ways (the
+    unchanged step is off by over 3%); scale-dp:<D> gives the baseline back."""
+    t, d = dp_sizes, dp_sizes["dir"]
+    topo = str(t[f"topology{observed}"])
+    for k in (n, observed):
+        assert main(["whatif", str(t[observed]), "--topology", topo, "--scenario", f"scale-dp:{k}", "--out",
+                     str(d / f"s{observed}-{k}"), "--quiet"]) == 0
+    pred = next(iter(_jobs(d / f"s{observed}-{n}").values()))
+    same = next(iter(_jobs(d / f"s{observed}-{observed}").values()))
+    truth = t[f"step{n}"]
+    assert abs(pred["baseline_step_s"] / truth - 1) > 0.03  # DP moves the step: the check is not vacuous
+    assert abs(pred["predicted_step_s"] / truth - 1) < 0.02, (pred, truth)
+    assert same["predicted_step_s"] == pytest.approx(same["baseline_step_s"], rel=0.01)
+    notes = pred["scenario_notes"][f"scale-dp:{n}"]
+    assert (notes["observed_dp"], notes["dp"]) == (observed, n)
+    # growing, each DP-4 ring leaves its leaf for the spines; the capture saw no GPU traffic on a spine, so the
+    # rings keep their own rate (the generator's spines run at the leaves' speed: the truth agrees)
+    assert notes["rings_onto_spines"] == (8 if n > observed else 0)
+
+
+def test_scale_dp_needs_the_dp_size(dp_sizes, tmp_path, capsys):
+    """Without the replay's summary.json, the DP size comes from the rings in pairs.csv (a warning: the replay did not
+    say it is exact); without either, exit 2 naming the job."""
+    import shutil
+
+    r = tmp_path / "r"
+    shutil.copytree(dp_sizes[4], r)
+    (r / "summary.json").unlink()
+    assert main(["whatif", str(r), "--scenario", "scale-dp:8", "--out", str(tmp_path / "o")]) == 0
+    assert "DP 4 is a lower bound" in capsys.readouterr().err
+    (r / "pairs.csv").unlink()
+    assert main(["whatif", str(r), "--scenario", "scale-dp:8", "--out", str(tmp_path / "o2")]) == 2
+    assert "its DP size is unknown" in capsys.readouterr().err
+
+
+def test_scale_dp_caps_a_ring_growing_onto_slower_spines():
+    """A ring on one leaf that outgrows it crosses the spines: its rate per DP pair is capped by the spine tier's
+    median where that is clearly lower; no cap when the spines are as fast, nor without a topology."""
+    from prism.whatif.netreplay import ReplayGraph
+
+    steps, phases = _replay_tables(4, np.full(4, 1.0), rings=2)  # 1 MiB in 0.1 s a ring, one DP pair each
+    g = ReplayGraph("j", steps, phases)
+    topo = pd.DataFrame({"ip": [f"10.0.{s}.{r}" for s in (0, 1) for r in (0, 1)], "server": [f"srv000{s}" for s in (0, 0, 1, 1)],
+                         "rail": [0, 1, 0, 1], "leaf": ["leaf-g00-r0", "leaf-g00-r1"] * 2})
+    pairs = pd.DataFrame({"job_id": "j", "src": ["10.0.0.0", "10.0.0.1"], "dst": ["10.0.1.0", "10.0.1.1"], "type": "DP"})
+    rate = (1 << 20) / 0.1 / 1e9  # GB/s per pair
+    shapes = {"j": {"dp": 2, "dp_exact": True}}
+    assert g.dp_size(shapes, pairs) == (2, True) and g.dp_size({}, pairs) == (2, False)
+    for spine, want in ((rate / 2, 1.5 * 2), (rate, 1.5)):
+        sw = pd.DataFrame({"kind": "switch", "name": ["spine-00"], "tier": "spine", "tier_median_gbps": [spine]})
+        coll, info = g.scale_dp(4, 2, g.coll, sw, topo, pairs)
+        assert coll == pytest.approx(g.coll * want) and info["rings_onto_spines"] == 2
+    assert g.scale_dp(4, 2, g.coll, sw, None, pairs)[0] == pytest.approx(g.coll * 1.5)
+    assert g.scale_dp(2, 2, g.coll, sw, topo, pairs)[0] == pytest.approx(g.coll)
+
+
 def _replay_tables(n_steps: int, work: np.ndarray, rings: int = 2):
     """steps.csv and phases.csv of a pure-DP job: per step, each ring's work (s) then a 0.1 s collective."""
     start = np.r_[0, np.cumsum(work + 0.1)[:-1]] * 1e9

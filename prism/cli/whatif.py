@@ -35,7 +35,8 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
             "without launch delays: compare 'predicted' with 'baseline', the observed work simulated the same way. "
             "On a network replay every job is predicted together: move-job:JOB@NAME takes JOB's traffic off a "
             "switch or link and gives the jobs that shared it with JOB the capacity it leaves (their shares measured "
-            "in the capture, taken to overlap all the time the switch was slow)."
+            "in the capture, taken to overlap all the time the switch was slow); scale-dp:N re-costs each DP ring's collective "
+            "for N replicas at the rate the ring was measured at (the spine tier's where a ring outgrows its leaf)."
         ),
     )
     p.add_argument("replay_dir", nargs="?", metavar="REPLAY_DIR", help="output directory of 'prism replay'")
@@ -49,7 +50,7 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--meta", metavar="YAML", help="with --ops: the job's parallel sizes (dp_size, pp_size, trial_name) and model (num_layers, layers_per_stage; "
                    "hidden_size, seq_length for hidden:H)")
     p.add_argument("--topology", metavar="CSV", help="with REPLAY_DIR: the topology (ip,server,rail,leaf) for heal-switch, heal-link and move-job to tell "
-                        "which DP rings cross the switch")
+                        "which DP rings cross the switch, and for scale-dp which rings outgrow their leaf")
     p.add_argument("--scenario", action="append", default=[], metavar="S", help=SCENARIO_HELP)
     p.add_argument("--attribute", action="store_true",
                    help="attribute each job's slowdown (observed vs ideal: no straggler, no imbalance) to workers, DP "

@@ -52,10 +52,20 @@ Scenarios:
   fraction of its healthy rate its slowed collectives got there) is measured
   over every job of the replay first; their sum is NAME's capacity. JOB is
   healed, the others get what it leaves (:func:`contention`);
-* ``scale-comm:X``: every collective X times as long.
+* ``scale-comm:X``: every collective X times as long;
+* ``scale-dp:N``: every DP collective re-costed for N replicas instead of the
+  observed D (``summary.json``'s ``dp``): a ring member sends 2(N-1)/N of the
+  per-GPU bytes, which the same model and per-replica batch leave as they
+  are, at the rate its ring was measured at in the same capture. A ring on
+  one leaf that needs more servers than the leaf serves crosses the spines
+  at N: the spine tier's healthy median per flow caps its rate where that is
+  clearly lower. Each replica's work and the step's tail stay (see
+  :meth:`ReplayGraph.scale_dp`).
 """
 from __future__ import annotations
 
+import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -64,6 +74,7 @@ import numpy as np
 import pandas as pd
 
 from prism.whatif.graph import ExecutionGraph, SimResult
+from prism.whatif.scenarios import dp_ring_factor
 
 __all__ = ["ReplayGraph", "read_replay", "contention"]
 
@@ -113,6 +124,14 @@ def read_replay(replay_dir: str | Path, topology: str | Path | None = None) -> d
     for opt in ("anomalies.csv", "switches.csv", "pairs.csv"):
         out[opt[:-4]] = pd.read_csv(d / opt) if (d / opt).is_file() and (d / opt).stat().st_size else None
     out["topology"] = pd.read_csv(topology) if topology else None
+    # the job's parallel sizes as the replay recognised them (scale-dp needs its DP size)
+    out["shapes"] = {}
+    if (d / "summary.json").is_file():
+        try:
+            jobs = json.loads((d / "summary.json").read_text()).get("jobs", [])
+        except (ValueError, AttributeError):
+            jobs = []
+        out["shapes"] = {str(j["job_id"]): j for j in jobs if isinstance(j, dict) and "job_id" in j}
     return out
 
 
@@ -463,30 +482,83 @@ class ReplayGraph:
             out[g] = seen
         return out
 
-    def _rings_crossing(self, name: str, tier: str, topology: pd.DataFrame | None, pairs: pd.DataFrame | None = None) -> np.ndarray:
-        """Which rings' traffic goes through the switch (all, without a topology)."""
-        if topology is None or "leaf" not in topology.columns:
-            return np.ones(self.n_r, bool)
+    def _ring_leaves(self, topology: pd.DataFrame, pairs: pd.DataFrame | None) -> list[set]:
+        """Per ring, the leaves its members sit on: the NICs of its DP pairs (``pairs.csv``), or without them
+        its servers' NICs on the ring's rail."""
         topo = topology.assign(ip=topology["ip"].astype(str))
         rail_of = topo.set_index("ip")["rail"] if "rail" in topo.columns else None
         leaf_of = topo.set_index("ip")["leaf"]
         members_of = self._ring_members(pairs)
-        out = np.zeros(self.n_r, bool)
         servers = self.phases.drop_duplicates("group").set_index("group")["servers"]
-        for i, g in enumerate(self.rings):
+        out = []
+        for g in self.rings:
             ip = g.split("@", 1)[1]
             if g in members_of:
-                leaves = set(leaf_of.reindex(list(members_of[g])).dropna())
-            else:
-                # without the ring's pairs: its servers' leaves on the ring's rail
-                t = topo[topo["server"].isin(str(servers[g]).split("|"))]
-                if rail_of is not None and ip in rail_of.index:
-                    t = t[t["rail"] == rail_of[ip]]
-                leaves = set(t["leaf"])
-            # a link crosses the ring where each of its ends does (a leaf of the ring; a spine: several leaves)
-            ends = list(zip(name.split(">"), tier.split(">"))) if ">" in name else [(name, tier)]
-            out[i] = all((n in leaves) if tr == "leaf" else len(leaves) > 1 for n, tr in ends)
+                out.append(set(leaf_of.reindex(list(members_of[g])).dropna()))
+                continue
+            t = topo[topo["server"].isin(str(servers[g]).split("|"))]
+            if rail_of is not None and ip in rail_of.index:
+                t = t[t["rail"] == rail_of[ip]]
+            out.append(set(t["leaf"]))
         return out
+
+    def _rings_crossing(self, name: str, tier: str, topology: pd.DataFrame | None, pairs: pd.DataFrame | None = None) -> np.ndarray:
+        """Which rings' traffic goes through the switch (all, without a topology)."""
+        if topology is None or "leaf" not in topology.columns:
+            return np.ones(self.n_r, bool)
+        # a link crosses the ring where each of its ends does (a leaf of the ring; a spine: several leaves)
+        ends = list(zip(name.split(">"), tier.split(">"))) if ">" in name else [(name, tier)]
+        return np.array([all((n in leaves) if tr == "leaf" else len(leaves) > 1 for n, tr in ends)
+                         for leaves in self._ring_leaves(topology, pairs)], bool)
+
+    def dp_size(self, shapes: dict, pairs: pd.DataFrame | None) -> tuple[int | None, bool]:
+        """The job's DP size and whether it is exact: the replay's (``summary.json``: the largest DP ring it
+        recognised, a lower bound where a ring runs partly on NVLink), else the most members of a ring in
+        ``pairs.csv``; None when neither says."""
+        shape = shapes.get(self.job_id, {})
+        if isinstance(shape.get("dp"), int) and shape["dp"] > 1:
+            return int(shape["dp"]), bool(shape.get("dp_exact", True))
+        members = self._ring_members(pairs)
+        return (max(map(len, members.values())), False) if members else (None, False)
+
+    def scale_dp(self, n: int, dp: int, coll: np.ndarray, switches: pd.DataFrame | None, topology: pd.DataFrame | None,
+                 pairs: pd.DataFrame | None) -> tuple[np.ndarray, dict]:
+        """Collectives re-costed for ``n`` data-parallel replicas instead of the observed ``dp``; and how.
+
+        Each ring member sends ``2(n-1)/n`` of the per-GPU bytes (unchanged: same model, same per-replica batch),
+        at the rate the ring ran at in the capture (its bottleneck, step by step): :func:`dp_ring_factor` of its
+        time. A ring whose members sit on one leaf and that needs more servers than the leaf serves at ``n``
+        (``n / dp`` times its servers; ``--topology``) crosses the spines too: its rate per DP pair is capped by
+        the spine tier's healthy median per flow (``switches.csv``) where that is clearly lower. The work (each
+        replica's compute, the members' wait) and what the step does after its collectives stay."""
+        f = dp_ring_factor(n, dp)
+        out = coll * f
+        info: dict = {"observed_dp": dp, "dp": n, "time_factor": round(f, 6), "rings_onto_spines": 0,
+                      "reference": "each ring's own rate"}
+        if n <= dp or topology is None or "leaf" not in topology.columns:
+            return out, info
+        per_leaf = topology.groupby("leaf")["server"].nunique()
+        servers = self.phases.drop_duplicates("group").set_index("group")["servers"].astype(str).str.split("|").map(len)
+        grows = np.array([len(lv) == 1 and math.ceil(servers[g] * n / dp) > per_leaf.get(next(iter(lv)), 0)
+                          for g, lv in zip(self.rings, self._ring_leaves(topology, pairs))], bool)
+        info["rings_onto_spines"] = int(grows.sum())
+        if not grows.any() or self.bytes is None:
+            return out, info
+        spine = np.nan
+        if switches is not None and "tier_median_gbps" in switches.columns:
+            sp = switches[(switches["kind"] == "switch") & (switches["tier"] == "spine")]
+            spine = float(np.nanmedian(pd.to_numeric(sp["tier_median_gbps"], errors="coerce"))) if len(sp) else np.nan
+        members = self._ring_members(pairs)
+        n_pairs = np.array([len(_ring_pairs(members[g], pairs, self.job_id)) if g in members else 0 for g in self.rings])
+        if not np.isfinite(spine) or not (n_pairs[grows] > 0).all():
+            info["reference"] = "each ring's own rate (no spine tier median or DP pairs to cap it with)"
+            return out, info
+        rate = self.bytes / np.maximum(n_pairs[self.ring_of], 1) / np.maximum(coll, 1e-12) / 1e9  # GB/s per pair
+        capped = grows[self.ring_of] & (rate * (1 - TOLERANCE) > spine)
+        out = np.where(capped, out * rate / spine, out)
+        info.update(reference="each ring's own rate; the spine tier's median where a ring grows onto the spines",
+                    spine_median_gbps=round(spine, 3), capped=int(capped.sum()))
+        return out, info
 
 
 def element_kind(name: str) -> str:

@@ -332,9 +332,9 @@ def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: s
     rep = read_replay(replay_dir, topology)
     jobs, tables, events, skipped, attributions, run_warnings = {}, [], [], dict(rep["invalid"]), [], []
     for sc in scenarios:
-        if sc.kind not in ("remove-stragglers", "heal-switch", "heal-link", "move-job", "scale-comm"):
+        if sc.kind not in ("remove-stragglers", "heal-switch", "heal-link", "move-job", "scale-comm", "scale-dp"):
             raise ValueError(f"--scenario {sc}: not available for network replays (use remove-stragglers, heal-switch:NAME, "
-                             "heal-link:A>B, move-job:JOB@NAME, scale-comm:X)")
+                             "heal-link:A>B, move-job:JOB@NAME, scale-comm:X, scale-dp:N)")
         if sc.kind in ("heal-switch", "heal-link", "move-job") and rep["topology"] is None:
             run_warnings.append(f"{sc} without --topology assumes every DP ring crosses the {element_kind(sc.value)}")
     graphs, built = {}, {}
@@ -382,6 +382,15 @@ def whatif_replay(replay_dir: str | Path, scenarios: list[Scenario], topology: s
                 notes[str(sc)] = dict(how, **shared, gain="healed" if np.isinf(gains[job]) else round(gains[job], 4))
             elif sc.kind == "scale-comm":
                 coll = coll * float(sc.value)
+            elif sc.kind == "scale-dp":
+                dp, exact = g.dp_size(rep["shapes"], rep["pairs"])
+                if dp is None:
+                    raise ValueError(f"--scenario {sc}: job {job}: its DP size is unknown (no summary.json with dp, nor DP "
+                                     "pairs in pairs.csv)")
+                if not exact:
+                    warnings.append(f"{sc}: DP {dp} is a lower bound (a ring runs partly on NVLink, or the replay did not say): "
+                                    "the collectives may be re-costed from the wrong size")
+                coll, notes[str(sc)] = g.scale_dp(int(sc.value), dp, coll, rep["switches"], rep["topology"], rep["pairs"])
         pred = simulate(g.graph(work, coll))
         t = pd.DataFrame({"job_id": job, "step": g.steps["step"].to_numpy(), "observed_s": g.observed(),
                           "replayed_s": g.simulated_steps(base), "predicted_s": g.simulated_steps(pred)})

@@ -14,8 +14,13 @@
 ``scale-compute:X``        every compute op (op traces: anything but
                            communication; Kineto: every GPU operation but
                            NCCL kernels) X times as long
-``scale-dp:N``             DP group size N: reduce-scatter and all-gather scale
-                           by the ring's (N-1)/N; per-rank work unchanged
+``scale-dp:N``             DP group size N: each DP collective re-costed for a
+                           ring of N by (N-1)/N (op traces: reduce-scatter and
+                           all-gather; network replays: each ring's collective
+                           at the rate it was measured at, or at the spine
+                           tier's where a ring grows beyond its leaf;
+                           :meth:`.netreplay.ReplayGraph.scale_dp`); per-replica
+                           work unchanged
 ``heal-switch:NAME``       transfers through the switch re-costed at the
                            healthy bandwidth measured in the capture (network
                            replays only; :mod:`.netreplay`)
@@ -58,9 +63,10 @@ if TYPE_CHECKING:
     from prism.whatif.kineto import KinetoGraph
     from prism.whatif.optrace import OpGraph
 
-__all__ = ["Scenario", "parse_scenario", "apply_op_scenarios", "apply_kineto_scenarios", "ideal_op_work", "SCENARIO_HELP"]
+__all__ = ["Scenario", "parse_scenario", "dp_ring_factor", "apply_op_scenarios", "apply_kineto_scenarios", "ideal_op_work", "SCENARIO_HELP"]
 
-SCENARIO_HELP = ("remove-stragglers, ideal, scale-comm:X, scale-compute:X, scale-dp:N, microbatches:M, scale-pp:N, "
+SCENARIO_HELP = ("remove-stragglers, ideal, scale-comm:X, scale-compute:X, scale-dp:N (op traces and network replays: DP "
+                 "collectives re-costed for N replicas, a ring's bytes per GPU 2(N-1)/N at the bandwidth measured in the capture), microbatches:M, scale-pp:N, "
                  "layers:L, hidden:H (op traces, --meta hidden_size and seq_length: each layer's compute re-costed by its FLOPs, its "
                  "DP collectives and optimizer by its parameters, pipeline transfers by H), heal-switch:NAME, heal-link:A>B, move-job:JOB@NAME (network replays: JOB's traffic off the switch "
                  "or link NAME, the other jobs that shared it with JOB re-costed at the share it leaves) "
@@ -136,6 +142,22 @@ def parse_scenario(text: str) -> Scenario:
     return Scenario(kind, arg or None)
 
 
+def dp_ring_factor(n: int, d: int) -> float:
+    """How many times as long a DP ring's collective takes with ``n`` replicas as with the observed ``d``.
+
+    In a ring of k members each sends (k-1)/k of the per-GPU bytes per pass (an all-reduce is two passes, a
+    reduce-scatter or an all-gather one: the passes cancel in the ratio). The per-GPU bytes (same model, same
+    per-replica batch) and the ring's bottleneck bandwidth stay; one replica has no DP collective.
+
+    >>> dp_ring_factor(8, 4), dp_ring_factor(4, 8), dp_ring_factor(1, 4), dp_ring_factor(4, 1)
+    (1.1666666666666667, 0.8571428571428571, 0.0, 1.0)
+    """
+    def share(k: int) -> float:
+        return (k - 1) / k if k > 1 else 0.0
+
+    return share(n) / share(d) if d > 1 else 1.0
+
+
 def ideal_op_work(graph_builder: OpGraph) -> np.ndarray:
     """Per op, StragglerAnalysis' ideal value: its op type's mean work (compute) or median transfer (communication)
     over every rank, micro-batch and step of the job."""
@@ -182,9 +204,7 @@ def apply_op_scenarios(graph_builder: OpGraph, scenarios: list[Scenario], dp_siz
         elif sc.kind == "scale-dp":
             if not dp_size:
                 raise ValueError("scale-dp needs the trace's DP size (--meta with dp_size)")
-            n = int(sc.value)
-            ring = lambda k: (k - 1) / k if k > 1 else 0.0  # noqa: E731
-            f = ring(n) / ring(dp_size) if dp_size > 1 else 1.0
+            f = dp_ring_factor(int(sc.value), dp_size)
             dp_coll = ops["optype"].isin(["grads-reduce-scatter", "params-all-gather"]).to_numpy()
             comm_scale *= np.where(dp_coll, f, 1.0)
         elif sc.kind in STRUCTURAL:
