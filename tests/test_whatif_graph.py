@@ -200,6 +200,7 @@ def test_whatif_cli_scale_pp_and_layers(tmp_path, capsys):
     ("layers:32", "", "layers:32: needs the job's layer count"),
     ("scale-pp:2", "num_layers: 30\n", "num_layers 30 does not split evenly over the 4 stages"),
     ("scale-pp:2", "layers_per_stage: [8, 8]\n", "layers_per_stage must list 4 whole numbers"),
+    ("scale-dp:4", "dp_size: 1\n", "scale-dp:4: the trace's DP size is 1: it has no DP collective to re-cost"),
 ])
 def test_bad_graph_scenarios_exit_2_naming_the_scenario(tmp_path, capsys, scenario, meta_text, match):
     meta = tmp_path / "meta.yaml"

@@ -204,6 +204,8 @@ def apply_op_scenarios(graph_builder: OpGraph, scenarios: list[Scenario], dp_siz
         elif sc.kind == "scale-dp":
             if not dp_size:
                 raise ValueError("scale-dp needs the trace's DP size (--meta with dp_size)")
+            if dp_size == 1:  # dp_ring_factor would leave it unchanged: say so rather than predict nothing changed
+                raise ValueError(f"--scenario {sc}: the trace's DP size is 1: it has no DP collective to re-cost")
             f = dp_ring_factor(int(sc.value), dp_size)
             dp_coll = ops["optype"].isin(["grads-reduce-scatter", "params-all-gather"]).to_numpy()
             comm_scale *= np.where(dp_coll, f, 1.0)
