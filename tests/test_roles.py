@@ -11,6 +11,7 @@ import logging
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 
@@ -316,13 +317,24 @@ class Recorder:
         self.calls = []
         ingest, tick = m.ingest, m.tick
 
+        # the wall clock of the idle rules (Monitor.watermark) is an input too: each call sees one instant, recorded
+        def frozen(call, *args):
+            now = time.monotonic()
+            m.clock = lambda: now
+            try:
+                return now, call(*args)
+            finally:
+                m.clock = time.monotonic
+
         def on_ingest(flows, partition="0"):
-            self.calls.append(("ingest", flows, partition, set(m.backlogged)))
-            return ingest(flows, partition)
+            backlogged = set(m.backlogged)
+            now, out = frozen(ingest, flows, partition)
+            self.calls.append(("ingest", flows, partition, backlogged, now))
+            return out
 
         def on_tick(final=False, force=False):
-            view = tick(final=final, force=force)
-            self.calls.append(("tick", final, force, None if view is None else m.analysed_to))
+            now, view = frozen(tick, final, force)
+            self.calls.append(("tick", final, force, None if view is None else m.analysed_to, now))
             return view
 
         m.ingest, m.tick = on_ingest, on_tick
@@ -334,6 +346,7 @@ class Recorder:
         ref = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
         events = []
         for call in self.calls:
+            ref.clock = (lambda now: lambda: now)(call[-1])
             if call[0] == "ingest":
                 ref.backlogged = call[3]
                 ref.ingest(call[1], call[2])
