@@ -200,7 +200,18 @@ def test_whatif_cli_scale_pp_and_layers(tmp_path, capsys):
     ("layers:32", "", "layers:32: needs the job's layer count"),
     ("scale-pp:2", "num_layers: 30\n", "num_layers 30 does not split evenly over the 4 stages"),
     ("scale-pp:2", "layers_per_stage: [8, 8]\n", "layers_per_stage must list 4 whole numbers"),
-    ("scale-dp:4", "dp_size: 1\n", "scale-dp:4: the trace's DP size is 1: it has no DP collective to re-cost"),
+    ("scale-dp:4", "dp_size: 1\n", "scale-dp:4: the trace's DP size is 1: it has no DP collective to re-cost"),    # hidden:H (tests/test_whatif_hidden.py has its model's own tests)
+    ("hidden:0", "", "'hidden:0': hidden takes a positive whole number"),
+    ("hidden:-4096", "", "'hidden:-4096': hidden takes a positive whole number"),
+    ("hidden:4k", "", "'hidden:4k': hidden takes a positive whole number"),
+    ("hidden", "", "'hidden': hidden needs a value, e.g. hidden:8192"),
+    ("hidden:9999999", "", "at most a hidden size of 262,144"),
+    ("hidden:8192", "", "hidden:8192: needs the traced model's hidden size and sequence length: --meta hidden_size"),
+    ("hidden:8192", "hidden_size: 4096\n", "needs the traced model's hidden size and sequence length"),
+    ("hidden:8192", "hidden_size: big\nseq_length: 4096\n", "--meta: hidden_size must be a whole number >= 1, got 'big'"),
+    ("hidden:8192", "hidden_size: 4096\nseq_length: 4096\nswiglu: maybe\n", "--meta: swiglu must be true or false"),
+    ("hidden:5000", "hidden_size: 4096\nseq_length: 4096\nnum_attention_heads: 32\n",
+     "hidden:5000: 5000 does not split over the 32 attention heads"),
 ])
 def test_bad_graph_scenarios_exit_2_naming_the_scenario(tmp_path, capsys, scenario, meta_text, match):
     meta = tmp_path / "meta.yaml"

@@ -126,29 +126,6 @@ def test_whatif_cli_hidden(tmp_path, capsys):
     assert "hidden:H" in capsys.readouterr().out
 
 
-@needs_sa
-@pytest.mark.parametrize("scenario, meta_text, match", [
-    ("hidden:0", "", "'hidden:0': hidden takes a positive whole number"),
-    ("hidden:-4096", "", "'hidden:-4096': hidden takes a positive whole number"),
-    ("hidden:4k", "", "'hidden:4k': hidden takes a positive whole number"),
-    ("hidden", "", "'hidden': hidden needs a value, e.g. hidden:8192"),
-    ("hidden:9999999", "", "at most a hidden size of 262,144"),
-    ("hidden:8192", "", "hidden:8192: needs the traced model's hidden size and sequence length: --meta hidden_size"),
-    ("hidden:8192", "hidden_size: 4096\n", "needs the traced model's hidden size and sequence length"),
-    ("hidden:8192", "hidden_size: big\nseq_length: 4096\n", "--meta: hidden_size must be a whole number >= 1, got 'big'"),
-    ("hidden:8192", "hidden_size: 4096\nseq_length: 4096\nswiglu: maybe\n", "--meta: swiglu must be true or false"),
-    ("hidden:5000", "hidden_size: 4096\nseq_length: 4096\nnum_attention_heads: 32\n",
-     "hidden:5000: 5000 does not split over the 32 attention heads"),
-])
-def test_bad_hidden_values_exit_2_naming_the_scenario(tmp_path, capsys, scenario, meta_text, match):
-    meta = tmp_path / "meta.yaml"
-    meta.write_text("dp_size: 2\npp_size: 4\n" + meta_text)
-    assert main(["whatif", "--ops", str(SA / "trace-ST.parquet"), "--meta", str(meta), "--scenario", scenario,
-                 "--out", str(tmp_path / "o")]) == 2
-    assert match in capsys.readouterr().err
-    assert not (tmp_path / "o" / "summary.json").exists()
-
-
 def test_exported_sizes_follow_the_re_costed_transfers(tmp_path):
     """--chakra after hidden:H: a communication op's comm_size moves with its work (pipeline transfers by H / h, the
     DP collectives of a stage holding only layers by a layer's parameters), as the model says their bytes do."""
