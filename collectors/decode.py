@@ -105,22 +105,22 @@ class PacketTable:
 S_DATA, S_ACK, S_CNP, S_READ, S_OTHER, S_NONROCE, S_NONIP, S_TRUNC, S_LINK, S_GRE, S_FRAME, S_FRAG, S_BAD = range(len(STATUS_NAMES))
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _b16(buf, i):
     return (np.int64(buf[i]) << 8) | np.int64(buf[i + 1])
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _b32(buf, i):
     return (np.int64(buf[i]) << 24) | (np.int64(buf[i + 1]) << 16) | (np.int64(buf[i + 2]) << 8) | np.int64(buf[i + 3])
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _b64(buf, i):
     return (_b32(buf, i) << 32) | _b32(buf, i + 4)  # wraps into int64: the same 64 bits
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _vlans(buf, base, cl, p, et, out, row, col):
     """Skip up to two 802.1Q/802.1ad tags; returns (status, p, ethertype)."""
     for _ in range(2):
@@ -135,7 +135,7 @@ def _vlans(buf, base, cl, p, et, out, row, col):
     return -1, p, et
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _ip(buf, base, cl, p, et, out, row, c_hi, c_lo, c_dhi, c_dlo):
     """IPv4/IPv6 header (and IPv6 extension headers) at p; returns (status, p, proto, total length, version)."""
     if et == 0x0800:
@@ -181,7 +181,7 @@ def _ip(buf, base, cl, p, et, out, row, c_hi, c_lo, c_dhi, c_dlo):
     return S_NONIP, p, -1, -1, 0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _decode_kernel(buf, off, cap, linktype, out, ext_len, has_reth, op_kind):
     n = len(off)
     for i in range(n):

@@ -51,21 +51,21 @@ class Capture:
         return len(self.offset)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _u16(buf, p, swap):
     if swap:
         return (np.int64(buf[p]) << 8) | np.int64(buf[p + 1])
     return np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _u32(buf, p, swap):
     if swap:
         return (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16) | (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
     return np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | (np.int64(buf[p + 2]) << 16) | (np.int64(buf[p + 3]) << 24)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _scan_pcap(buf, end, swap, nano):
     """Record headers from byte 24 to ``end``: (offset, caplen, origlen, ts_ns, n, cut_at)."""
     n_max = (end - 24) // 16 + 1
@@ -97,7 +97,7 @@ def _scan_pcap(buf, end, swap, nano):
     return off[:n], cap[:n], orig[:n], ts[:n], cut
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _scan_pcapng(buf, end):
     """Blocks from byte 0: (offset, caplen, origlen, ts_ns, linktype, cut_at, error)."""
     n_max = end // 28 + 1

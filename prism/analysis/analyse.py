@@ -461,7 +461,7 @@ def _phases(steps, fs, a, is_dp, start, end, size, dp_comp, pp_comp, topology) -
 MIN_PAUSE_NS = 20_000
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _group_sums(order, counts, start, end, size, src, n_src, min_pause):  # pragma: no cover - compiled
     """Per group (its flows ``order[lo:lo + counts[g]]``, by start): its first start, last end, flows, bytes, and when
     its last member sent its first flow of the group's last burst.
@@ -525,7 +525,7 @@ def _first_flows(fs, a, b, start, end, steps) -> pd.DataFrame:
     return pd.DataFrame({"job_id": st["job_id"].to_numpy(), "step": st["step"].to_numpy(), "src": a[new], "dst": b[new], "start_ns": start[new], "end_ns": end[new]})
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _first_of(group, start, n_groups):  # pragma: no cover - compiled
     """Per group, its row of the earliest start (the first such row on a tie)."""
     first = np.full(n_groups, -1, np.int64)

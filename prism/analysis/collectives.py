@@ -231,7 +231,7 @@ def _server_set_groups(used: np.ndarray, pair_a: np.ndarray, pair_b: np.ndarray,
     return out, int(group.max(initial=-1)) + 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _used_pairs(kind, flow_pair, n_pairs):  # pragma: no cover - compiled
     """Per kind code and pair: does one of the pair's flows have that kind (one pass)."""
     used = np.zeros((4, n_pairs), np.bool_)
@@ -241,7 +241,7 @@ def _used_pairs(kind, flow_pair, n_pairs):  # pragma: no cover - compiled
     return used
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _bursts(order, kind, a, b, flow_pair, start, end, size, nic_group, n_set, n_groups, min_pause, share):  # pragma: no cover - compiled
     """Cut each group's flows into bursts, in one pass over the flows (``order``, or as given when it is empty).
 
@@ -279,7 +279,7 @@ def _bursts(order, kind, a, b, flow_pair, start, end, size, nic_group, n_set, n_
             out[:nb, 6].copy(), waiting)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _run(i0, nb, out, order, kind, a, b, flow_pair, start, end, size, nic_group, n_set, min_pause, share, cur, prev, busy, opened,
          last, seen):  # pragma: no cover - compiled
     """:func:`_bursts`' pass from flow ``i0`` (``nb`` bursts so far, in ``out``): (where it stopped, bursts): the end of
@@ -331,7 +331,7 @@ def _run(i0, nb, out, order, kind, a, b, flow_pair, start, end, size, nic_group,
     return n, nb
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _group(k, a, b, pair, nic_group, n_set):  # pragma: no cover - compiled
     """A flow's group (see :func:`_bursts`); -1 for a flow of no kind."""
     if k < 0:

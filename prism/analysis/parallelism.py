@@ -398,13 +398,13 @@ UNCERTAIN_BELOW = 0.6
 SIGNALS = ("direction", "ring_job", "timing", "symmetry", "structure", "light")
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _continues(start, busy, merge_ns):  # pragma: no cover - compiled
     """A flow starting at ``start`` continues the episode busy until ``busy``."""
     return start <= busy + merge_ns
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _new_episode(pair_id, start, end, merge_ns):  # pragma: no cover - compiled
     n = len(start)
     new = np.empty(n, np.bool_)
@@ -455,7 +455,7 @@ def _ranked_pair_keys(src, dst, n_nodes, directed):  # pragma: no cover - compil
     return key, m
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _pair_sums(src, dst, start, end, size, in_time, pair, n_pairs, merge_ns, every_flow):  # pragma: no cover - compiled
     """Per pair of NICs (``pair``: its number per flow): its sums and episodes, in passes over the flows in time order.
 

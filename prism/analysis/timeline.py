@@ -952,7 +952,7 @@ def parallel_groups(a: np.ndarray, b: np.ndarray, n_nodes: int) -> np.ndarray:
     return connected_components(a, b, n_nodes)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _step_sums(idx, start, end, dp, size, ends, flow_step, step0):  # pragma: no cover - compiled
     """Per step between ``ends``: first start and last end of its PP (row 0) and DP (row 1) flows, their counts, its
     flows and bytes (a float sum in flow order, as ``np.bincount`` gives). ``idx``: flows in start order, so each

@@ -47,7 +47,7 @@ def connected_components(a: np.ndarray, b: np.ndarray, n_nodes: int) -> np.ndarr
     return _label(a, b, int(n_nodes))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _root(parent, x):  # pragma: no cover - compiled
     while parent[x] != x:
         parent[x] = parent[parent[x]]  # path halving
@@ -55,7 +55,7 @@ def _root(parent, x):  # pragma: no cover - compiled
     return x
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _label(a, b, n):  # pragma: no cover - compiled
     parent = np.arange(n)
     for i in range(len(a)):

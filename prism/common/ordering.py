@@ -102,7 +102,7 @@ def rank_keys(key: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     return np.where(key < 0, -1, rank), present
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _rank_keys(key, n_keys):  # pragma: no cover - compiled
     rank_of = np.full(n_keys, -1, np.int32)
     for x in key:
@@ -182,7 +182,7 @@ def group_rows(chunks: list[list[Any]], keys: list[np.ndarray], counts: np.ndarr
     return columns
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _places(key, offsets):  # pragma: no cover - compiled
     out = np.empty(len(key), dtype=np.int64)
     for i in range(len(key)):
@@ -192,13 +192,13 @@ def _places(key, offsets):  # pragma: no cover - compiled
     return out
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _scatter(src, at, out):  # pragma: no cover - compiled
     for i in range(len(src)):
         out[at[i]] = src[i]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _counting_order(key, k):
     offsets = np.zeros(k + 1, dtype=np.int64)
     for x in key:

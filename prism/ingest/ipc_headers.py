@@ -141,7 +141,7 @@ def join_streams(streams: Streams, which: Sequence[int] | np.ndarray) -> np.ndar
     return _gather(streams.buf, first[0], first[1], streams.spans[which, 2], streams.spans[which, 3])
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _int(buf, lo, hi, at, n, signed):
     """``(ok, value)``: the little-endian integer of ``n`` bytes at ``lo + at``, if it lies within ``[lo, hi)``."""
     p = lo + at
@@ -156,7 +156,7 @@ def _int(buf, lo, hi, at, n, signed):
     return True, x
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _field(buf, lo, hi, table, i):
     """``(ok, at)`` of a flatbuffer table's field ``i`` (by its vtable slot); ``at`` is -1 for a field not written."""
     ok, soff = _int(buf, lo, hi, table, 4, True)
@@ -175,7 +175,7 @@ def _field(buf, lo, hi, table, i):
     return True, (table + off if off else np.int64(-1))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _scalar(buf, lo, hi, table, i, n, signed):
     """``(ok, value)`` of a table's scalar field ``i`` of ``n`` bytes; 0 (the default) if it is not written."""
     ok, at = _field(buf, lo, hi, table, i)
@@ -184,7 +184,7 @@ def _scalar(buf, lo, hi, table, i, n, signed):
     return _int(buf, lo, hi, at, n, signed)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _subtable(buf, lo, hi, table, i):
     """``(ok, position)`` of the table field ``i`` points to; -1 if it is not written."""
     ok, at = _field(buf, lo, hi, table, i)
@@ -194,7 +194,7 @@ def _subtable(buf, lo, hi, table, i):
     return ok, at + rel
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _message(buf, lo, hi):
     """``(ok, header type, declared length, body bytes)`` of the message flatbuffer in ``buf[lo:hi]``."""
     ok, root = _int(buf, lo, hi, 0, 4, False)
@@ -221,14 +221,14 @@ def _message(buf, lo, hi):
     return True, kind, max(n, np.int64(0)), body
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _scan(buf):
     """``(ok, rows, dictionary entries)`` of a whole stream; not ok if a header cannot be read."""
     ok, rows, entries, _, _, _, _, _ = _walk(buf, np.int64(0), np.int64(buf.shape[0]))
     return ok, rows, entries
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _walk(buf, start, end):
     """The stream in ``buf[start:end]``: ``(ok, rows, dictionary entries, plain, schema lo, hi, batches lo, hi)``.
 
@@ -288,7 +288,7 @@ def _walk(buf, start, end):
     return True, rows, entries, plain, schema_lo, schema_hi, batches_lo, batches_hi
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _walk_many(buf, offsets):
     n = offsets.shape[0] - 1
     ok = np.zeros(n, dtype=np.bool_)
@@ -314,7 +314,7 @@ def _walk_many(buf, offsets):
     return ok, plain, counts, spans, same_schema
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _gather(buf, schema_lo, schema_hi, lo, hi):
     """One stream: the schema message, every ``[lo, hi)`` in turn, an end-of-stream marker."""
     total = schema_hi - schema_lo + 8

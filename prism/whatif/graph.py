@@ -90,7 +90,7 @@ class SimResult:
         return out.reset_index()
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _longest_path(duration, release, indptr, nbr, gap, indeg):
     n = len(duration)
     ready = release.copy()

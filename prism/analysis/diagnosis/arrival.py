@@ -495,7 +495,7 @@ def _groups_in_order(dp, a, start, gid_nic, gid_flow, n_groups):
     return dp[o], g[o].astype(np.int32)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _nic_jobs(dp, a, job, n_nic):  # pragma: no cover - compiled
     """Per NIC, the job of its flows among ``dp`` and whether it has one; and whether some NIC's are of two or more jobs."""
     nic_job = np.full(n_nic, -1, np.int64)
@@ -510,7 +510,7 @@ def _nic_jobs(dp, a, job, n_nic):  # pragma: no cover - compiled
     return nic_job, seen, False
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _by_group(dp, a, start, gid_nic, gid_flow, n_groups):  # pragma: no cover - compiled
     """:func:`_groups_in_order` by counting, or False when a group's flows are not in start order.
 
@@ -555,7 +555,7 @@ def _hand_on(burst, gid, src, dst, start, end, size):
     return burst + move
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _hand_on_at(burst, idx, gid, a, b, srv_code, start, end, size, n_srv):  # pragma: no cover - compiled
     """Per flow (flow ``idx[i]``, of burst ``burst[i]`` and group ``gid[i]``; by group, then start): whether it goes to the next burst.
 
@@ -631,7 +631,7 @@ def _hand_on_at(burst, idx, gid, a, b, srv_code, start, end, size, n_srv):  # pr
     return move
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _firsts(burst, move, idx, a, b, srv_code, n_srv):  # pragma: no cover - compiled
     """Per flow (as :func:`_hand_on_at`'s, now of burst ``burst + move``): is it its source server's first send of the burst,
     is it its destination server's first receive.
@@ -674,7 +674,7 @@ def _last(per: pd.DataFrame, tie_ns: int) -> tuple[np.ndarray, np.ndarray]:
             last_s[bb[i]], lead[bb[i]] = ss[i + k], int(ld)
     return last_s, lead
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _cut(idx, gid, a, srv_code, start, end, size, n_srv, min_pause):  # pragma: no cover - compiled
     """Per flow (flow ``idx[i]`` of group ``gid[i]``; by group, then start): its burst number, and whether it is its
     server's first send of the burst.

@@ -125,7 +125,7 @@ def recurrence(slow: np.ndarray, min_count: int = 3, tol: float = 0.05) -> int:
     return int(round(n))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _scan(dur, window, min_excess, z, min_rel_spread, regime_steps):  # pragma: no cover - compiled
     """One job's steps in order against the median of its previous ``window`` normal steps.
 

@@ -298,7 +298,7 @@ def _burst(src, start, end, size, mark, median, mark_size, burst_steps, light_sh
     return -1, "", 0, _MID_STEP if (start[heavy] > end[mark][in_burst].max()).any() else _PAUSE
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _sums(order, job, src, start, end, size, is_dp, collective, thr, n_jobs, n_nic):  # pragma: no cover - compiled
     """One pass over the flows in start order (a second only where a job has a silence): per job, which flows are its
     collective traffic (``_BY_DP``, ``_BY_COLLECTIVE``, ``_ALL``), its silences of at least ``thr`` (the gaps in its
@@ -371,7 +371,7 @@ def _sums(order, job, src, start, end, size, is_dp, collective, thr, n_jobs, n_n
     return kind, g_job, g_start, g_end, busy, last_mark, mean, nic_mark, nic_job
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _tails(job, start, end, size, is_dp, collective, kind, cut, light):  # pragma: no cover - compiled
     """Per job, its last collective burst (collective flows starting after ``cut``): when it began, and whether heavy
     traffic (not under ``light`` bytes) of the job's other flows began after it ended (the next step's)."""

@@ -284,14 +284,14 @@ def _pair_decode(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(known, (code >> 32) - 1, -1), np.where(known, (code & 0xFFFFFFFF) - 1, -1)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _slot(w, p, s, mask):  # pragma: no cover - compiled
     h = np.uint64(w) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(p) * np.uint64(0xC2B2AE3D27D4EB4F) ^ np.uint64(s + 1) * np.uint64(0x165667B19E3779F9)
     h ^= h >> np.uint64(31)
     return np.int64(h & np.uint64(mask))
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always")
 def _row(keys, slot_of, n, w, p, s):  # pragma: no cover - compiled
     """(the key's row, or -1 if it is new and half the slots are taken; the keys now), the key added if new."""
     mask = len(slot_of) - 1
@@ -309,7 +309,7 @@ def _row(keys, slot_of, n, w, p, s):  # pragma: no cover - compiled
         j = (j + 1) & mask
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _accumulate(keys, sums, slot_of, n, win, pid, sender, nbytes, busy, flows, start):  # pragma: no cover - compiled
     """Add rows ``start..``; (the row it stopped at: all of them, or the first new key past half the slots; the keys now)."""
     for i in range(start, len(win)):
@@ -322,7 +322,7 @@ def _accumulate(keys, sums, slot_of, n, win, pid, sender, nbytes, busy, flows, s
     return len(win), n
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _accumulate_flows(keys, sums, slot_of, n, start, window_ns, codes, lut, sender, size, duration, min_bytes, at):  # pragma: no cover - compiled
     """As :func:`_accumulate`, for flows from ``at`` on (see :meth:`_KeySums.add_flows`); also the flows under ``min_bytes``."""
     small = 0
@@ -341,7 +341,7 @@ def _accumulate_flows(keys, sums, slot_of, n, start, window_ns, codes, lut, send
     return len(start), n, small
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _rehash(keys, n, cap):  # pragma: no cover - compiled
     slot_of = np.full(cap, -1, np.int64)
     mask = cap - 1
