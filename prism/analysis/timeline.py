@@ -36,6 +36,13 @@ what shows it then is what it splits: the next micro-batch's first
 all-gather follows the last reduce-scatter at once, one piece, except
 after the optimizer, once a step (:func:`optimizer_splits`).
 
+A slow server hides the step from the job's own gaps: every collective
+waits for it, and the early members' first messages split each wait, so
+the gaps are a continuum that holds the optimizer's pause as one among
+many. The ring edges into and out of the slow server wait for nothing:
+cut on one pair's flows, the job's step ends are where the job is idle
+in that pair's (:meth:`StepTimeline._by_pair`, two pairs agreeing).
+
 Steps cut by the capture's edges are not whole and are not reported: a
 step needs a boundary on both sides, and the last boundary is trusted only
 if the capture went on for a full break after it (otherwise the burst may
@@ -57,7 +64,7 @@ from scipy.stats import binom
 from prism.common.components import connected_components
 from prism.common.ordering import order_by
 
-__all__ = ["StepTimeline", "natural_break", "class_cut", "accumulation_period", "optimizer_splits", "pause_splits", "piece_period", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
+__all__ = ["StepTimeline", "natural_break", "class_cut", "accumulation_period", "optimizer_splits", "pause_splits", "gaps_within", "piece_period", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
 
 STEP_COLUMNS = [
     "job_id", "step", "start_ns", "end_ns", "duration_ns",
@@ -400,6 +407,36 @@ def optimizer_splits(gap: np.ndarray, busy_end: np.ndarray, weight: np.ndarray, 
         if hi - lo >= min_steps and (best is None or hi - lo + 1 > len(best)):
             best = ends[lo: hi + 1]
     return best
+
+
+def gaps_within(sub_ends: np.ndarray, sub_start: np.ndarray, start: np.ndarray, busy_end: np.ndarray, gap: np.ndarray) -> np.ndarray:
+    """Per step end of a subset of a job's flows (one pair's), the job's own idle gap it stands for: an index into ``gap``, or -1.
+
+    ``sub_ends`` are step ends found on the subset's flows (started at
+    ``sub_start``, sorted) and ``start``, ``busy_end``, ``gap`` the whole
+    job's (:func:`busy_gaps`). A pair is idle from its step's end to its
+    next flow; the job's step ends inside that time, at the longest gap in
+    which the whole job is idle (the optimizer's: the pair's last flow may
+    come before the step's last collective, another ring's). -1 where the
+    subset has no later flow (the step's end is then the job's last) or
+    the job is never idle in that time.
+
+    >>> st = np.array([0, 10, 35, 50, 60]); be = np.array([5, 20, 40, 55, 70])  # the job's gaps: 5, 15, 10, 5
+    >>> gaps_within(np.array([5, 55]), np.array([0, 50]), st, be, st[1:] - be[:-1]).tolist()
+    [1, -1]
+    """
+    out = np.full(len(sub_ends), -1, dtype=np.int64)
+    nxt = np.searchsorted(sub_start, sub_ends, side="right")  # the subset's next flow after each end
+    for k, (b, j) in enumerate(zip(sub_ends, nxt)):
+        if j >= len(sub_start):
+            continue
+        lo = int(np.searchsorted(busy_end, b, side="left"))  # the job's gaps after b ...
+        hi = int(np.searchsorted(start, sub_start[j], side="right")) - 1  # ... that end by the pair's next flow: gap[lo:hi]
+        if hi > lo:
+            i = lo + int(np.argmax(gap[lo:hi]))
+            if gap[i] > 0:
+                out[k] = i
+    return out
 
 
 class _GapJumps(NamedTuple):
@@ -1012,6 +1049,9 @@ class StepTimeline:
     accumulation_ : dict
         Per job label cut at its micro-batches' gaps and grouped (see
         :func:`accumulation_period`), the micro-batches of a step.
+    by_pair_ : dict
+        Job labels whose steps were found on single pairs' flows (see
+        :meth:`_by_pair`): True.
     """
 
     def __init__(self, min_jump: float = 1.2, min_steps: int = 3):
@@ -1073,6 +1113,7 @@ class StepTimeline:
         self.unlike_: set[int] = set()
         self.optimizer_split_: dict[int, bool] = {}
         self.accumulation_: dict[int, int] = {}
+        self.by_pair_: dict[int, bool] = {}
         n_steps = 0
         for f0, f1 in zip(firsts, lasts):
             label = int(js[f0]) if f1 > f0 else -1
@@ -1126,6 +1167,15 @@ class StepTimeline:
             # every other micro-batch boundary keeps as one piece
             by_pause = None if size is None or pair is None or not dp.any() else optimizer_splits(gap, busy_end, size[marker],
                                                                                               self.min_jump, self.min_steps)
+            # one member's pairs see what the job's union hides: a slow server's waits fill the job's gaps with the
+            # early members' first messages, but the pairs into and out of it wait for nothing
+            by_pair = None if size is None or pair is None or not dp.any() else self._by_pair(
+                s, e, size[marker], pair[marker], gap, busy_end, capture_end, span)
+            if by_pair is not None:
+                ends = self._last_step(busy_end[by_pair], busy_end, float(np.max(gap)), capture_end, o_start)
+                if by_pause is None or (len(ends) > len(by_pause) and np.isin(by_pause, ends).all()):
+                    self.by_pair_[label] = True
+                    return ends
             if by_pause is not None:
                 return by_pause.astype(np.int64)
             if threshold is not None:
@@ -1172,6 +1222,51 @@ class StepTimeline:
         if light.any():
             ends = control_tails(ends, o_start[light], o_end[light], o_start[~light], s, tau)
         return ends.astype(np.int64)
+
+    def _by_pair(self, s, e, size, pair, gap, busy_end, capture_end, span, max_pairs: int = 64, agree: float = 0.9,
+                 max_score: float = 0.1) -> np.ndarray | None:
+        """The job's step ends as its pairs see them, one pair at a time: indices into ``gap``, or None.
+
+        Where the job's own gaps show no step (a slow server's waits are
+        split by the early members' first messages into a continuum of
+        gaps), a ring edge into or out of that server waits for nothing:
+        its flows keep the job's pattern, and the rules that cut a job cut
+        them (:meth:`_boundaries` on that pair's flows alone). Each step
+        end a pair gives is the job's longest idle gap between that pair's
+        step end and its next flow (:func:`gaps_within`). Taken only with
+        margins: the job's steps between those gaps are regular (a score
+        under ``max_score``, as :func:`class_cut` takes) and carry alike
+        traffic (:func:`_pieces_alike`), and a second pair gives the same
+        gaps (``agree`` of them): one pair's chance cut is not the job's.
+        Up to ``max_pairs`` pairs are tried, those with the most flows
+        first; the first two that agree end it (the ends of the one with
+        more).
+        """
+        keys, counts = np.unique(pair, return_counts=True)
+        if len(keys) < 2:
+            return None
+        g = np.maximum(gap.astype(np.float64), 1)
+        span_all = float(busy_end[-1] - busy_end[0]) or 1.0
+        sub = StepTimeline(self.min_jump, self.min_steps)
+        sub.breaks_, sub.unlike_, sub.optimizer_split_, sub.accumulation_, sub.by_pair_ = {}, set(), {}, {}, {}
+        found: list[np.ndarray] = []
+        for k in keys[np.lexsort((keys, -counts))[:max_pairs]]:
+            m = pair == k
+            if int(m.sum()) < 3 * (self.min_steps + 1):
+                continue
+            ends = sub._boundaries(0, s[m], e[m], np.ones(int(m.sum()), dtype=bool), capture_end, size[m], pair[m])
+            if len(ends) < self.min_steps + 1:
+                continue
+            idx = gaps_within(ends, s[m], s, busy_end, gap)
+            idx = np.unique(idx[idx >= 0])
+            c = _score_cut(g, idx, float(g[idx].min()) if len(idx) else 0.0, busy_end, self.min_steps, 0.4, span_all, span, band=True)
+            if c is None or c.score > max_score or not _pieces_alike(idx, pair, size):
+                continue
+            for prev in found:
+                if len(np.intersect1d(prev, idx)) >= agree * max(len(prev), len(idx)):
+                    return prev if len(prev) >= len(idx) else idx
+            found.append(idx)
+        return None
 
     @staticmethod
     def _last_step(ends: np.ndarray, busy_end: np.ndarray, quiet: float, capture_end: int, o_start: np.ndarray) -> np.ndarray:
