@@ -387,14 +387,14 @@ def test_natural_break_content_tells_checkpoints_from_micro_batches():
     assert natural_break(gap, busy_end) == coarse  # without content, never the finer cut
 
 
-def _checkpointed_job(every: int, checkpoints: int, distributed_optimizer: bool, phase: int):
+def _checkpointed_job(every: int, checkpoints: int, distributed_optimizer: bool, phase: int, pause: float = 0.7):
     """A SYNTHETIC two-GPU data-parallel job (one flow per ring edge and phase: fast) with a checkpoint every ``every``
-    steps, the capture holding ``checkpoints`` of them."""
+    steps (adding ``pause`` of a step), the capture holding ``checkpoints`` of them."""
     from synthetic import Fabric, JobSpec
     from synthetic.generator import ClusterGenerator
 
     spec = JobSpec("ckpt", tp=1, pp=1, dp=2, microbatches=1, fwd_ms=2, grad_bytes=8 << 20, bucket_bytes=8 << 20, message_bytes=4 << 20,
-                   checkpoint_every=every, checkpoint_phase=phase, distributed_optimizer=distributed_optimizer)
+                   checkpoint_every=every, checkpoint_phase=phase, distributed_optimizer=distributed_optimizer, checkpoint_pause=pause)
     step_s = (spec.lower_bound_step_ns() + spec.optimizer_ms * 1e6) / 1e9 * 1.05
     period_s = every * step_s + spec.checkpoint_pause * spec.lower_bound_step_ns() / 1e9
     fab = Fabric(servers=2, gpus_per_server=1, servers_per_group=2, spines=1, storage_hosts=0)
@@ -649,3 +649,53 @@ def test_a_slow_servers_pairs_show_the_steps_its_waits_hide(tmp_path, shape, len
     found, truth = r.analysis.steps["end_ns"].to_numpy(), c.steps["end_ns"].to_numpy()
     assert (np.abs(found[:, None] - truth[None, :]).min(axis=1) <= 1000).all()
 
+
+def test_many_micro_batches_each_all_reducing_are_grouped_into_steps(tmp_path):
+    """SYNTHETIC DDP without ``no_sync`` and 16 micro-batches a step (a 1% optimizer: each step's gap about half a
+    forward's longer, as long as a short checkpoint's pause against a step's). Before, only 2 to 8 micro-batches
+    were grouped: every micro-batch was a step and the optimizer's gap a slow step recurring every 16. Now the
+    steps are found at their true ends, none at a micro-batch's, and no anomaly is raised."""
+    from synthetic import ClusterGenerator, Fabric
+    from synthetic.dpshapes import dp_job
+
+    secs, M = 1.2, 16
+    job = dp_job("ddp-sync", "0.3s", microbatches=M, fwd_ms=secs * 0.96e3 / (3 * M), optimizer_ms=secs * 10)
+    fab = Fabric(servers=job.dp + 2, servers_per_group=4, spines=4)
+    c = ClusterGenerator(fab, [job], duration_s=10 * secs, seed=0, uniform_dp_share=0.0, storage_flows_per_s=0).generate()
+    r, score = _replay_cluster(c, tmp_path)
+    assert score["true_steps"] >= 6
+    assert score["steps_found"] >= score["true_steps"] - 1 and score["steps_spurious"] == 0 and score["anomalies"] == 0
+    found, truth = r.analysis.steps["end_ns"].to_numpy(), c.steps["end_ns"].to_numpy()
+    assert (np.abs(found[:, None] - truth[None, :]).min(axis=1) <= 1000).all()
+
+
+def test_many_micro_batches_or_a_checkpoint_every_n_steps():
+    """The same gaps on the wire, a longer one every N pieces (SYNTHETIC arrays): past 8 pieces a period is taken
+    for accumulation only if the gap adds at most a fifth of a piece (an optimizer's 1% of a step of 16
+    micro-batches adds 0.16 of one), never a checkpoint's 30% of a step every 12 steps, and only with the binomial
+    test's margins over every period tried (5 periods of 16 could be chance)."""
+    from prism.analysis.timeline import accumulation_period
+
+    noise = np.random.default_rng(5).lognormal(0, 0.005, 256)
+    micro = np.tile([148.0] + [100.0] * 15, 8) * noise[:128]  # the forward's gap, a third of a 300 micro-batch
+    assert accumulation_period(micro) is None  # up to 8 pieces only, without the pieces' length
+    assert accumulation_period(micro, piece_ns=300.0) == (16, 0)
+    assert accumulation_period(micro[:80], piece_ns=300.0) is None  # 5 periods
+    ckpt = np.tile([130.0] + [100.0] * 11, 10) * noise[:120]  # steps of 100 (their gap), a checkpoint of 30 every 12
+    assert accumulation_period(ckpt, piece_ns=100.0) is None
+
+
+def test_a_checkpoint_every_12_steps_stays_a_slow_step(tmp_path):
+    """End to end (SYNTHETIC pure-DP job): a checkpoint every 12 steps that adds half a step's compute (a third of
+    its time, half a gap more: a period of 12 would be taken for accumulation only under a fifth of a piece) is a
+    slow step recurring every 12 steps, not the period, with many micro-batches now grouped into steps."""
+    from prism.analysis.diagnosis import CrossStepDiagnoser
+
+    c = _checkpointed_job(12, 8, False, 0, pause=0.5)
+    s = pd.DataFrame(_steps_of(c.flows), columns=["start_ns", "end_ns"])
+    truth = c.steps["end_ns"].to_numpy()
+    assert len(s) >= len(truth) - 2 and (np.abs(s["end_ns"].to_numpy()[:, None] - truth[None, :]).min(axis=1) <= 1000).all()
+    steps = s.assign(job_id="ckpt", step=np.arange(len(s)), duration_ns=s["end_ns"] - s["start_ns"])
+    a = CrossStepDiagnoser().fit(steps).predict()
+    assert (a["kind"] == "slow_step").all() and len(a) >= 6
+    assert (np.diff(a["step"]) == 12).all()

@@ -42,6 +42,8 @@ the gaps are a continuum that holds the optimizer's pause as one among
 many. The ring edges into and out of the slow server wait for nothing:
 cut on one pair's flows, the job's step ends are where the job is idle
 in that pair's (:meth:`StepTimeline._by_pair`, two pairs agreeing).
+DDP that all-reduces every micro-batch shows its step only in a gap a
+little longer every M pieces (:func:`accumulation_period`).
 
 Steps cut by the capture's edges are not whole and are not reported: a
 step needs a boundary on both sides, and the last boundary is trusted only
@@ -258,7 +260,8 @@ def class_cut(gap: np.ndarray, busy_end: np.ndarray, pair: np.ndarray, weight: n
 
 
 def accumulation_period(lead: np.ndarray, max_pieces: int = 8, min_wins: float = 0.95, max_excess: float = 1.5,
-                        alpha: float = 1e-4) -> tuple[int, int] | None:
+                        alpha: float = 1e-4, piece_ns: float | None = None, max_many: int = 32,
+                        max_extra: float = 0.2) -> tuple[int, int] | None:
     """Pieces that are micro-batches of a step: ``(M, phase)``, every ``M``-th gap (from ``phase``) a step's, or None.
 
     DDP without ``no_sync`` (and any job that reduces its gradients every
@@ -276,21 +279,48 @@ def accumulation_period(lead: np.ndarray, max_pieces: int = 8, min_wins: float =
     other gaps at most ``max_excess``: an optimizer's step, not a
     checkpoint's pause). The smallest such ``M`` is the step.
 
+    Many micro-batches (``M`` from ``max_pieces + 1`` to ``max_many``,
+    tried only where no smaller period is found and ``piece_ns``, the
+    median piece's duration, is given): the optimizer's share of a step
+    is the same, so its gap is longer by more of a micro-batch's gap (a
+    1% optimizer over 16 micro-batches: about half a forward's gap, as
+    long as a checkpoint's short pause). What bounds it there is the time
+    it adds against a piece: at most ``max_extra`` of one (an optimizer's
+    1.25% of a step of 16 micro-batches), where a checkpoint's pause is a
+    good part of a step (a third of one every 12 steps stays a slow step:
+    a third of a piece, the pieces being steps); and the binomial test is
+    Bonferroni-corrected over every period and phase from 2 to
+    ``max_many`` (6 periods at least for 16 micro-batches).
+
     A checkpoint (or an evaluation) every ``N`` steps is the same on the
     wire: a longer gap every ``N`` pieces. It is told apart only by being
-    rarer (every 9 or more steps) or longer (over half a gap more): a
-    checkpoint every 2 to 8 steps that adds less than that would be taken
-    for accumulation.
+    rarer (every 33 or more steps) or longer (every 2 to 8 steps: over
+    half a gap more; every 9 to 32: over a fifth of a step more): a
+    checkpoint every 2 to 32 steps that adds less than that would be
+    taken for accumulation.
 
     >>> lead = np.tile([105.0, 100.0, 100.0, 100.0], 12) * np.random.default_rng(0).lognormal(0, 0.005, 48)
     >>> accumulation_period(lead)
     (4, 0)
     >>> accumulation_period(np.random.default_rng(1).lognormal(0, 0.01, 48)) is None
     True
+    >>> lead = np.tile([150.0] + [100.0] * 15, 8) * np.random.default_rng(2).lognormal(0, 0.005, 128)
+    >>> accumulation_period(lead) is None, accumulation_period(lead, piece_ns=300.0)
+    (True, (16, 0))
     """
     g = np.asarray(lead, dtype=np.float64)
-    tests = sum(range(2, max_pieces + 1))
-    for m in range(2, max_pieces + 1):
+    found = _longer_every(g, 2, max_pieces, sum(range(2, max_pieces + 1)), min_wins, alpha, lambda x, rest: float(np.median(
+        x / np.median(rest, axis=1))) <= max_excess)
+    if found is not None or piece_ns is None or max_many <= max_pieces:
+        return found
+    return _longer_every(g, max_pieces + 1, max_many, sum(range(2, max_many + 1)), min_wins, alpha, lambda x, rest: float(np.median(
+        x - np.median(rest, axis=1))) <= max_extra * piece_ns)
+
+
+def _longer_every(g: np.ndarray, lo: int, hi: int, tests: int, min_wins: float, alpha: float, small) -> tuple[int, int] | None:
+    """:func:`accumulation_period`'s search over periods ``lo`` to ``hi``: the first period and phase whose gap is the
+    longest of its period in ``min_wins`` of them (binomial test at ``alpha`` over ``tests``) and ``small(x, rest)``."""
+    for m in range(lo, hi + 1):
         k = len(g) // m
         if k < 3:
             break
@@ -300,7 +330,7 @@ def accumulation_period(lead: np.ndarray, max_pieces: int = 8, min_wins: float =
             wins = int(np.sum(x[:, phase] > rest.max(axis=1)))
             if wins < min_wins * k or binom.sf(wins - 1, k, 1.0 / m) * tests > alpha:
                 continue
-            if float(np.median(x[:, phase] / np.median(rest, axis=1))) <= max_excess:
+            if small(x[:, phase], rest):
                 return m, phase
     return None
 
@@ -1183,7 +1213,8 @@ class StepTimeline:
                 # either: no steps, rather than wrong ones
                 self.unlike_.add(label)
             return np.zeros(0, dtype=np.int64)
-        grouped = accumulation_period(gap[cut]) if dp.any() and len(cut) >= 2 * self.min_steps else None
+        grouped = (accumulation_period(gap[cut], piece_ns=float(np.median(np.diff(busy_end[cut]))))
+                   if dp.any() and len(cut) >= 2 * self.min_steps else None)
         if grouped is not None:
             # micro-batches, each with its own all-reduce: a step ends at every M-th piece, where the optimizer ran
             m, phase = grouped
