@@ -381,8 +381,10 @@ def lateness_test(last: np.ndarray, late_ns: np.ndarray, srv: str, min_draws: in
     for i in range(len(last)):
         w = mine[i:]
         k, n = int(w.sum()), len(w)
-        if k < min_draws or k < min_share * n:
-            break  # fewer of its wins further on
+        if k < min_draws:
+            break  # no more of its draws further on
+        if k < min_share * n:
+            continue
         others = pd.Series(last[i:][~w & named[i:]]).value_counts()
         if len(others) and k < clear_factor * int(others.iloc[0]):
             continue
