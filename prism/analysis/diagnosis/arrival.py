@@ -45,6 +45,22 @@ cannot (4^-5 = 1e-3 at best). A job without steps (too few in view, or
 none found) whose bursts come in rounds between long pauses (a DDP job's buckets in each backward) counts
 rounds the same way (:func:`rounds`); one whose bursts come evenly, each.
 
+Where those draws are too few for who is last (a step one draw, 3 to 5
+slowed steps in view), how late is what tells (:func:`lateness_test`,
+draws only, never collectives counted one by one): a server 1.4x slower
+trails by a share of the compute (seconds at a DDP step's first bucket,
+tens of milliseconds in each of FSDP's per-layer collectives), the
+jitter's laggard by a fraction of a percent. From some draw on it is
+last in 3 or more (half of them, twice the runner-up), each at least 4
+times as late as the latest last server of every other draw of the job,
+with its mean log lateness significantly above theirs (a z whose spread
+is at least a factor 2, at ``alpha`` with Bonferroni over the two
+measures, the job's servers and the draws it could start at). Two
+measures of a draw's lateness: its largest lead (``peak_ns``: a DDP
+step's first bucket carries its whole backward's lateness, its other
+buckets only their share) and its median one (FSDP's, each collective
+late anew).
+
 Raised as ``slow_group`` naming the server, so scoring and alerts treat it
 as the pipeline diagnosis's stragglers. The burst table (``arrivals_``) is
 per burst, so the tables of consecutive time slices of a job, concatenated,
