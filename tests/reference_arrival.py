@@ -210,3 +210,37 @@ def reference_draws(start_ns, step_start, step_end, gap=8.0, alike=2.0):
             d0.append(a)
             d1.append(b)
     return np.asarray(d0, np.int64), np.asarray(d1, np.int64), split
+
+
+def reference_lateness(last, late_ns, srv, min_draws=3, min_refs=2, factor=4.0, floor_ns=1e6, min_share=0.5, clear_factor=2.0, spread=2.0):
+    """:func:`prism.analysis.diagnosis.arrival.lateness_test` start by start in plain Python: at every start, who is last
+    from there on, the reference draws, the margin and the z; the largest z (the latest start of equals)."""
+    import math
+    import statistics
+
+    last, late = [str(x) for x in last], [float(x) for x in late_ns]
+    best = None
+    for i in range(len(last)):
+        after = list(range(i, len(last)))
+        wins = [j for j in after if last[j] == srv]
+        k, n = len(wins), len(after)
+        if k < min_draws or k < min_share * n:
+            continue
+        counts = {}
+        for j in after:
+            if last[j] not in ("", srv):
+                counts[last[j]] = counts.get(last[j], 0) + 1
+        if counts and k < clear_factor * max(counts.values()):
+            continue
+        if min(late[j] for j in wins) < floor_ns:
+            continue
+        ref = [max(late[j], floor_ns) for j in range(len(last)) if last[j] != "" and not (j >= i and last[j] == srv)]
+        if len(ref) < min_refs or min(late[j] for j in wins) < factor * max(ref):
+            continue
+        lp = [math.log(late[j]) for j in wins]
+        lr = [math.log(x) for x in ref]
+        s = max(statistics.stdev(lr), math.log(spread))
+        z = (statistics.fmean(lp) - statistics.fmean(lr)) / (s * math.sqrt(1 / k + 1 / len(lr)))
+        if best is None or z >= best[1]:
+            best = (i, z, k, n, min(late[j] for j in wins), max(ref), len(ref))
+    return best

@@ -20,7 +20,7 @@ from prism.analysis.diagnosis import ArrivalDiagnoser
 from prism.analysis.diagnosis.arrival import _hand_on, last_arrival
 from prism.ingest.topology import Topology
 from prism.offline.replay import replay
-from synthetic.dpshapes import dp_cluster
+from synthetic.dpshapes import STEP_LENGTHS, dp_cluster
 
 SLOW = "srv0005"  # the job's second server (dp_cluster's SlowServer(server=1))
 
@@ -319,3 +319,68 @@ def test_draws_split_only_alike_rounds():
     assert (d0.tolist(), d1.tolist(), split) == ([0, 1_000, 5_000], [1_000, 5_000, 10_000], True)
     d0, d1, split = draws(t[t >= 5_000], np.array([0, 5_000]), np.array([5_000, 10_000]))
     assert (d0.tolist(), d1.tolist(), split) == ([0, 5_000], [5_000, 10_000], False)
+
+
+def long_steps(laggards, leads_ns, per_step=40):
+    """A job of one round of ``per_step`` collectives a step (DDP with ``no_sync``), 60 s steps: ``laggards[s]`` last in
+    every collective of step s, by ``leads_ns[s]`` in its first (a backward's lateness) and by 1/50 of that after."""
+    rows, t, lead = [], [], []
+    for s, (lag, ld) in enumerate(zip(laggards, leads_ns)):
+        for i in range(per_step):
+            rows.append(lag)
+            t.append(s * 60_000_000_000 + 40_000_000_000 + i * 100_000_000)
+            lead.append(int(ld) if i == 0 else int(ld) // 50)
+    table = burst_table(rows)
+    table["start_ns"] = np.array(t, dtype=np.int64)
+    table["lead_ns"] = np.array(lead, dtype=np.int64)
+    n = len(laggards)
+    steps = pd.DataFrame({"job_id": "j", "step": np.arange(n), "start_ns": np.arange(n) * 60_000_000_000,
+                          "end_ns": np.arange(1, n + 1) * 60_000_000_000})
+    return table, steps
+
+
+def test_a_few_slowed_steps_are_named_by_how_late():
+    """Steps of 45 s or more, one round of collectives each: 3 of 5 in view slowed. Who is last cannot be significant
+    (4^-3); how late can: the slow server trails by seconds (a share of the compute), the jitter's laggard by tens of
+    milliseconds. Named from the first slowed step; as late as the others, or late in too few steps: nobody."""
+    lag = ["srv0004", "srv0006", "srv0005", "srv0005", "srv0005"]
+    table, steps = long_steps(lag, [50e6, 70e6, 15.5e9, 15.8e9, 16e9])
+    found = ArrivalDiagnoser().diagnose(table, steps).predict()
+    assert list(found["subject"]) == ["srv0005"], found
+    assert found["step"].iloc[0] == 2
+    text = found["explanation"].iloc[0]
+    assert "sent last at 3 of 3 steps" in text and "15.5 s or more behind at its latest" in text and "70 ms at most" in text
+    # the same order, by the jitter's milliseconds: nobody (per step, 3 of 3 is no test at all)
+    table, steps = long_steps(lag, [50e6, 70e6, 60e6, 45e6, 80e6])
+    assert ArrivalDiagnoser().diagnose(table, steps).predict().empty
+    # late, but in two steps only; or no other step to compare with
+    table, steps = long_steps(lag[:4], [50e6, 70e6, 15.5e9, 15.8e9])
+    assert ArrivalDiagnoser().diagnose(table, steps).predict().empty
+    table, steps = long_steps(lag[1:], [70e6, 15.5e9, 15.8e9, 16e9])
+    assert ArrivalDiagnoser().diagnose(table, steps).predict().empty
+
+
+def test_jitter_of_any_spread_names_no_one_by_lateness():
+    """Fault-free long steps: a random laggard a step, late by a log-normal jitter (a factor 2 to 3 at one sd): nobody,
+    whatever the draw, though a chance run of one laggard with the largest jitter happens."""
+    servers = ["srv0004", "srv0005", "srv0006", "srv0007"]
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(4, 12))
+        table, steps = long_steps(list(rng.choice(servers, n)), rng.lognormal(np.log(30e6), rng.uniform(0.7, 1.1), n))
+        assert ArrivalDiagnoser().diagnose(table, steps).predict().empty, seed
+
+
+@pytest.mark.parametrize("shape, length, window", [("ddp", "5s", 60), ("zero1", "45s", 360)])
+def test_generated_few_slowed_steps_named(shape, length, window, tmp_path):
+    """The generator's DDP at 5 s (60 s: 5 slowed steps) and ZeRO-1 at 45 s (360 s: 4): one round of collectives a step,
+    named by how late the slow server is, from the step it turned slow; the fault-free twins name no one."""
+    c = dp_cluster(shape, length, duration_s=window, with_faults=True)
+    an = run(c, tmp_path / "faulty")
+    found = arrival_anomalies(an)
+    assert list(found["subject"]) == [SLOW], an.anomalies.to_string()
+    assert "behind at its latest" in found["explanation"].iloc[0]
+    # from the step it turned slow in (its start within a tenth of a step of the fault's)
+    assert abs(int(found["start_ns"].iloc[0]) - int(c.faults.iloc[0]["start_ns"])) < STEP_LENGTHS[length][0] * 0.1e9
+    twin = run(dp_cluster(shape, length, duration_s=window, with_faults=False), tmp_path / "twin")
+    assert arrival_anomalies(twin).empty, twin.anomalies.to_string()

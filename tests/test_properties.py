@@ -620,3 +620,30 @@ def test_arrival_draws_equal_the_python_reference(seed, n_steps, max_rounds, lon
     got = draws(t, s0, s1)
     want = reference_draws(t, s0, s1)
     assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist() and got[2] == want[2]
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.integers(0, 14), st.integers(2, 5), st.booleans())
+def test_arrival_lateness_equals_the_python_reference(seed, n_draws, n_servers, straggler):
+    """:func:`prism.analysis.diagnosis.arrival.lateness_test` finds the start, z and margins a plain loop over every
+    start finds: random last servers (ties too) and lateness, some with a server far later from a random draw on."""
+    from reference_arrival import reference_lateness
+
+    from prism.analysis.diagnosis.arrival import lateness_test
+
+    rng = np.random.default_rng(seed)
+    servers = [f"srv{i}" for i in range(n_servers)]
+    last = rng.choice(servers + [""], n_draws).astype(object)
+    late = rng.lognormal(np.log(5e6), 1.0, n_draws)
+    if straggler and n_draws:
+        at = int(rng.integers(0, n_draws))
+        slow = rng.random(n_draws - at) < 0.85
+        last[at:][slow] = servers[0]
+        late[at:][slow] *= rng.uniform(1, 400)
+    for srv in servers:
+        got = lateness_test(last, late, srv)
+        want = reference_lateness(last, late, srv)
+        assert (got is None) == (want is None), (got, want)
+        if got is not None:
+            assert got[0] == want[0] and got[2:4] == want[2:4] and got[4:] == pytest.approx(want[4:])
+            assert got[1] == pytest.approx(want[1], rel=1e-9, abs=1e-12)

@@ -45,6 +45,22 @@ cannot (4^-5 = 1e-3 at best). A job without steps (too few in view, or
 none found) whose bursts come in rounds between long pauses (a DDP job's buckets in each backward) counts
 rounds the same way (:func:`rounds`); one whose bursts come evenly, each.
 
+Where those draws are too few for who is last (a step one draw, 3 to 5
+slowed steps in view), how late is what tells (:func:`lateness_test`,
+draws only, never collectives counted one by one): a server 1.4x slower
+trails by a share of the compute (seconds at a DDP step's first bucket,
+tens of milliseconds in each of FSDP's per-layer collectives), the
+jitter's laggard by a fraction of a percent. From some draw on it is
+last in 3 or more (half of them, twice the runner-up), each at least 4
+times as late as the latest last server of every other draw of the job,
+with its mean log lateness significantly above theirs (a z whose spread
+is at least a factor 2, at ``alpha`` with Bonferroni over the two
+measures, the job's servers and the draws it could start at). Two
+measures of a draw's lateness: its largest lead (``peak_ns``: a DDP
+step's first bucket carries its whole backward's lateness, its other
+buckets only their share) and its median one (FSDP's, each collective
+late anew).
+
 Raised as ``slow_group`` naming the server, so scoring and alerts treat it
 as the pipeline diagnosis's stragglers. The burst table (``arrivals_``) is
 per burst, so the tables of consecutive time slices of a job, concatenated,
@@ -69,11 +85,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pandas as pd
-from scipy.stats import binom
+from scipy.stats import binom, norm
 
 from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies
 
-__all__ = ["ARRIVAL_COLUMNS", "ArrivalDiagnoser", "draws", "last_arrival", "per_step", "rounds"]
+__all__ = ["ARRIVAL_COLUMNS", "ArrivalDiagnoser", "draws", "last_arrival", "lateness_test", "per_step", "rounds"]
 
 #: one row per complete collective burst: its job, group of servers, start, size (servers), the server that arrived
 #: last (:func:`last_arrival`: its first send started last, or, senders tied, its first receive too; "" on a tie)
@@ -110,10 +126,19 @@ class ArrivalDiagnoser:
     round_gap : float, default 8.0
         A job without steps: a pause between bursts this many times their
         median spacing closes a round of collectives (:func:`rounds`).
+    late_draws, late_refs : int, default 3, 2
+        The lateness test (:func:`lateness_test`): draws a server needs to
+        be late in, and other draws to compare them with.
+    late_factor : float, default 4.0
+        ... each of its late draws at least this many times the latest of the others.
+    late_spread : float, default 2.0
+        ... the others' lateness taken to vary by at least this factor (one
+        standard deviation of its logarithm), however alike they are.
     """
 
     def __init__(self, min_pause_ns: int = 20_000, alpha: float = 1e-4, min_share: float = 0.5, clear_factor: float = 2.0,
-                 min_lead_ns: int = 1_000_000, min_bursts: int = 8, tie_ns: int = 20_000, round_gap: float = 8.0):
+                 min_lead_ns: int = 1_000_000, min_bursts: int = 8, tie_ns: int = 20_000, round_gap: float = 8.0, late_draws: int = 3,
+                 late_refs: int = 2, late_factor: float = 4.0, late_spread: float = 2.0):
         self.min_pause_ns = int(min_pause_ns)
         self.alpha = float(alpha)
         self.min_share = float(min_share)
@@ -122,6 +147,10 @@ class ArrivalDiagnoser:
         self.min_bursts = int(min_bursts)
         self.tie_ns = int(tie_ns)
         self.round_gap = float(round_gap)
+        self.late_draws = int(late_draws)
+        self.late_refs = int(late_refs)
+        self.late_factor = float(late_factor)
+        self.late_spread = float(late_spread)
 
     def fit(self, job: np.ndarray, a: np.ndarray, start: np.ndarray, end: np.ndarray, is_dp: np.ndarray, dp_comp: np.ndarray,
             server_of: np.ndarray, job_names: dict, steps: pd.DataFrame | None = None, b: np.ndarray | None = None) -> "ArrivalDiagnoser":
@@ -252,45 +281,144 @@ class ArrivalDiagnoser:
             mine = last == srv
             held = np.isin(groups, list({g for g in groups[mine]}))
             idx = np.flatnonzero(held)
-            if len(idx) < self.min_bursts:
+            found = self._by_count(jb, idx, mine, chance, n_servers, srv, unit)
+            if found is None and unit != "collectives" and "peak_ns" in jb:  # draws that are steps, micro-batches or rounds
+                found = self._by_lateness(jb, idx, mine, n_servers, srv, unit)
+            if found is None:
                 continue
-            # where it began: the burst from which on its wins stand out most (binomial z of the suffix)
-            k_suf = np.cumsum(mine[idx][::-1])[::-1]
-            p_suf = np.cumsum(chance[idx][::-1])[::-1]  # expected wins
-            n_suf = np.arange(len(idx), 0, -1)
-            z = (k_suf - p_suf) / np.sqrt(np.maximum(p_suf * (1 - p_suf / n_suf), 1e-9))
-            z[n_suf < self.min_bursts] = -np.inf
-            i0 = int(np.argmax(z))
-            sub = idx[i0:]
-            n, k = len(sub), int(mine[sub].sum())
-            if n < self.min_bursts or k / n < self.min_share:
-                continue
-            p = float(chance[sub].mean())
-            pval = float(binom.sf(k - 1, n, p))
-            if pval > self.alpha / (max(n_servers, 1) * len(idx)):
-                continue
-            others = pd.Series(last[sub][(last[sub] != srv) & (last[sub] != "")]).value_counts()
-            runner = int(others.iloc[0]) if len(others) else 0
-            if k < self.clear_factor * runner:
-                continue
-            lead = float(np.median(jb["lead_ns"].to_numpy()[sub][mine[sub]]))
-            if lead < self.min_lead_ns:
-                continue
-            at = int(jb["start_ns"].to_numpy()[sub[0]])
+            i0, share, text = found
+            at = int(jb["start_ns"].to_numpy()[i0])
             step = -1
             if steps is not None and len(steps):
                 st = steps[steps["job_id"] == job_id].sort_values("start_ns")
                 j = int(np.searchsorted(st["start_ns"].to_numpy(), at, side="right")) - 1
                 if j >= 0:
                     step, at = int(st["step"].to_numpy()[j]), int(st["start_ns"].to_numpy()[j])
-            out.append(("slow_group", job_id, step, at, srv, round(k / n, 4),
-                        f"{srv} sent last at {k} of {n} {unit} (chance {p:.0%}, p={max(pval, 1e-300):.1e}; runner-up {runner}), "
-                        f"by a median {lead / 1e6:.3g} ms: every rank waits for it (data-parallel straggler)"))
+            out.append(("slow_group", job_id, step, at, srv, round(share, 4), text))
         return out
+
+    def _by_count(self, jb, idx, mine, chance, n_servers, srv, unit):
+        """The rank test: last far more often than chance from some draw on; (first draw's row, share, explanation) or None."""
+        last = jb["last"].to_numpy()
+        if len(idx) < self.min_bursts:
+            return None
+        # where it began: the burst from which on its wins stand out most (binomial z of the suffix)
+        k_suf = np.cumsum(mine[idx][::-1])[::-1]
+        p_suf = np.cumsum(chance[idx][::-1])[::-1]  # expected wins
+        n_suf = np.arange(len(idx), 0, -1)
+        z = (k_suf - p_suf) / np.sqrt(np.maximum(p_suf * (1 - p_suf / n_suf), 1e-9))
+        z[n_suf < self.min_bursts] = -np.inf
+        i0 = int(np.argmax(z))
+        sub = idx[i0:]
+        n, k = len(sub), int(mine[sub].sum())
+        if n < self.min_bursts or k / n < self.min_share:
+            return None
+        p = float(chance[sub].mean())
+        pval = float(binom.sf(k - 1, n, p))
+        if pval > self.alpha / (max(n_servers, 1) * len(idx)):
+            return None
+        others = pd.Series(last[sub][(last[sub] != srv) & (last[sub] != "")]).value_counts()
+        runner = int(others.iloc[0]) if len(others) else 0
+        if k < self.clear_factor * runner:
+            return None
+        lead = float(np.median(jb["lead_ns"].to_numpy()[sub][mine[sub]]))
+        if lead < self.min_lead_ns:
+            return None
+        return int(sub[0]), k / n, (f"{srv} sent last at {k} of {n} {unit} (chance {p:.0%}, p={max(pval, 1e-300):.1e}; runner-up {runner}), "
+                                    f"by a median {lead / 1e6:.3g} ms: every rank waits for it (data-parallel straggler)")
+
+    def _by_lateness(self, jb, idx, mine, n_servers, srv, unit):
+        """The lateness test (:func:`lateness_test`) of the draws of the groups that hold ``srv``: (first draw's row, share, explanation) or None."""
+        last = jb["last"].to_numpy()[idx]
+        best = None
+        for col, what in (("peak_ns", "at its latest"), ("lead_ns", "in its median collective")):
+            r = lateness_test(last, jb[col].to_numpy(np.float64)[idx], srv, min_draws=self.late_draws, min_refs=self.late_refs,
+                              factor=self.late_factor, floor_ns=self.min_lead_ns, min_share=self.min_share, clear_factor=self.clear_factor,
+                              spread=self.late_spread)
+            if r is not None and (best is None or r[1] > best[1][1]):
+                best = (what, r)
+        if best is None:
+            return None
+        what, (i0, z, k, n, post, ref, n_ref) = best
+        pval = float(norm.sf(z))
+        if pval > self.alpha / (2 * max(n_servers, 1) * len(idx)):  # two measures, the servers, the draws it could start at
+            return None
+        return int(idx[i0]), k / n, (f"{srv} sent last at {k} of {n} {unit}, each time {_span(post)} or more behind {what} (the last server of the "
+                                     f"{n_ref} others: {_span(ref)} at most; z={z:.1f}, p={max(pval, 1e-300):.1e}): every rank waits for it "
+                                     f"(data-parallel straggler)")
 
     def predict(self) -> pd.DataFrame:
         """Anomaly rows (:data:`prism.analysis.diagnosis.ANOMALY_COLUMNS`)."""
         return self.anomalies_
+
+
+def _span(ns: float) -> str:
+    return f"{ns / 1e9:.3g} s" if ns >= 1e9 else f"{ns / 1e6:.3g} ms"
+
+
+def lateness_test(last: np.ndarray, late_ns: np.ndarray, srv: str, min_draws: int = 3, min_refs: int = 2, factor: float = 4.0,
+                  floor_ns: float = 1e6, min_share: float = 0.5, clear_factor: float = 2.0, spread: float = 2.0):
+    """Is ``srv`` last, from some draw on, by far more than any draw's last server is late otherwise? The best such start, or None.
+
+    ``last`` and ``late_ns``: per draw (a step, micro-batch or round, in
+    time order), the server last in it ("" on a tie) and by how much. Where
+    a step is one draw, 5 slowed steps are too few for any test of who is
+    last (4^-5 = 1e-3 at best with 4 servers); how late is what tells a
+    slow server from the jitter: a server 1.4x slower comes in a share of
+    the compute after the others (seconds in a 45 s step), where the
+    jitter's laggard trails by milliseconds. From draw ``i`` on, ``srv``
+    must be last in ``min_draws`` draws at least, in ``min_share`` of
+    them and ``clear_factor`` times as often as any other server, each
+    time by ``floor_ns`` at least; the reference is every other draw with a
+    last server (those before ``i``, whoever was last, and those from ``i``
+    on that another server was last in), ``min_refs`` at least. Its late
+    draws must each be ``factor`` times as late as the latest of the
+    reference (lateness floored at ``floor_ns``, a collector's clock
+    offset and more), and their mean log lateness above the reference's by
+    a z of (the difference) / (s sqrt(1/k + 1/n)), with s the reference's
+    standard deviation but at least ``log(spread)``: few reference draws
+    that happen to be alike do not make a small excess significant.
+
+    Returns ``(i, z, k, n, least late of srv's, latest of the reference, n reference)`` for the start of the largest z
+    (the latest of equals).
+
+    >>> last = np.array(["a", "b", "c", "b", "b", "b"])
+    >>> late = np.array([20e6, 30e6, 25e6, 1.5e9, 1.6e9, 1.4e9])
+    >>> i, z, k, n, post, ref, n_ref = lateness_test(last, late, "b")
+    >>> (i, k, n, post, ref, n_ref), round(z, 1)
+    ((3, 3, 3, 1400000000.0, 30000000.0, 3), 7.3)
+    >>> lateness_test(last, np.full(6, 20e6), "b") is None  # as late as the others
+    True
+    """
+    last, late = np.asarray(last), np.asarray(late_ns, np.float64)
+    v = np.maximum(late, floor_ns)
+    mine, named = last == srv, last != ""
+    best = None
+    for i in range(len(last)):
+        w = mine[i:]
+        k, n = int(w.sum()), len(w)
+        if k < min_draws:
+            break  # no more of its draws further on
+        if k < min_share * n:
+            continue
+        others = pd.Series(last[i:][~w & named[i:]]).value_counts()
+        if len(others) and k < clear_factor * int(others.iloc[0]):
+            continue
+        post = late[i:][w]
+        if post.min() < floor_ns:
+            continue
+        ref_at = np.r_[np.flatnonzero(named[:i]), i + np.flatnonzero(~w & named[i:])]
+        if len(ref_at) < min_refs:
+            continue
+        ref = v[ref_at]
+        if post.min() < factor * ref.max():
+            continue
+        lp, lr = np.log(post), np.log(ref)
+        s = max(float(np.std(lr, ddof=1)), float(np.log(spread)))
+        z = float((lp.mean() - lr.mean()) / (s * np.sqrt(1 / k + 1 / len(lr))))
+        if best is None or z >= best[1]:  # on a tie, the later start
+            best = (i, z, k, n, float(post.min()), float(ref.max()), len(ref_at))
+    return best
 
 
 def rounds(start_ns: np.ndarray, gap: float = 8.0) -> np.ndarray | None:
@@ -385,7 +513,9 @@ def per_step(bursts: pd.DataFrame, step_start: np.ndarray, step_end: np.ndarray)
     they make a fault-free job's chance laggard look significant. Per
     group and step (bursts starting in ``[step_start, step_end)``), the
     server last in most of its bursts (none on a tie), by the median lead
-    of those bursts; bursts outside every step are left out.
+    of those bursts (``lead_ns``) and at its latest (``peak_ns``, the
+    largest: a DDP step's first bucket carries all its backward's lateness,
+    the next ones only their share); bursts outside every step are left out.
     """
     s = np.argsort(step_start, kind="stable")
     s0, s1 = np.asarray(step_start)[s], np.asarray(step_end)[s]
@@ -394,18 +524,19 @@ def per_step(bursts: pd.DataFrame, step_start: np.ndarray, step_end: np.ndarray)
     inside = (k >= 0) & (t < s1[np.maximum(k, 0)]) & (bursts["last"].to_numpy() != "")
     b = bursts[inside].assign(step=k[inside])
     if b.empty:
-        return empty_arrivals()
-    wins = b.groupby(["group", "step", "last"], sort=True).agg(n=("lead_ns", "size"), lead_ns=("lead_ns", "median"),
+        return empty_arrivals().assign(peak_ns=pd.Series(dtype="int64"))
+    wins = b.groupby(["group", "step", "last"], sort=True).agg(n=("lead_ns", "size"), lead_ns=("lead_ns", "median"), peak_ns=("lead_ns", "max"),
                                                                start_ns=("start_ns", "min"), servers=("servers", "first")).reset_index()
     top = wins.groupby(["group", "step"])["n"].transform("max")
     best = wins[wins["n"] == top]
     tied = best.groupby(["group", "step"])["last"].transform("size") > 1
     best = best.assign(last=np.where(tied, "", best["last"]))
     out = best.groupby(["group", "step"], sort=True).agg(start_ns=("start_ns", "min"), servers=("servers", "first"), last=("last", "first"),
-                                                         lead_ns=("lead_ns", "max")).reset_index()
+                                                         lead_ns=("lead_ns", "max"), peak_ns=("peak_ns", "max")).reset_index()
     out["job_id"] = bursts["job_id"].iloc[0]
     out["lead_ns"] = out["lead_ns"].astype(np.int64)
-    return out.sort_values("start_ns", kind="stable")[ARRIVAL_COLUMNS].reset_index(drop=True)
+    out["peak_ns"] = np.where(out["last"] != "", out["peak_ns"], 0).astype(np.int64)
+    return out.sort_values("start_ns", kind="stable")[ARRIVAL_COLUMNS + ["peak_ns"]].reset_index(drop=True)
 
 
 def last_arrival(send: np.ndarray, recv: np.ndarray, tie_ns: int = 0) -> tuple[int, float]:
