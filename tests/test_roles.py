@@ -305,8 +305,10 @@ def _wait_done(one, ins, ans, n):
     last = min(d.monitor.analysed_to for d in ins)
     wait_for(lambda: all(d.monitor.all_final() and d.monitor.analysed_to is not None and d.monitor.analysed_to >= d.monitor.complete_to() >= last
                          for d in ans), 180, "the analyse replicas", progress=progress)
-    # the loop hands the incomplete windows to /readyz after each window
+    # the loop hands the incomplete windows to /readyz after each window, and its events (the fabric's anomalies among
+    # them) after publishing it: the last window's too
     wait_for(lambda: all(d.service.health.incomplete_windows == d.monitor.recent_incomplete() for d in everyone), 60, "/readyz")
+    wait_for(lambda: all(len(d.fabric_anomalies()) >= sum(d.monitor.fabric_anomalies.values()) for d in (one, *ans)), 60, "the last events")
 
 
 class Recorder:
