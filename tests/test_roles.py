@@ -305,8 +305,10 @@ def _wait_done(one, ins, ans, n):
     last = min(d.monitor.analysed_to for d in ins)
     wait_for(lambda: all(d.monitor.all_final() and d.monitor.analysed_to is not None and d.monitor.analysed_to >= d.monitor.complete_to() >= last
                          for d in ans), 180, "the analyse replicas", progress=progress)
-    # the loop hands the incomplete windows to /readyz after each window
+    # the loop hands the incomplete windows to /readyz after each window, and its events (the fabric's anomalies among
+    # them) after publishing it: the last window's too
     wait_for(lambda: all(d.service.health.incomplete_windows == d.monitor.recent_incomplete() for d in everyone), 60, "/readyz")
+    wait_for(lambda: all(len(d.fabric_anomalies()) >= sum(d.monitor.fabric_anomalies.values()) for d in (one, *ans)), 60, "the last events")
 
 
 class Recorder:
@@ -639,3 +641,120 @@ def test_an_ingest_replica_killed_mid_stream_loses_nothing(broker, cluster, tmp_
             stop_process(victim)
         for d in everyone:
             d.stop()
+
+
+@pytest.fixture(scope="module")
+def moe_cluster():
+    """8 s of a one-domain MoE job (128 GPUs, EP all-to-all and its dense DP ring) beside a DP 2 x PP 2 job on 24 servers
+    under 8 spines, spine-00 at half its bandwidth from 3.2 s (216,319 flows). The MoE job's flows run at a seventh of
+    a ring's: judged by kind (EP, DP, PP apart) the spine is slow, pooled it is not (the MoE mix hides it)."""
+    from synthetic.fabric import Fabric
+    from synthetic.faults import DegradedSwitch
+    from synthetic.generator import ClusterGenerator
+    from synthetic.modern import modern_job
+    from synthetic.scenarios import BASE_JOBS
+
+    jobs = [modern_job("moe-flat"), next(j for j in BASE_JOBS if j.name == "tp8-pp2-dp2")]
+    return ClusterGenerator(Fabric(servers=24, servers_per_group=8, spines=8), jobs, duration_s=8.0, seed=0,
+                            faults=[DegradedSwitch("auto", start_frac=0.4, end_frac=1.0, factor=0.5)],
+                            uniform_dp_share=0.05, split_pp_prob=0.002, storage_flows_per_s=100).generate()
+
+
+def test_the_fabric_owner_judges_every_replicas_flows_by_kind(broker, moe_cluster):
+    """Two analyse replicas, the MoE job's on the one that does not own the fabric: the fabric's owner judges the MoE
+    job's flows by their pair types (EP, DP), which only the other replica knows and sends it with each window, and
+    names the degraded spine as one daemon does (the MoE mix judged as one kind hides it)."""
+    from prism.analysis.jobs import job_id_for
+    from prism.serve.jobtopic import FABRIC_KEY, job_partition
+
+    cluster = moe_cluster
+    topic = f"flows-{uuid.uuid4().hex[:8]}"
+    ensure_topic(broker.bootstrap, topic, 4)
+    jobs_topic = f"jobs-{topic}"
+    servers = dict(zip(cluster.topology["ip"], cluster.topology["server"]))
+    ids = {j: job_id_for({servers[ip] for ip in g["ip"]}) for j, g in cluster.jobs.groupby("job_id")}
+    # the case: the fabric and the 3D job on one job-topic partition pair, the MoE job on the other (range assignment)
+    assert job_partition(FABRIC_KEY, 4) // 2 == job_partition(ids["tp8-pp2-dp2"], 4) // 2 != job_partition(ids["moe-flat-ep8"], 4) // 2
+    one = Running(broker, cluster, "all", topic, f"one-{topic}", "one", jobs_topic)
+    ins = [Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic)]
+    ans = [Running(broker, cluster, "analyse", topic, f"g-{topic}", f"a{k}", jobs_topic) for k in range(2)]
+    everyone = [one, *ins, *ans]
+    try:
+        _settle(one, ins, ans)
+        p = FlowProducer(broker.bootstrap, topic, fmt="arrow")
+        stream_flows(p, cluster.flows, speed=0)
+        p.flush()
+        p.close()
+        _wait_done(one, ins, ans, len(cluster.flows))
+        (owner,) = [d for d in ans if d.monitor.owns_fabric()]
+        (other,) = [d for d in ans if d is not owner]
+        assert ids["moe-flat-ep8"] in other.series("prism_job_info") and ids["moe-flat-ep8"] not in owner.series("prism_job_info")
+        assert ids["tp8-pp2-dp2"] in owner.series("prism_job_info")
+        assert ("slow_switch", "spine-00") in one.fabric_anomalies(), "one daemon names the degraded spine"
+        assert sorted(a for d in ans for a in d.fabric_anomalies()) == one.fabric_anomalies()
+        assert sum(d.total("prism_anomalies_total", job_id="") for d in ans) == one.total("prism_anomalies_total", job_id="")
+        # the other replica's typed pairs came (the MoE job's 512), and were used: the union is one daemon's
+        assert owner.monitor.kinds_rows >= 512
+        print("fabric: one", one.fabric_anomalies(), "owner", owner.fabric_anomalies(), "typed pairs received", owner.monitor.kinds_rows)
+    finally:
+        for d in everyone:
+            d.stop()
+
+
+def test_the_fabric_owner_takes_each_partitions_typed_pairs_of_its_window(cluster):
+    """The fabric's owner waits, for each job-topic partition it does not hold, for typed pairs of its window or a later
+    one, and judges with those of its window (or the latest before it), whatever order they were read in."""
+    import itertools
+
+    import pyarrow as pa
+
+    from prism.serve.jobtopic import AnalyseMonitor
+
+    def msg(end, parts, pairs, final=False):
+        a, b, t, q = zip(*pairs) if pairs else ((), (), (), ())
+        return {"end": end, "final": final, "parts": parts}, pa.table({"a": pa.array(a, pa.int32()), "b": pa.array(b, pa.int32()),
+                                                                        "type": pa.array(t, pa.string()), "part": pa.array(q, pa.int32())})
+
+    sent = [msg(10, [2, 3], [(1, 2, "EP", 2)]), msg(20, [2, 3], [(1, 2, "DP", 2), (5, 6, "PP", 3)]), msg(30, [2, 3], [(1, 2, "EP", 2)]),
+            msg(20, [1], [(7, 8, "CP", 1)])]
+    for order in itertools.permutations(range(len(sent))):
+        m = AnalyseMonitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
+        m.fabric_part, m.job_parts, m.owned, m.inputs, m.marks = 0, 4, {0}, 1, {0: {0: (40, False)}}
+        read = []
+        for i in order:
+            m.take_kinds(*sent[i])
+            read.append(i)
+            # ready at 20 once partition 1 and partitions 2 and 3 each sent their window 20 or later
+            assert m._kinds_ready(20, False) == (3 in read and (1 in read or 2 in read)), read
+        got = m._switch_kinds(20, False)
+        assert sorted(zip(got[0].tolist(), got[1].tolist(), got[2].tolist())) == [(1, 2, "DP"), (5, 6, "PP"), (7, 8, "CP")]
+    # a window missing from a partition's messages: the latest before it
+    m = AnalyseMonitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
+    m.fabric_part, m.job_parts, m.owned = 0, 2, {0}
+    for x in (msg(10, [1], [(1, 2, "EP", 1)]), msg(30, [1], [(1, 2, "DP", 1)])):
+        m.take_kinds(*x)
+    assert m._kinds_ready(20, False) and m._switch_kinds(20, False)[2].tolist() == ["EP"]
+
+
+def test_a_replica_with_no_flows_does_not_hold_the_fabric_owner_back(cluster):
+    """A replica whose partitions have had no flows yet analyses no window, but as its event time advances it publishes
+    their typed pairs (none), so the fabric's owner's windows go on."""
+    import pyarrow as pa
+
+    from prism.serve.jobtopic import AnalyseMonitor
+
+    topo = Topology.from_frame(cluster.topology)
+    quiet, owner = AnalyseMonitor(topo, MonitorSettings(**SETTINGS)), AnalyseMonitor(topo, MonitorSettings(**SETTINGS))
+    for m, mine in ((quiet, {1}), (owner, {0})):
+        m.fabric_part, m.job_parts, m.owned = 0, 2, mine
+    for end in (1_000, 2_000):
+        quiet.mark({"inputs": 1, "partitions": {"0": end}, "final": False, "end": end}, 1)
+        owner.mark({"inputs": 1, "partitions": {"0": end}, "final": False, "end": end}, 0)
+        assert not owner._kinds_ready(end, False), "the owner waits for partition 1's typed pairs"
+        assert quiet.tick() is not None and quiet.analysed_to is None and quiet.tick() is None  # once for each advance
+        ((at, final, parts, a, b, types, part),) = quiet.take_kinds_out()
+        assert (at, final, parts, len(a)) == (end, False, [1], 0)
+        owner.take_kinds({"end": at, "final": final, "parts": parts},
+                         pa.table({"a": pa.array(a, pa.int32()), "b": pa.array(b, pa.int32()), "type": pa.array(list(types), pa.string()),
+                                   "part": pa.array(part, pa.int32())}))
+        assert owner._kinds_ready(end, False)

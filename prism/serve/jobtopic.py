@@ -53,10 +53,19 @@ flows (the job is gone from its metrics at the next window).
 
 ``--role all`` (the default) is the single-process daemon, unchanged.
 
+The switch diagnosis judges each kind of flow (pair type) apart, and only
+the replica holding a job types its pairs: every analyse replica sends,
+after each window, its jobs' typed pairs (by job-topic partition, with the
+window's end) under :data:`FABRIC_KEY`, and the fabric's owner holds each
+window back until every other partition's are in (see
+``AnalyseMonitor._kinds_ready``).
+
 Message formats on the job topic: flow batches are the input's Arrow IPC
 stream (``content-type`` header); control messages carry a
 ``prism-control`` header (``watermark`` or ``retire``) and a JSON value,
-or (``fabric``) an Arrow IPC stream of switch sums.
+or (``fabric``) an Arrow IPC stream of switch sums, or (``kinds``) an
+Arrow IPC stream of typed pairs (``a, b, type, part``; its window in the
+schema metadata under :data:`KINDS_META`).
 """
 from __future__ import annotations
 
@@ -80,13 +89,16 @@ from prism.serve.monitor import Monitor, MonitorView, WindowSpan, iso_time
 from prism.serve.sources import KafkaSource, ensure_topic
 from prism.serve.window import FlowWindow
 
-__all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "FABRIC_KEY", "analyse_group", "job_partition"]
+__all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "FABRIC_KEY", "KINDS_META", "analyse_group",
+           "job_partition"]
 
 log = logging.getLogger("prism.jobtopic")
 
 CONTROL_HEADER = "prism-control"
 #: the key (and so the job-topic partition) of the switch sums: the analyse replica holding its partition owns the fabric
 FABRIC_KEY = "prism-fabric"
+#: the schema metadata key of a typed-pairs (``kinds``) message: its window's end, whether final, the partitions it covers
+KINDS_META = b"prism-kinds"
 _ARROW = ARROW_CONTENT_TYPE.encode()
 #: the columns forwarded; switches are not (their sums go to the fabric's owner instead)
 _SCHEMA = pa.schema([("start_ns", pa.int64()), ("duration_ns", pa.int64()), ("src", pa.string()), ("dst", pa.string()),
@@ -305,6 +317,14 @@ class AnalyseMonitor(Monitor):
         self.fabric_rows = 0  # switch-sum rows received
         self.gone: set[str] = set()  # jobs retired (ended, re-keyed, absorbed) since the last publish: their states are deleted
         self.tombstones = 0  # job states deleted (tombstones written)
+        self.job_parts: int | None = None  # the job topic's partition count
+        # the typed pairs of every job-topic partition's jobs as its holder published them (read on the fabric partition):
+        # partition -> [(window end they hold from, final, a, b, type)] in the order read
+        self.kinds_in: dict[int, list[tuple]] = {}
+        self.kinds_out: list[tuple] = []  # this replica's typed pairs at each window, to publish: (end, final, partitions, a, b, type, partition)
+        self.kinds_rows = 0  # typed pairs received
+        self._kinds_chunks: dict[tuple, list] = {}  # (replica, end, final) -> the messages of a window's typed pairs read so far
+        self._quiet_to: int | None = None  # event time up to which this replica, with no flows yet, sent no typed pairs (_quiet)
 
     def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
         self.flows_received += len(flows)
@@ -374,7 +394,9 @@ class AnalyseMonitor(Monitor):
             if e > to:
                 break
             if last is None or e - last >= step:
-                return None if e >= to and self.all_final() else e
+                if e >= to and self.all_final():
+                    return None
+                return e if self._kinds_ready(e, False) else None
         return None
 
     def due(self) -> bool:
@@ -399,22 +421,39 @@ class AnalyseMonitor(Monitor):
         if to is None:
             return None
         final = final and self.all_final()
-        if not self.owns_fabric() and (len(self.switch_bw.table()) or len(self.fabric_in.table()) or self._switch_last):
+        view: MonitorView | None
+        if not self.owns_fabric() and (len(self.switch_bw.table()) or len(self.fabric_in.table()) or self._switch_last or self.kinds_in):
             self._drop_fabric()
         if final:  # the last window reaches the ingest stage's tail, not only this replica's latest flow
+            if not self._kinds_ready(max(self.max_start or to, to), True):
+                return None  # the fabric's owner waits for every partition's typed pairs of the tail
+            quiet = False
             self.max_start = max(self.max_start or to, to)
             view = super().tick(final=True, force=force)
         else:
+            quiet = self.max_start is None and self._quiet(to)
             self._tick_to = self._next_end()
-            if self._tick_to is None and not force:
-                return None
             try:
-                view = super().tick(final=False, force=force)
+                view = super().tick(final=False, force=force) if self._tick_to is not None or force else None
             finally:
                 self._tick_to = None
         if self.analysed_to is not None:
             del self.ends[:bisect.bisect_right(self.ends, self.analysed_to)]
-        return view
+            if view is not None:
+                self._queue_kinds(self.analysed_to, final)
+        return self.view if view is None and quiet else view  # nothing analysed, but typed pairs (none) to publish
+
+    def _quiet(self, to: int) -> bool:
+        """No flows here yet: the partitions' typed pairs (none) up to ``to`` are queued for the fabric's owner, once for
+        each advance of the event time, so that the owner does not wait on this replica; whether they were."""
+        if self._quiet_to is not None and to <= self._quiet_to:
+            return False
+        self._quiet_to = to
+        if self.job_parts is None or not self.owned:
+            return False
+        empty = np.empty(0, dtype=np.int64)
+        self.kinds_out.append((int(to), False, sorted(self.owned), empty, empty, np.empty(0, dtype=object), empty))
+        return True
 
     def counters_snapshot(self) -> dict[str, dict]:
         return {}
@@ -430,6 +469,111 @@ class AnalyseMonitor(Monitor):
     def owns_fabric(self) -> bool:
         return self.fabric_part is not None and self.fabric_part in self.owned
 
+    # -- the flow kinds of the fabric: every replica's typed pairs ------------------
+    # The switch diagnosis judges each kind of flow (pair type) apart, looking each
+    # NIC pair's type up in the types of the live pairs the windows analysed have
+    # found. One daemon types every pair; here each replica types its own jobs'.
+    # So every analyse replica sends, after each window, the typed pairs of the
+    # jobs of each job-topic partition it holds (all of them: a pair typed in an
+    # earlier window keeps its type while it is live), with the window's end, to
+    # the fabric partition. The fabric's owner holds its window back until every
+    # other partition's holder has sent those of a window ending there or later,
+    # and judges the fabric with, for each partition, the types sent for that
+    # window (or, failing it, the latest window before): one daemon's types at that
+    # window, whatever the order the job topic was read in.
+
+    def _kinds_wanted(self) -> list[int]:
+        """The job-topic partitions whose typed pairs the fabric's owner takes from their holders (those it does not hold)."""
+        if not self.owns_fabric() or self.job_parts is None:
+            return []
+        return [q for q in range(self.job_parts) if q not in self.owned]
+
+    def _kinds_ready(self, end: int, final: bool) -> bool:
+        """Whether every other partition's holder has sent its typed pairs of the window ending at ``end`` or later (for the
+        final window: of a window reaching the ingest stage's tail, its own final window)."""
+        at = self.complete_to() if final else end
+        for q in self._kinds_wanted():
+            if at is None or not any(e >= at for e, *_ in self.kinds_in.get(q, ())):
+                return False
+        return True
+
+    def take_kinds(self, meta: dict, table: pa.Table) -> None:
+        """A replica's typed pairs of the partitions it holds (``meta``: ``end``, ``final``, ``parts``; ``chunk`` of
+        ``chunks`` messages), read on the fabric partition; taken once the window's last chunk is in."""
+        end, final = int(meta["end"]), bool(meta.get("final"))
+        key = (str(meta.get("replica", "")), end, final)
+        chunks = self._kinds_chunks.setdefault(key, [])
+        if int(meta.get("chunk", 0)) == 0:
+            chunks.clear()  # the first of a window's messages (a replica that sends a window again starts it again)
+        chunks.append(table.replace_schema_metadata(None))
+        if len(chunks) < int(meta.get("chunks", 1)):
+            return
+        del self._kinds_chunks[key]
+        table = pa.concat_tables(chunks)
+        a, b = table.column("a").to_numpy().astype(np.int64), table.column("b").to_numpy().astype(np.int64)
+        types = np.asarray(table.column("type").to_pylist(), dtype=object)
+        part = table.column("part").to_numpy()
+        for q in meta.get("parts", ()):
+            if int(q) in self.owned:
+                continue  # its jobs are this replica's: their pairs typed here
+            m = part == int(q)
+            self.kinds_in.setdefault(int(q), []).append((end, final, a[m], b[m], types[m]))
+        self.kinds_rows += len(a)
+
+    def _switch_kinds(self, end: int | None, final: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        own = super()._switch_kinds(end, final)
+        wanted = set(self._kinds_wanted())
+        if end is not None:
+            keep = end - int(self.s.window_s * 1e9)  # a partition held here: its pairs kept a while, should it move away again
+            for q in [q for q in self.kinds_in if q not in wanted]:
+                self.kinds_in[q] = [g for g in self.kinds_in[q] if g[0] >= keep]
+        if end is None or not wanted:
+            return own
+        to = self.complete_to()
+        tables = [own] if own is not None else []
+        for q, got in list(self.kinds_in.items()):
+            i: int | None
+            if final:  # the holder's window reaching the tail: its final one (the last read), else one ending there
+                cand = [i for i, g in enumerate(got) if to is not None and g[0] >= to]
+                pick = [k for k in cand if got[k][1]] or cand
+                i = pick[-1] if pick else None
+            else:
+                exact = [i for i, g in enumerate(got) if g[0] == end]
+                before = [i for i, g in enumerate(got) if g[0] < end]
+                after = [i for i, g in enumerate(got) if g[0] > end]
+                i = (exact[-1] if exact else max(before, key=lambda i: (got[i][0], i)) if before
+                     else min(after, key=lambda i: (got[i][0], -i)) if after else None)
+            if q not in wanted or i is None:
+                continue
+            tables.append(got[i][2:])
+            self.kinds_in[q] = [g for g in got if g[0] >= got[i][0]]  # the older ones are superseded
+        if not tables:
+            return None
+        return tuple(np.concatenate([t[k] for t in tables]) for k in range(3))  # type: ignore[return-value]
+
+    def _queue_kinds(self, end: int, final: bool) -> None:
+        """This replica's typed pairs after its window ending at ``end``, by the job-topic partition of their job, for the
+        source to send."""
+        if self.job_parts is None or not self.owned:
+            return
+        keys, types = self._kind_keys, self._kind_types
+        a, b = keys // self._n, keys % self._n
+        nic_part = np.full(self._n + 1, -1, dtype=np.int64)
+        if len(self.jobs_):
+            ids = self.jobs_["job_id"].astype(str).to_numpy()
+            of = {j: job_partition(j, self.job_parts) for j in set(ids.tolist())}
+            idx = self.topology.nic_index(self.jobs_["ip"].astype(str))
+            ok = idx >= 0
+            nic_part[idx[ok]] = np.array([of[j] for j in ids[ok].tolist()], dtype=np.int64)
+        part = nic_part[a]
+        owned = np.array(sorted(self.owned), dtype=np.int64)
+        part = np.where(np.isin(part, owned), part, owned[0])  # a pair of no job held now: one of the partitions held
+        self.kinds_out.append((int(end), bool(final), owned.tolist(), a, b, types, part))
+
+    def take_kinds_out(self) -> list[tuple]:
+        out, self.kinds_out = self.kinds_out, []
+        return out
+
     def take_fabric(self, rows: pd.DataFrame) -> None:
         """An ingest replica's switch sums (:meth:`SwitchBandwidth.take_before`'s rows)."""
         self.fabric_in.add_rows(rows)
@@ -442,6 +586,7 @@ class AnalyseMonitor(Monitor):
         self.fabric_in = type(self.fabric_in)(self.fabric_in.window_ns / 1e9, hosts=hosts)
         self._switch_last, self._links_pending = {}, set()
         self._fabric_anomalies.clear()
+        self.kinds_in.clear()
         self._recent.pop("", None)
 
     def fabric_state(self) -> dict:
@@ -721,6 +866,7 @@ class JobTopicSource(KafkaSource):
         self._to_commit: dict = {}
         self._replay_from: dict = {}  # partition -> the replay offset last published (a successor reads from there)
         self._last_msg: dict[str, tuple[Any, int]] = {}  # job id (message key) -> (partition, offset) of its last message read
+        self._kinds_at: deque = deque(maxlen=100_000)  # (window end, partition, offset) of the typed-pair messages read
         super().__init__(*args, **kwargs)
 
     def _decode(self, batch: dict) -> list:
@@ -744,9 +890,12 @@ class JobTopicSource(KafkaSource):
                 try:
                     if kind == b"fabric":
                         items.append(("fabric", pa.ipc.open_stream(r.value).read_all().to_pandas(), r.offset))
+                    elif kind == b"kinds":
+                        table = pa.ipc.open_stream(r.value).read_all()
+                        items.append(("kinds", (json.loads((table.schema.metadata or {})[KINDS_META]), table), r.offset))
                     else:
                         items.append((kind.decode(), json.loads(r.value), r.offset))
-                except (ValueError, pa.ArrowException):
+                except (ValueError, KeyError, pa.ArrowException):
                     log.warning("job topic: unreadable control message at %s[%s]@%s", tp.topic, tp.partition, r.offset)
             items.extend(self._frames(tp, run, rejects))
             out.append((tp, items, rejects.counts, recs[0].offset, recs[-1].offset + 1, len(recs)))
@@ -773,6 +922,9 @@ class JobTopicSource(KafkaSource):
                             monitor.retire_job(str(value["job"]), list(value.get("ips", ())))
                         elif kind == "fabric":
                             monitor.take_fabric(value)
+                        elif kind == "kinds":
+                            monitor.take_kinds(*value)
+                            self._kinds_at.append((int(value[0]["end"]), tp, offset))
                 else:
                     monitor.ingest(item, part)
             monitor.reject(rejects, part)
@@ -784,6 +936,7 @@ class JobTopicSource(KafkaSource):
             parts = self.consumer.partitions_for_topic(self.topic)
             if parts:
                 monitor.fabric_part = job_partition(FABRIC_KEY, len(parts))
+                monitor.job_parts = len(parts)
         return n
 
     # -- a successor resumes exactly ----------------------------------------------
@@ -811,9 +964,15 @@ class JobTopicSource(KafkaSource):
         if not isinstance(m, AnalyseMonitor) or m.analysed_to is None:
             return {}
         horizon = m.analysed_to - int(m.s.window_s * 1e9)
+        # the typed pairs of the windows past the horizon (a successor owning the fabric judges those windows again
+        # with them): not replayed past
+        self._kinds_at = deque((x for x in self._kinds_at if x[0] > horizon), maxlen=self._kinds_at.maxlen)
+        cap: dict = {}
+        for _, tp, off in self._kinds_at:
+            cap[tp] = min(off, cap.get(tp, off))
         out = {}
         for tp, q in self._replay.items():
-            safe = [off for low, off in q if low <= horizon]
+            safe = [off for low, off in q if low <= horizon and off <= cap.get(tp, off)]
             if safe:
                 out[tp] = safe[-1]
                 self._replay[tp] = [(low, off) for low, off in q if off >= safe[-1]]
@@ -824,6 +983,7 @@ class JobTopicSource(KafkaSource):
         m = self.monitor
         if not isinstance(m, AnalyseMonitor):
             return
+        self._send_kinds(m)
         offsets = self.replay_offsets()
         self._replay_from.update(offsets)
         now = time.time()
@@ -842,6 +1002,26 @@ class JobTopicSource(KafkaSource):
                 self.producer.send(self.summary_topic, key=self._job_key(job_id).encode(), value=json.dumps(state).encode())
         self.producer.flush(timeout=30)
         self._to_commit = offsets
+
+    def _send_kinds(self, m: AnalyseMonitor) -> None:
+        """The typed pairs of the windows analysed since the last call, to the fabric partition (its holder judges the
+        fabric with every partition's)."""
+        out = m.take_kinds_out()
+        if not out or m.fabric_part is None:
+            return
+        for end, final, parts, a, b, types, part in out:
+            chunks = max(1, -(-len(a) // self.KINDS_ROWS))
+            for k in range(chunks):
+                lo, hi = k * self.KINDS_ROWS, (k + 1) * self.KINDS_ROWS
+                meta = {"end": end, "final": final, "parts": parts, "replica": self.replica_id, "chunk": k, "chunks": chunks}
+                table = pa.table({"a": pa.array(a[lo:hi], pa.int32()), "b": pa.array(b[lo:hi], pa.int32()),
+                                  "type": pa.array([str(x) for x in types[lo:hi]], pa.string()).dictionary_encode(),
+                                  "part": pa.array(part[lo:hi], pa.int32())}).replace_schema_metadata({KINDS_META: json.dumps(meta)})
+                self.producer.send(self.topic, key=FABRIC_KEY.encode(), value=arrow_ipc(table), partition=m.fabric_part,
+                                   headers=[(CONTROL_HEADER, b"kinds")])
+
+    #: typed pairs per message (about 13 bytes a pair: under the producer's 1 MiB request size)
+    KINDS_ROWS = 50_000
 
     def _tombstone(self, m: AnalyseMonitor, alive: set[str], mine: set[int]) -> None:
         """Delete the states of retired jobs (a tombstone: the compacted topic forgets them, a successor takes none).

@@ -554,7 +554,7 @@ class Monitor:
         self._warn_stepless(job_first.index[end - job_first >= win_ns - int(self.s.step_s * 1e9)], an.steps)
         self._merge_groups(an.group_lag, an.anomalies, an.steps)
         self._merge_collectives(an.collectives, final, end)
-        view = self._publish(end, lateness, self._merge_switches(final), t0)
+        view = self._publish(end, lateness, self._merge_switches(final, end), t0)
         if log.isEnabledFor(logging.DEBUG):  # what each window covered: how far a backlog's windows stride
             log.debug("window analysed", extra={"fields": {"from": iso_time(begin), "to": iso_time(end), "flows": cut, "jobs": len(self._jobs),
                                                            "final": final, "seconds": round(time.perf_counter() - t0, 3)}})
@@ -931,9 +931,14 @@ class Monitor:
         live = np.isin(keys, self._pair_keys)
         self._kind_keys, self._kind_types = keys[live], types[first][live]
 
-    def _merge_switches(self, final: bool = False) -> dict:
-        kinds = (self._kind_keys // self._n, self._kind_keys % self._n, self._kind_types) if len(self._kind_keys) else None
-        sd = self.analysis.switches.fit(self.switch_bw, kinds)
+    def _switch_kinds(self, end: int | None, final: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(a, b, type)`` of the pairs whose flows the switch diagnosis of the window ending at ``end`` judges apart,
+        by kind: the live pairs' types from the windows analysed here (the analyse stage's fabric owner adds the other
+        replicas' jobs')."""
+        return (self._kind_keys // self._n, self._kind_keys % self._n, self._kind_types) if len(self._kind_keys) else None
+
+    def _merge_switches(self, final: bool = False, end: int | None = None) -> dict:
+        sd = self.analysis.switches.fit(self.switch_bw, self._switch_kinds(end, final))
         flagged_links = set()
         for r in sd.predict().sort_values("start_ns").itertuples(index=False):
             # one anomaly while the switch stays slow, window after window
