@@ -130,14 +130,15 @@ class _TeeWindow(FlowWindow):
             self.outbox.append((np.asarray(a, np.int32), np.asarray(b, np.int32), np.asarray(start, np.int64),
                                 np.asarray(duration, np.int64), np.asarray(size, np.int64)))
 
-    def take(self, end: int | None) -> tuple[np.ndarray, ...]:
-        """The outbox's flows that started by ``end`` (all, for None), removed from it."""
+    def take(self, end: int | None, keep: bool = False) -> tuple[np.ndarray, ...]:
+        """The outbox's flows that started by ``end`` (all, for None), removed from it (with ``keep``, left in it)."""
         if not self.outbox:
             return tuple(np.empty(0, dtype=t) for t in (np.int32, np.int32, np.int64, np.int64, np.int64))
         cols = [np.concatenate([p[i] for p in self.outbox]) for i in range(5)]
         now = np.ones(len(cols[0]), dtype=bool) if end is None else cols[2] <= end
         rest = ~now
-        self.outbox = [tuple(c[rest] for c in cols)] if rest.any() else []
+        if not keep:
+            self.outbox = [tuple(c[rest] for c in cols)] if rest.any() else []
         return tuple(c[now] for c in cols)
 
 
@@ -220,17 +221,27 @@ class IngestMonitor(Monitor):
         if not self._resumed:
             super()._note_late(dropped, a, b, start)
 
-    def label(self, end: int | None) -> None:
-        """Take the outbox's flows up to ``end`` into :attr:`forward`, each under its job's id; re-key jobs whose id changed."""
-        with self.out_lock:
-            self._label(end)
+    def label(self, end: int | None, keep: bool = False) -> None:
+        """Take the outbox's flows up to ``end`` into :attr:`forward`, each under its job's id; re-key jobs whose id changed.
 
-    def _label(self, end: int | None) -> None:
+        With ``keep`` (a revocation, ahead of the window) the flows stay in the
+        outbox as well: the next window labels them again with the jobs as
+        recognised then. Labelled now, a job not yet seen whole has a piece's
+        id; the window re-keys it (the window's flows sent again under the
+        whole job's id, the piece's id retired), but flows past the window's
+        end, taken out here, would have gone only under the retired id: lost
+        to the whole job's owner (see ``tests/test_roles.py``). Those sent
+        twice are dropped at the analyse stage as re-deliveries.
+        """
+        with self.out_lock:
+            self._label(end, keep)
+
+    def _label(self, end: int | None, keep: bool = False) -> None:
         rec = self._recogniser()
         labels, jobs = rec.labels(), rec.predict()
         self.jobs_ = jobs
         names = label_names(labels, jobs, self.topology)
-        a, b, start, duration, size = self.window.take(end)
+        a, b, start, duration, size = self.window.take(end, keep)
         # a job whose id changed since its flows were last sent: the new id's owner gets the whole window (which holds
         # the outbox's flows too), the old ids are retired
         rekeyed = set()
@@ -816,7 +827,7 @@ class ForwardingSource(KafkaSource):
             if only is not None:
                 # revoked: what was taken in past the last window goes now, before the partition's state
                 # (its next owner resumes after it); the switch sums too (they add up at the fabric's owner)
-                m.label(None)
+                m.label(None, keep=True)  # sent again, labelled by the next window: a label now may be a piece's id
                 self._send(m, None, fabric=m.take_fabric(all_=True))
                 for tp in only:
                     self._unsent.pop(tp, None)  # all sent: its next owner resumes where reading stands
