@@ -160,19 +160,26 @@ def test_stages_give_one_daemons_answers(broker, cluster, ingest, analyse):
             d.stop()
 
 
+def _tp8_dp4_in_halves(cluster, in_time_order=False):
+    """The tiny cluster's ``tp8-dp4`` flows, which of them stay inside one half of its servers (read alone, those make
+    two pieces of the job), and its NICs."""
+    servers = dict(zip(cluster.topology["ip"], cluster.topology["server"]))
+    ips = set(cluster.jobs[cluster.jobs["job_id"] == "tp8-dp4"]["ip"])
+    half = set(sorted({servers[ip] for ip in ips})[:2])
+    f = cluster.flows[cluster.flows["src"].astype(str).isin(ips) & cluster.flows["dst"].astype(str).isin(ips)]
+    if in_time_order:
+        f = f.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    side = f["src"].astype(str).map(servers).isin(half).to_numpy()
+    return f, side == f["dst"].astype(str).map(servers).isin(half).to_numpy(), ips
+
+
 def test_a_job_whose_id_changes_is_sent_again_under_the_new_one(cluster):
     """A job first seen in two pieces (two ids), then whole: its window goes to the new id's owner, the old ids are retired."""
     from prism.serve.jobtopic import AnalyseMonitor, IngestMonitor
     from prism.serve.monitor import MonitorSettings
 
     topo = Topology.from_frame(cluster.topology)
-    servers = dict(zip(cluster.topology["ip"], cluster.topology["server"]))
-    job = cluster.jobs[cluster.jobs["job_id"] == "tp8-dp4"]
-    ips = set(job["ip"])
-    half = set(sorted({servers[ip] for ip in ips})[:2])
-    f = cluster.flows[cluster.flows["src"].astype(str).isin(ips) & cluster.flows["dst"].astype(str).isin(ips)]
-    side = f["src"].astype(str).map(servers).isin(half).to_numpy()
-    same_side = side == f["dst"].astype(str).map(servers).isin(half).to_numpy()
+    f, same_side, ips = _tp8_dp4_in_halves(cluster)
     t0 = int(f["start_ns"].min())
     early = (f["start_ns"] < t0 + 2_000_000_000).to_numpy()
     m = IngestMonitor(topo, MonitorSettings(window_s=8, step_s=1, lateness_s=0))
@@ -247,14 +254,7 @@ def test_a_rejoin_ahead_of_a_window_loses_no_flow_of_a_job_not_yet_seen_whole(cl
     from prism.serve.jobtopic import CONTROL_HEADER, job_partition
 
     topo = Topology.from_frame(cluster.topology)
-    servers = dict(zip(cluster.topology["ip"], cluster.topology["server"]))
-    job = cluster.jobs[cluster.jobs["job_id"] == "tp8-dp4"]
-    ips = set(job["ip"])
-    half = set(sorted({servers[ip] for ip in ips})[:2])
-    f = cluster.flows[cluster.flows["src"].astype(str).isin(ips) & cluster.flows["dst"].astype(str).isin(ips)]
-    f = f.sort_values("start_ns", kind="stable").reset_index(drop=True)
-    side = f["src"].astype(str).map(servers).isin(half).to_numpy()
-    same_side = side == f["dst"].astype(str).map(servers).isin(half).to_numpy()
+    f, same_side, _ = _tp8_dp4_in_halves(cluster, in_time_order=True)
     t0 = int(f["start_ns"].min())
     early = (f["start_ns"] < t0 + 3_000_000_000).to_numpy()
     tps = {TopicPartition("flows", p) for p in range(2)}
