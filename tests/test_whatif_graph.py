@@ -200,7 +200,8 @@ def test_whatif_cli_scale_pp_and_layers(tmp_path, capsys):
     ("layers:32", "", "layers:32: needs the job's layer count"),
     ("scale-pp:2", "num_layers: 30\n", "num_layers 30 does not split evenly over the 4 stages"),
     ("scale-pp:2", "layers_per_stage: [8, 8]\n", "layers_per_stage must list 4 whole numbers"),
-    ("scale-dp:4", "dp_size: 1\n", "scale-dp:4: the trace's DP size is 1: it has no DP collective to re-cost"),    # hidden:H (tests/test_whatif_hidden.py has its model's own tests)
+    ("scale-dp:4", "dp_size: 1\n", "scale-dp:4: the trace's DP size is 1: it has no DP collective to re-cost"),
+    # hidden:H (tests/test_whatif_hidden.py has its model's own tests)
     ("hidden:0", "", "'hidden:0': hidden takes a positive whole number"),
     ("hidden:-4096", "", "'hidden:-4096': hidden takes a positive whole number"),
     ("hidden:4k", "", "'hidden:4k': hidden takes a positive whole number"),

@@ -1139,11 +1139,7 @@ class StepTimeline:
         lasts = np.concatenate([bounds, [len(js)]])
         flow_step = np.full(len(start), -1, dtype=np.int64)
         frames: list[pd.DataFrame] = []
-        self.breaks_: dict[int, float] = {}
-        self.unlike_: set[int] = set()
-        self.optimizer_split_: dict[int, bool] = {}
-        self.accumulation_: dict[int, int] = {}
-        self.by_pair_: dict[int, bool] = {}
+        self._reset_fit_state()
         n_steps = 0
         for f0, f1 in zip(firsts, lasts):
             label = int(js[f0]) if f1 > f0 else -1
@@ -1254,6 +1250,14 @@ class StepTimeline:
             ends = control_tails(ends, o_start[light], o_end[light], o_start[~light], s, tau)
         return ends.astype(np.int64)
 
+    def _reset_fit_state(self) -> None:
+        """The per-job records a fit fills (see the class's attributes), empty: set by :meth:`fit` and by a pair's own cut."""
+        self.breaks_: dict[int, float] = {}
+        self.unlike_: set[int] = set()
+        self.optimizer_split_: dict[int, bool] = {}
+        self.accumulation_: dict[int, int] = {}
+        self.by_pair_: dict[int, bool] = {}
+
     def _by_pair(self, s, e, size, pair, gap, busy_end, capture_end, span, max_pairs: int = 64, agree: float = 0.9,
                  max_score: float = 0.1) -> np.ndarray | None:
         """The job's step ends as its pairs see them, one pair at a time: indices into ``gap``, or None.
@@ -1279,7 +1283,7 @@ class StepTimeline:
         g = np.maximum(gap.astype(np.float64), 1)
         span_all = float(busy_end[-1] - busy_end[0]) or 1.0
         sub = StepTimeline(self.min_jump, self.min_steps)
-        sub.breaks_, sub.unlike_, sub.optimizer_split_, sub.accumulation_, sub.by_pair_ = {}, set(), {}, {}, {}
+        sub._reset_fit_state()
         found: list[np.ndarray] = []
         for k in keys[np.lexsort((keys, -counts))[:max_pairs]]:
             m = pair == k
