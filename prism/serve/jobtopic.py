@@ -89,12 +89,15 @@ from prism.serve.monitor import Monitor, MonitorView, WindowSpan, iso_time
 from prism.serve.sources import KafkaSource, ensure_topic
 from prism.serve.window import FlowWindow
 
-__all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "FABRIC_KEY", "KINDS_META", "analyse_group",
-           "job_partition"]
+__all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "FABRIC_KEY", "KINDS_META", "LATE_HEADER",
+           "analyse_group", "job_partition"]
 
 log = logging.getLogger("prism.jobtopic")
 
 CONTROL_HEADER = "prism-control"
+#: on forwarded flows that came late: the end of the ingest window they came after (see JobTopicSource: they wait for
+#: the analyse stage's windows up to it)
+LATE_HEADER = "prism-late-for"
 #: the key (and so the job-topic partition) of the switch sums: the analyse replica holding its partition owns the fabric
 FABRIC_KEY = "prism-fabric"
 #: the schema metadata key of a typed-pairs (``kinds``) message: its window's end, whether final, the partitions it covers
@@ -154,7 +157,10 @@ class IngestMonitor(Monitor):
         super().__init__(*args, **kwargs)
         self.window: _TeeWindow = _TeeWindow(self.s.max_window_flows)
         self.forward: dict[str, tuple] = {}  # job id -> (a, b, start, duration, size) to send
+        # (job id, the window's end they came after) -> the flows taken in after a window that started by its end
+        self.forward_late: dict[tuple[str, int], tuple] = {}
         self.retire: dict[str, str] = {}  # old job id -> the id it is now part of
+        self.retire_after: dict[str, int | None] = {}  # old job id -> the end of the window it was retired after
         self.forwarded_to: int | None = None  # event time forwarded up to (the last window's end)
         self.final = False  # the last window was the tail of a quiet input (no lateness wait)
         self._job_of = np.full(len(self.topology), -1, dtype=np.int64)  # NIC -> index into _ids of the job it was last sent under
@@ -237,6 +243,7 @@ class IngestMonitor(Monitor):
             self._label(end, keep)
 
     def _label(self, end: int | None, keep: bool = False) -> None:
+        after = None if keep else self.forwarded_to  # the last window: flows of its time taken in since came late for it
         rec = self._recogniser()
         labels, jobs = rec.labels(), rec.predict()
         self.jobs_ = jobs
@@ -256,23 +263,30 @@ class IngestMonitor(Monitor):
                 self._add(job_id, (wa[:cut][m], wb[:cut][m], ws[:cut][m], wd[:cut][m], wz[:cut][m]))
                 for o in old:
                     self.retire[o] = job_id
+                    self.retire_after[o] = after
                 self.rekeyed += 1
                 log.info("job re-keyed on the job topic", extra={"fields": {"job": job_id, "was": ",".join(sorted(old))}})
             if job_id not in self._ids:
                 self._ids.append(job_id)
             self._job_of[nics] = self._ids.index(job_id)
         job = labels[a] if len(a) else np.empty(0, dtype=np.int64)
+        late = start <= after if after is not None else np.zeros(len(a), dtype=bool)
         for lab in np.unique(job).tolist():
             if lab < 0 or lab not in names or lab in rekeyed:
                 continue
-            m = job == lab
+            m = (job == lab) & ~late
             self._add(names[lab], (a[m], b[m], start[m], duration[m], size[m]))
+            if after is not None:
+                m = (job == lab) & late
+                self._add((names[lab], after), (a[m], b[m], start[m], duration[m], size[m]))
 
-    def _add(self, job_id: str, cols: tuple) -> None:
+    def _add(self, key: str | tuple[str, int], cols: tuple) -> None:
+        """Into :attr:`forward` (a job id) or :attr:`forward_late` (a job id and the window its flows came late for)."""
         if not len(cols[0]):
             return
-        have = self.forward.get(job_id)
-        self.forward[job_id] = cols if have is None else tuple(np.concatenate([x, y]) for x, y in zip(have, cols))
+        out: dict = self.forward if isinstance(key, str) else self.forward_late
+        have = out.get(key)
+        out[key] = cols if have is None else tuple(np.concatenate([x, y]) for x, y in zip(have, cols))
 
     def _flag(self, span: WindowSpan, after: bool) -> None:
         self.flags.append([int(span.begin), int(span.end), int(span.late), bool(after), span.why])
@@ -283,10 +297,15 @@ class IngestMonitor(Monitor):
         return out
 
     def take_forward(self) -> tuple[dict[str, tuple], dict[str, str]]:
-        """What to send (flows by job id, retired ids), emptied."""
+        """What to send (flows by job id, retired ids), emptied; the late flows are :meth:`take_late`'s."""
         out, self.forward = self.forward, {}
         retire, self.retire = self.retire, {}
         return out, retire
+
+    def take_late(self) -> dict[tuple[str, int], tuple]:
+        """The late flows to send, by (job id, the end of the window they came after), emptied."""
+        out, self.forward_late = self.forward_late, {}
+        return out
 
     def encode(self, cols: tuple) -> bytes:
         """Flow columns as an Arrow IPC stream in the input's format (addresses as text; no switches)."""
@@ -394,21 +413,34 @@ class AnalyseMonitor(Monitor):
     # topic cuts the same windows, and with one ingest replica they are its own
     # (so one daemon's, reading alike).
 
-    def _next_end(self) -> int | None:
-        """The end of the next window due (not the last one of input gone quiet: the final window's), or None."""
+    def _first_end(self) -> int | None:
+        """The end of the next window to be cut from the ends received (due or not), or None: the first end a
+        ``--window.step`` past the last window (not one the final window of input gone quiet takes in)."""
         to = self.complete_to()
-        if to is None:
-            return None
         step = int(self.s.step_s * 1e9)
         last = self.analysed_to
         for e in self.ends:
-            if e > to:
-                break
             if last is None or e - last >= step:
-                if e >= to and self.all_final():
-                    return None
-                return e if self._kinds_ready(e, False) else None
+                return None if to is not None and e >= to and self.all_final() else e
         return None
+
+    def _next_end(self) -> int | None:
+        """The end of the next window due (not the last one of input gone quiet: the final window's), or None."""
+        to = self.complete_to()
+        e = self._first_end()
+        if to is None or e is None or e > to:
+            return None
+        return e if self._kinds_ready(e, False) else None
+
+    def holds_back(self, after: int | None) -> bool:
+        """Whether what the ingest stage sent after its window ending at ``after`` (flows that came late for it, a
+        retire) waits for an analysis here: the next window here ends by then. One daemon analysed that window
+        before it read them, so this stage's analysis of it must not see them either, however far it has read.
+        (Nothing waits on a replica with no flows yet: it analyses no window before it has some.)"""
+        if after is None or self.max_start is None:
+            return False
+        e = self._first_end()
+        return e is not None and e <= after
 
     def due(self) -> bool:
         return self._next_end() is not None
@@ -745,6 +777,15 @@ class AnalyseMonitor(Monitor):
         self.retired.append(job_id)
 
 
+def _late_for(headers: dict) -> int | None:
+    """The end of the ingest window a forwarded flow message's flows came late for (``prism-late-for``), or None."""
+    value = headers.get(LATE_HEADER)
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
 def _plain(x: Any) -> Any:
     """A numpy scalar as the Python one (for JSON)."""
     return x.item() if hasattr(x, "item") else x
@@ -851,13 +892,15 @@ class ForwardingSource(KafkaSource):
             if p == parts[job_partition(new, len(parts))]:
                 continue
             ips = [ip for ip, j in zip(m.jobs_["ip"], m.jobs_["job_id"]) if j == new]
-            self.producer.send(self.job_topic, key=old.encode(), value=json.dumps({"job": old, "into": new, "ips": ips}).encode(),
+            self.producer.send(self.job_topic, key=old.encode(), value=json.dumps({"job": old, "into": new, "ips": ips, "after": m.retire_after.pop(old, None)}).encode(),
                                partition=p, headers=[(CONTROL_HEADER, b"retire")])
-        for job_id, cols in flows.items():
+        late = m.take_late()
+        for job_id, cols, late_for in [*((j, c, None) for j, c in flows.items()), *((j, c, w) for (j, w), c in late.items())]:
+            headers = [("content-type", _ARROW)] + ([] if late_for is None else [(LATE_HEADER, str(int(late_for)).encode())])
             for lo in range(0, len(cols[0]), self.MESSAGE_FLOWS):  # per message, not per flow
                 chunk = tuple(c[lo:lo + self.MESSAGE_FLOWS] for c in cols)
                 self.producer.send(self.job_topic, key=job_id.encode(), value=m.encode(chunk), partition=parts[job_partition(job_id, len(parts))],
-                                   headers=[("content-type", _ARROW)])
+                                   headers=headers)
             m.flows_forwarded += len(cols[0])
         inputs = self._input_count()
         if end is not None and inputs is not None:
@@ -878,6 +921,8 @@ class JobTopicSource(KafkaSource):
         self._replay_from: dict = {}  # partition -> the replay offset last published (a successor reads from there)
         self._last_msg: dict[str, tuple[Any, int]] = {}  # job id (message key) -> (partition, offset) of its last message read
         self._kinds_at: deque = deque(maxlen=100_000)  # (window end, partition, offset) of the typed-pair messages read
+        self._held: list[tuple] = []  # (partition, item) read but waiting for a window (see _ingest)
+        self.held_back = 0  # items (flow runs, retires) that waited for a window
         super().__init__(*args, **kwargs)
 
     def _decode(self, batch: dict) -> list:
@@ -888,15 +933,22 @@ class JobTopicSource(KafkaSource):
                 continue
             items: list = []
             run: list = []
+            run_late: int | None = None
             rejects = RejectCounter()
             for r in recs:
                 if r.key:
                     self._last_msg[r.key.decode("utf-8", "replace")] = (tp, r.offset)
-                kind = dict(r.headers or ()).get(CONTROL_HEADER)
+                headers = dict(r.headers or ())
+                kind = headers.get(CONTROL_HEADER)
                 if kind is None:
+                    late_for = _late_for(headers)
+                    if run and late_for != run_late:
+                        items.extend(self._frames(tp, run, rejects, run_late))
+                        run = []
                     run.append(r)
+                    run_late = late_for
                     continue
-                items.extend(self._frames(tp, run, rejects))
+                items.extend(self._frames(tp, run, rejects, run_late))
                 run = []
                 try:
                     if kind == b"fabric":
@@ -908,36 +960,42 @@ class JobTopicSource(KafkaSource):
                         items.append((kind.decode(), json.loads(r.value), r.offset))
                 except (ValueError, KeyError, pa.ArrowException):
                     log.warning("job topic: unreadable control message at %s[%s]@%s", tp.topic, tp.partition, r.offset)
-            items.extend(self._frames(tp, run, rejects))
+            items.extend(self._frames(tp, run, rejects, run_late))
             out.append((tp, items, rejects.counts, recs[0].offset, recs[-1].offset + 1, len(recs)))
         return out
 
-    def _frames(self, tp: Any, run: list, rejects: RejectCounter) -> list:
+    def _frames(self, tp: Any, run: list, rejects: RejectCounter, late_for: int | None) -> list:
+        """A run of flow messages, late for one ingest window or none: ``("flows", (frame, late_for), first offset)`` items."""
         if not run:
             return []
         msgs = ((r.value, r.headers, f"{tp.topic}[{tp.partition}]@{r.offset}") for r in run)
-        return decode_messages(msgs, rejects, f"{tp.topic}[{tp.partition}]@{run[0].offset}-{run[-1].offset}", self.max_message_bytes)
+        frames = decode_messages(msgs, rejects, f"{tp.topic}[{tp.partition}]@{run[0].offset}-{run[-1].offset}", self.max_message_bytes)
+        return [("flows", (f, late_for), run[0].offset) for f in frames]
+
+    # -- each window sees the flows one daemon's saw -----------------------------------
+    # The job topic holds, per partition, each ingest window's flows and then its
+    # watermark; after it come the next window's, among them flows that came late
+    # for the window (the ingest stage sends those apart, naming the window:
+    # LATE_HEADER). Read in one poll with the watermark, they would join an
+    # analysis one daemon ran without them, and whether they did would depend on
+    # how much a poll returned. So they wait (in :attr:`_held`, in the order read)
+    # until the windows here up to the one they came late for are analysed; so
+    # does a retire sent after a window. Other flows and the control messages are
+    # applied at once (the watermarks decide when a window is due). Nothing more
+    # is fetched while flows wait and a window is due: the loop analyses it first.
 
     def _ingest(self, monitor: Monitor, decoded: list) -> int:
         n = 0
+        if isinstance(monitor, AnalyseMonitor):
+            self._release(monitor)
         for tp, items, rejects, _, next_offset, messages in decoded:
             part = self.partition_name(tp)
             for item in items:
-                if isinstance(item, tuple):
-                    kind, value, offset = item
-                    if isinstance(monitor, AnalyseMonitor):
-                        if kind == "watermark":
-                            monitor.mark(value, tp.partition)
-                            self._note_replay(monitor, tp, offset + 1)
-                        elif kind == "retire":
-                            monitor.retire_job(str(value["job"]), list(value.get("ips", ())))
-                        elif kind == "fabric":
-                            monitor.take_fabric(value)
-                        elif kind == "kinds":
-                            monitor.take_kinds(*value)
-                            self._kinds_at.append((int(value[0]["end"]), tp, offset))
+                if isinstance(monitor, AnalyseMonitor) and self._holds(monitor, item):
+                    self._held.append((tp, item))
+                    self.held_back += 1
                 else:
-                    monitor.ingest(item, part)
+                    self._apply(monitor, tp, part, item)
             monitor.reject(rejects, part)
             self.positions[tp] = next_offset
             n += messages
@@ -949,6 +1007,76 @@ class JobTopicSource(KafkaSource):
                 monitor.fabric_part = job_partition(FABRIC_KEY, len(parts))
                 monitor.job_parts = len(parts)
         return n
+
+    @staticmethod
+    def _records(decoded: list) -> int:
+        return sum(len(value[0]) for d in decoded for kind, value, _ in d[1] if kind == "flows")
+
+    def _apply(self, monitor: Monitor, tp: Any, part: str, item: tuple) -> None:
+        kind, value, offset = item
+        if kind == "flows":
+            monitor.ingest(value[0], part)
+        elif not isinstance(monitor, AnalyseMonitor):
+            return
+        elif kind == "watermark":
+            monitor.mark(value, tp.partition)
+            self._note_replay(monitor, tp, offset + 1)
+        elif kind == "retire":
+            monitor.retire_job(str(value["job"]), list(value.get("ips", ())))
+        elif kind == "fabric":
+            monitor.take_fabric(value)
+        elif kind == "kinds":
+            monitor.take_kinds(*value)
+            self._kinds_at.append((int(value[0]["end"]), tp, offset))
+
+    @staticmethod
+    def _holds(monitor: AnalyseMonitor, item: tuple) -> bool:
+        kind, value, _ = item
+        if kind == "flows":
+            return monitor.holds_back(value[1])
+        if kind == "retire":
+            after = value.get("after")
+            return isinstance(after, int) and monitor.holds_back(after)
+        return False
+
+    def _release(self, monitor: AnalyseMonitor) -> None:
+        """Apply the held items whose windows may now be read (in the order read)."""
+        if not self._held:
+            return
+        owned = self.consumer.assignment()
+        held, self._held = self._held, []
+        for tp, item in held:
+            if tp not in owned:
+                continue  # its new owner reads it again
+            if self._holds(monitor, item):
+                self._held.append((tp, item))
+            else:
+                self._apply(monitor, tp, self.partition_name(tp), item)
+
+    def poll(self, monitor: Monitor, timeout_ms: int = 500) -> int:
+        """As :meth:`KafkaSource.poll`; while flows wait for a window that is due, only they are taken (what is fetched
+        meanwhile is decoded ahead, as during an analysis, up to the same bound), and the loop analyses the window."""
+        if isinstance(monitor, AnalyseMonitor) and self._held:
+            self.monitor = monitor
+            self._release(monitor)
+            if self._held and monitor.due():
+                self.keep_alive(timeout_ms=0)
+                return 0
+        return super().poll(monitor, timeout_ms)
+
+    def _settle_assigned(self, batch: dict) -> None:
+        super()._settle_assigned(batch)
+        owned = self.consumer.assignment()
+        self._held = [(tp, item) for tp, item in self._held if tp in owned]  # a revoked partition's are its new owner's
+        m = self.monitor
+        parts = self.consumer.partitions_for_topic(self.topic) or set()
+        if not isinstance(m, AnalyseMonitor) or not parts:
+            return
+        mine = {tp.partition for tp in owned}
+        prefix = f"jobstate/{self.group_id}/"
+        for key, state in list(self.summaries.items()):
+            if key.startswith(prefix) and job_partition(key[len(prefix):], len(parts)) in mine:
+                m.restore_job(key[len(prefix):], state)
 
     # -- a successor resumes exactly ----------------------------------------------
     # Offsets are committed (and published) not where reading stands but where a
@@ -1072,14 +1200,3 @@ class JobTopicSource(KafkaSource):
             for job_id in [j for j in m.restored if self._job_key(j) not in self.summaries]:
                 del m.restored[job_id]
 
-    def _settle_assigned(self, batch: dict) -> None:
-        super()._settle_assigned(batch)
-        m = self.monitor
-        parts = self.consumer.partitions_for_topic(self.topic) or set()
-        if not isinstance(m, AnalyseMonitor) or not parts:
-            return
-        mine = {tp.partition for tp in self.consumer.assignment()}
-        prefix = f"jobstate/{self.group_id}/"
-        for key, state in list(self.summaries.items()):
-            if key.startswith(prefix) and job_partition(key[len(prefix):], len(parts)) in mine:
-                m.restore_job(key[len(prefix):], state)

@@ -570,17 +570,22 @@ class KafkaSource(Source):
                 return
             decoded = self._decode(batch)
             self._prefetched.extend(decoded)
-            self._prefetched_records += _records(decoded)
+            self._prefetched_records += self._records(decoded)
             return
         self.consumer.pause(*self.consumer.assignment())
         for tp, recs in self.consumer.poll(timeout_ms=timeout_ms).items():
             if recs:
                 self.consumer.seek(tp, recs[0].offset)
 
+    @staticmethod
+    def _records(decoded: list) -> int:
+        """Flow records in :meth:`_decode` output."""
+        return sum(len(f) for d in decoded for f in d[1])
+
     def _take_prefetched(self) -> list:
         owned = set(self.consumer.assignment())
         out = [d for d in self._prefetched if d[0] in owned]  # a revoked partition's records are its new owner's
-        self.read_ahead_dropped += self._prefetched_records - _records(out)
+        self.read_ahead_dropped += self._prefetched_records - self._records(out)
         self._prefetched, self._prefetched_records = [], 0
         return out
 
@@ -674,10 +679,6 @@ class KafkaSource(Source):
         except Exception:  # noqa: BLE001
             pass
 
-
-def _records(decoded: list) -> int:
-    """Flow records in :meth:`KafkaSource._decode` output."""
-    return sum(len(f) for d in decoded for f in d[1])
 
 
 try:
