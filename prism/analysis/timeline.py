@@ -66,7 +66,7 @@ from scipy.stats import binom
 from prism.common.components import connected_components
 from prism.common.ordering import order_by
 
-__all__ = ["StepTimeline", "natural_break", "class_cut", "accumulation_period", "optimizer_splits", "pause_splits", "gaps_within", "piece_period", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
+__all__ = ["StepTimeline", "natural_break", "class_cut", "accumulation_period", "optimizer_splits", "pause_splits", "edge_splits", "opened_inside", "gaps_within", "piece_period", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
 
 STEP_COLUMNS = [
     "job_id", "step", "start_ns", "end_ns", "duration_ns",
@@ -434,9 +434,53 @@ def optimizer_splits(gap: np.ndarray, busy_end: np.ndarray, weight: np.ndarray, 
         edges = np.flatnonzero(np.diff(np.concatenate([[0], one.astype(np.int8), [0]])))
         runs = edges.reshape(-1, 2)
         lo, hi = runs[np.argmax(runs[:, 1] - runs[:, 0])]
-        if hi - lo >= min_steps and (best is None or hi - lo + 1 > len(best)):
-            best = ends[lo: hi + 1]
+        if hi - lo < min_steps:
+            continue
+        run = ends[lo: hi + 1]
+        # a split the capture's edge hides from pause_splits (no micro-batch before it, or none after): the
+        # step it closes or opens is whole in the capture, and the step's pieces repeat the next one's
+        span = (float(np.min(dur[lo:hi])) * (1 - max_score), float(np.max(dur[lo:hi])) * (1 + max_score))
+        at = edge_splits(b, d[lo], d[hi], step, q)
+        head, tail = (busy_end[cut[j + 1]] if j >= 0 else None for j in at)
+        if head is not None and span[0] <= run[0] - head <= span[1]:
+            run = np.concatenate([[head], run])
+        if tail is not None and span[0] <= tail - run[-1] <= span[1]:
+            run = np.concatenate([run, [tail]])
+        if best is None or len(run) > len(best):
+            best = run
     return best
+
+
+def edge_splits(b: np.ndarray, first: int, last: int, step: int, q: int, tol: float = 0.05, follow: float = 0.9) -> tuple[int, int]:
+    """The pause splits one step before ``first`` and one after ``last`` that the capture's edges hide: piece indices, or -1.
+
+    :func:`pause_splits` tests a piece against the micro-batch before it
+    and the one after it (``q`` pieces each), so it cannot test a split in
+    the capture's first micro-batch or its last. Such a split closes (or
+    opens) a step whole in the capture. ``first`` and ``last`` are the
+    first and last splits of a run found ``step`` pieces apart; piece ``j
+    = first - step`` (``last + step``) is a split where the test could not
+    run and the whole step beside it repeats the found step next to it:
+    the split's two pieces like the found split's, and the step's
+    ``step`` pieces like the found step's, piece for piece (``follow`` of
+    them, within ``tol``). The step's duration is for the caller to judge.
+
+    >>> mb = [3.0, 1.0, 1.0]; one = [1.0, 2.0, 1.0, 1.0] + mb  # a step of 2 micro-batches, split by its pause
+    >>> b = np.array([1.0, 1.0] + one * 5 + [1.0, 2.0])  # the capture opens 2 pieces before a split, ends 1 after one
+    >>> edge_splits(b, 9, 30, 7, 3)
+    (2, 37)
+    """
+    b = np.asarray(b, dtype=np.float64)
+    n = len(b)
+    out = []
+    for j, ref, here, there in ((first - step, first, slice(first - step, first), slice(first, first + step)),
+                                (last + step, last, slice(last, last + step), slice(last - step, last))):
+        hidden = 0 <= j < q if j < first else n - q - 1 <= j <= n - 2  # pause_splits tests q <= j < n - q - 1
+        ok = (hidden and 0 <= there.start and there.stop <= n
+              and bool(_alike(b[j: j + 2], b[ref: ref + 2], tol).all())  # split as the found one is: the same two pieces
+              and float(_alike(b[here], b[there], tol).mean()) >= follow)  # the step beside it repeats the found step
+        out.append(j if ok else -1)
+    return out[0], out[1]
 
 
 def gaps_within(sub_ends: np.ndarray, sub_start: np.ndarray, start: np.ndarray, busy_end: np.ndarray, gap: np.ndarray) -> np.ndarray:
@@ -958,6 +1002,57 @@ def halves_of_one_burst(start: np.ndarray, busy_end: np.ndarray, cut: np.ndarray
     return out
 
 
+def opened_inside(start: np.ndarray, busy_end: np.ndarray, gap: np.ndarray, cut: np.ndarray, size: np.ndarray, pair: np.ndarray,
+                  split: np.ndarray, other_start: np.ndarray, other_end: np.ndarray, tol: float = 0.05, slack: float = 0.1) -> tuple[int, int]:
+    """The first burst's optimizer pause where the capture opened inside the collective before it: (flow index, step end) or (-1, 0).
+
+    :func:`optimizer_gaps` asks that the bytes after a pause be the bytes
+    before it (or half of them); a capture that opens inside the first
+    burst's gradient collective holds only its tail, so that burst's pause
+    fails the test, and the step it ends (whole in the capture) was lost.
+    The burst's longest inner gap is that pause when, against the next
+    burst whose pause was clear (the reference):
+
+    1. it is as long as the clear pauses (within ``slack`` of their
+       median: the optimizer takes the same time every step);
+    2. nothing after it pauses half as long (:func:`optimizer_gaps`' 4);
+    3. the traffic after it is the reference's after its pause, pair by
+       pair within ``tol`` (the same rings gather the same buffer);
+    4. the traffic before it is some of the reference's before its pause:
+       no pair that the reference's does not have, none moving more than
+       it (within ``tol``), and something.
+
+    Only the first burst: the capture's edge is what cuts it.
+    """
+    first = np.concatenate([[0], np.asarray(cut) + 1])
+    last = np.concatenate([np.asarray(cut), [len(start) - 1]])
+    clear = np.flatnonzero(split >= 0)
+    if split[0] >= 0 or len(clear) == 0 or last[0] <= first[0]:
+        return -1, 0
+    f0, f1 = first[0], last[0]
+    i = f0 + int(np.argmax(gap[f0:f1]))
+    pause = float(np.median(gap[split[clear]]))
+    if abs(gap[i] - pause) > slack * pause:
+        return -1, 0
+    if i + 1 < f1 and gap[i + 1: f1].max() > 0.5 * gap[i]:
+        return -1, 0
+    k = clear[0]
+    r0, r1, ri = first[k], last[k], split[k]
+    keys = np.unique(np.concatenate([pair[f0: f1 + 1], pair[r0: r1 + 1]]))
+
+    def per_pair(a: int, b: int) -> np.ndarray:
+        return np.bincount(np.searchsorted(keys, pair[a:b]), weights=size[a:b].astype(np.float64), minlength=len(keys))
+
+    after, ref_after = per_pair(i + 1, f1 + 1), per_pair(ri + 1, r1 + 1)
+    before, ref_before = per_pair(f0, i + 1), per_pair(r0, ri + 1)
+    if ref_after.sum() <= 0 or np.abs(after - ref_after).sum() > tol * ref_after.sum():
+        return -1, 0
+    if before.sum() <= 0 or (before > (1 + tol) * ref_before).any():
+        return -1, 0
+    o = np.asarray(other_start) < start[i + 1]  # its end as optimizer_gaps takes it: other traffic still running in the pause
+    return i, int(max(busy_end[i], np.asarray(other_end)[o].max() if o.any() else 0))
+
+
 def _pause_like_the_others(busy_end, gap, cut, split, split_end) -> np.ndarray:
     """Per burst, where its step most likely ends when its own pause was not clear.
 
@@ -1236,7 +1331,10 @@ class StepTimeline:
                 guess = _pause_like_the_others(busy_end, gap, cut, split, split_end)
                 ends = np.where(split[:-1] >= 0, split_end[:-1], guess[:-1])
                 if split[0] < 0:
-                    ends = ends[1:]
+                    # the capture opening between the two collectives; or inside the first, whose pause is then
+                    # the others' and is followed by the others' second collective
+                    i0, end0 = opened_inside(s, busy_end, gap, cut, size[marker], ring, split, o_start, o_end)
+                    ends = ends[1:] if i0 < 0 else np.concatenate([[end0], ends[1:]])
         # The last burst is whole if the capture ran a full break past it,
         # or if the job's next step began (its PP traffic waits for the
         # optimizer, which waits for the collective). Otherwise the capture
