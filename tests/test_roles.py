@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections import deque
 
 import pandas as pd
 import pytest
@@ -202,40 +203,6 @@ def test_a_job_whose_id_changes_is_sent_again_under_the_new_one(cluster):
     assert len(a.window) == 0 and len(a._pair_keys) == 0 and a.retired == [next(iter(first))]
 
 
-def test_flows_late_for_a_window_are_sent_apart_and_wait_for_it(cluster):
-    """The ingest stage sends the flows that came after its window but started by its end apart, naming that window; an
-    analyse replica holds them back while its next window ends by then (one daemon analysed it without them)."""
-    from prism.serve.jobtopic import AnalyseMonitor, IngestMonitor
-    from prism.serve.monitor import MonitorSettings
-
-    topo = Topology.from_frame(cluster.topology)
-    f = cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
-    t0 = int(f["start_ns"].min())
-    start = f["start_ns"].to_numpy()
-    first = start < t0 + 3_000_000_000
-    m = IngestMonitor(topo, MonitorSettings(window_s=8, step_s=1, lateness_s=0))
-    m.ingest(f[first].iloc[::2].reset_index(drop=True))  # half the first 3 s: the other half comes after the window
-    m.tick(force=True)
-    end = m.forwarded_to
-    assert end is not None and not m.take_late()
-    sent, _ = m.take_forward()
-    m.ingest(f[first].iloc[1::2].reset_index(drop=True))
-    m.ingest(f[~first & (start < t0 + 5_000_000_000)].reset_index(drop=True))
-    m.tick(force=True)
-    late, (sent, _) = m.take_late(), m.take_forward()
-    assert late and {w for _, w in late} == {end}
-    assert all((cols[2] <= end).all() for cols in late.values()) and all((cols[2] > end).all() for cols in sent.values())
-    assert sum(len(c[0]) for c in late.values()) == m.late_flows > 0
-    a = AnalyseMonitor(topo, MonitorSettings(window_s=8, step_s=1, lateness_s=0))
-    assert not a.holds_back(end), "nothing waits on a replica with no flows yet"
-    a.ingest(f[first].iloc[::2].reset_index(drop=True))
-    a.mark({"inputs": 1, "partitions": {"0": end}, "end": end}, 0)
-    a.owned = {0}
-    assert a.holds_back(end) and not a.holds_back(None) and a.due()
-    a.tick()
-    assert a.analysed_to == end and not a.holds_back(end)
-
-
 class _Sent:
     """A producer that keeps what is sent (topic, key, value, partition, headers)."""
 
@@ -261,6 +228,9 @@ class _Held:
     def assignment(self):
         return set(self.tps)
 
+    def highwater(self, tp):
+        return None
+
     def partitions_for_topic(self, topic):
         return {0, 1, 2, 3}
 
@@ -275,6 +245,130 @@ def _ingest_stage(topo, settings, tps):
     src.topic, src.job_topic, src.summary_topic, src.group_id, src.replica_id = "flows", "jobs", "sum", "g", "i0"
     src._job_parts, src._inputs, src._unsent, src.positions, src._revoked, src._topic_id, src._stash = [0, 1, 2, 3], 4, {}, {}, set(), None, {}
     return src
+
+
+def _analyse_stage(topo, settings):
+    """A JobTopicSource over an AnalyseMonitor holding the job topic's 4 partitions, fed by hand (no broker)."""
+    from kafka.structs import TopicPartition
+
+    from prism.serve.jobtopic import AnalyseMonitor, JobTopicSource
+
+    src = JobTopicSource.__new__(JobTopicSource)
+    src.monitor = AnalyseMonitor(topo, settings)
+    src.consumer = _Held({TopicPartition("jobs", p) for p in range(4)})
+    src.topic, src.positions, src._revoked, src._held, src.held_back = "jobs", {}, set(), [], 0
+    src._last_msg, src._kinds_at, src._replay, src.max_message_bytes, src._rebalanced = {}, deque(), {}, 8 << 20, False
+    return src
+
+
+def _as_read(msgs):
+    """The job-topic messages a :class:`_Sent` producer kept, as a consumer reads them: [(partition, record)] in the
+    order sent."""
+    from types import SimpleNamespace
+
+    from kafka.structs import TopicPartition
+
+    out, offsets = [], {}
+    for topic, key, value, part, headers in msgs:
+        if topic == "jobs":
+            tp = TopicPartition("jobs", part)
+            offsets[tp] = offsets.get(tp, -1) + 1
+            out.append((tp, SimpleNamespace(key=key, value=value, headers=list(headers.items()), offset=offsets[tp])))
+    return out
+
+
+def test_each_analyse_window_sees_what_one_daemons_saw_however_much_a_poll_returns(cluster, monkeypatch):
+    """Flows that come after the ingest stage's window but started by its end are sent apart, naming that window; an
+    analyse replica reading the whole job topic in one poll holds them back until that window is analysed, and says
+    what one reading it message by message (as one daemon saw the stream) says. Without the hold it does not."""
+    from kafka.structs import TopicPartition
+
+    from prism.ingest.messages import pair_keys
+    from prism.serve.jobtopic import LATE_HEADER, AnalyseMonitor
+
+    topo = Topology.from_frame(cluster.topology)
+    settings = MonitorSettings(**SETTINGS)  # 3 s windows: the next one reaches back over half of the first only
+    f = cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    start = f["start_ns"].to_numpy()
+    t0 = int(start.min())
+    first = start < t0 + 3_000_000_000
+    keys = pd.Series(pair_keys(f["src"].astype(str), f["dst"].astype(str)))
+    behind = first & keys.isin(keys.drop_duplicates().sort_values().iloc[::4]).to_numpy()
+    ing = _ingest_stage(topo, settings, {TopicPartition("flows", p) for p in range(4)})
+    m = ing.monitor
+    m.ingest(f[first & ~behind].reset_index(drop=True), "flows/0")  # the first 3 s but a quarter of the pairs: read behind
+    m.tick(force=True)
+    ing.publish()
+    end = m.forwarded_to
+    m.ingest(f[behind].reset_index(drop=True), "flows/0")
+    m.ingest(f[~first & (start < t0 + 6_000_000_000)].reset_index(drop=True), "flows/0")
+    m.tick(final=True)
+    ing.publish()
+    read = _as_read(ing.producer.msgs)
+    late = [r for _, r in read if dict(r.headers).get(LATE_HEADER)]
+    assert late and {int(dict(r.headers)[LATE_HEADER]) for r in late} == {end} and m.late_flows > 0
+
+    def one_by_one():  # each message, then every window due: the order one daemon saw
+        src = _analyse_stage(topo, settings)
+        for tp, r in read:
+            src._ingest(src.monitor, src._decode({tp: [r]}))
+            while src.monitor.due():
+                src.monitor.tick()
+        src.monitor.tick(final=True)
+        assert src.held_back == 0
+        return src
+
+    def in_one_poll():
+        src = _analyse_stage(topo, settings)
+        batch: dict = {}
+        for tp, r in read:
+            batch.setdefault(tp, []).append(r)
+        src._ingest(src.monitor, src._decode(batch))
+        while src.monitor.due():
+            src.monitor.tick()
+            src._ingest(src.monitor, [])
+        src.monitor.tick(final=True)
+        return src
+
+    def steps(src):
+        return {j: list(zip(g["start_ns"], g["end_ns"])) for j, g in src.monitor.steps_frame().groupby("job_id")}
+
+    ref, got = one_by_one(), in_one_poll()
+    assert sum(map(len, steps(ref).values())) >= 20
+    assert got.held_back > 0 and not got._held
+    assert steps(got) == steps(ref)
+    monkeypatch.setattr(AnalyseMonitor, "holds_back", lambda self, late_for: False)
+    assert steps(in_one_poll()) != steps(ref), "without the hold, the late flows join the window one daemon analysed without them"
+
+
+def test_a_taken_over_partitions_flows_read_again_are_not_sent_as_late(cluster):
+    """A partition taken over is read again from its resume point: its flows up to the next window are not late (the
+    analyse stage's event time waited for them), so they are sent as any others, not held back there."""
+    from prism.serve.jobtopic import IngestMonitor
+
+    topo = Topology.from_frame(cluster.topology)
+    f = cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    start = f["start_ns"].to_numpy()
+    t0 = int(start.min())
+    first = start < t0 + 3_000_000_000
+    m = IngestMonitor(topo, MonitorSettings(**SETTINGS))
+    m.ingest(f[first].iloc[::2].reset_index(drop=True), "flows/0")
+    m.tick(force=True)
+    m.take_forward()
+    m.resuming = {"flows/1"}
+    m.ingest(f[first].iloc[1::2].reset_index(drop=True), "flows/1")  # read again after a take-over
+    m.ingest(f[~first & (start < t0 + 4_000_000_000)].reset_index(drop=True), "flows/0")
+    m.tick(final=True)
+    assert not m.take_late() and m.late_flows == 0
+    assert sum(len(c[0]) for c in m.take_forward()[0].values()) >= first.sum() // 2
+    # the same flows from a partition read on (not taken over): late, sent apart
+    m = IngestMonitor(topo, MonitorSettings(**SETTINGS))
+    m.ingest(f[first].iloc[::2].reset_index(drop=True), "flows/0")
+    m.tick(force=True)
+    m.ingest(f[first].iloc[1::2].reset_index(drop=True), "flows/1")
+    m.ingest(f[~first & (start < t0 + 4_000_000_000)].reset_index(drop=True), "flows/0")
+    m.tick(final=True)
+    assert sum(len(c[0]) for c in m.take_late().values()) == m.late_flows > 0
 
 
 def test_a_rejoin_ahead_of_a_window_loses_no_flow_of_a_job_not_yet_seen_whole(cluster):
@@ -893,45 +987,3 @@ def test_a_replica_with_no_flows_does_not_hold_the_fabric_owner_back(cluster):
                                    "part": pa.array(part, pa.int32())}))
         assert owner._kinds_ready(end, False)
 
-
-def test_an_analyse_stage_started_on_a_backlog_says_what_one_daemon_said(broker, cluster):
-    """The ingest stage forwards a stream out of time order by up to 2.5 s (past the 1.5 s the window waits at most, so some flows
-    come after the window of their time was analysed) to the job topic before any analyse replica runs; one started then
-    reads a window's flows, its watermark and the next windows' flows (late ones among them) in one poll. It analyses each
-    window with the flows one daemon had when it analysed it, whatever a poll returns: the same steps and anomalies as a
-    plain daemon given the stream as the ingest replica read it."""
-    import numpy as np
-
-    topic = f"flows-{uuid.uuid4().hex[:8]}"
-    ensure_topic(broker.bootstrap, topic, 4)
-    jobs_topic = f"jobs-{topic}"
-    ing = Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic)
-    ing.source.MESSAGE_FLOWS = 200  # small job-topic messages: a poll returns many, a window's watermark among the next window's
-    rec = Recorder(ing.monitor)
-    late = None
-    try:
-        wait_for(lambda: len(ing.source.consumer.assignment()) == 4, 180, "the ingest replica to settle")
-        flows = cluster.flows
-        flows = flows.iloc[np.argsort(flows["start_ns"].to_numpy() + np.random.default_rng(0).uniform(0, 2.5e9, len(flows)), kind="stable")]
-        n = produce_as_ordered(broker, topic, flows)
-        wait_for(lambda: sum(c.get("ingested", 0) for c in ing.monitor.counters_snapshot().values()) == n and ing.monitor.final
-                 and ing.monitor.analysed_to is not None and ing.monitor.analysed_to >= ing.monitor.max_start, 180, "the ingest replica",
-                 progress=lambda: ing.monitor.analysed_to)
-        late = Running(broker, cluster, "analyse", topic, f"g-{topic}", "a0", jobs_topic)
-        wait_for(lambda: late.monitor.all_final() and late.monitor.analysed_to is not None
-                 and late.monitor.analysed_to >= late.monitor.complete_to() >= ing.monitor.analysed_to, 180, "the analyse replica",
-                 progress=lambda: late.monitor.analysed_to)
-        ref, events = rec.replay(cluster)
-        assert ing.monitor.late_flows > 0, "some flows came after the window of their time"
-        ref_steps = {j: list(zip(g["start_ns"], g["end_ns"])) for j, g in ref.steps_frame().groupby("job_id")}
-        print("late flows", ing.monitor.late_flows, "windows", len(ref.windows), "incomplete", ref.windows_incomplete,
-              "steps", sum(map(len, ref_steps.values())), "held back", late.source.held_back)
-        assert sum(map(len, ref_steps.values())) >= 20
-        assert late.steps() == ref_steps
-        ref_anomalies = sorted((e["kind"], e["job_id"], str(e["subject"]), int(e["step"])) for k, e in events
-                               if k == "anomaly" and isinstance(e.get("job_id"), str) and e["job_id"])
-        assert late.job_anomalies() == ref_anomalies
-    finally:
-        for d in (ing, late):
-            if d is not None:
-                d.stop()

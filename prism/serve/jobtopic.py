@@ -61,7 +61,8 @@ window back until every other partition's are in (see
 ``AnalyseMonitor._kinds_ready``).
 
 Message formats on the job topic: flow batches are the input's Arrow IPC
-stream (``content-type`` header); control messages carry a
+stream (``content-type`` header; flows that came late for an ingest
+window also carry :data:`LATE_HEADER`, its end); control messages carry a
 ``prism-control`` header (``watermark`` or ``retire``) and a JSON value,
 or (``fabric``) an Arrow IPC stream of switch sums, or (``kinds``) an
 Arrow IPC stream of typed pairs (``a, b, type, part``; its window in the
@@ -126,18 +127,20 @@ class _TeeWindow(FlowWindow):
     def __init__(self, max_flows: int) -> None:
         super().__init__(max_flows)
         self.outbox: list[tuple] = []
+        self.resuming = False  # the flows being added are a taken-over partition's, read again (never late)
 
     def add(self, a: np.ndarray, b: np.ndarray, start: np.ndarray, duration: np.ndarray, size: np.ndarray) -> None:
         super().add(a, b, start, duration, size)
         if len(a):
             self.outbox.append((np.asarray(a, np.int32), np.asarray(b, np.int32), np.asarray(start, np.int64),
-                                np.asarray(duration, np.int64), np.asarray(size, np.int64)))
+                                np.asarray(duration, np.int64), np.asarray(size, np.int64), np.full(len(a), self.resuming)))
 
     def take(self, end: int | None, keep: bool = False) -> tuple[np.ndarray, ...]:
-        """The outbox's flows that started by ``end`` (all, for None), removed from it (with ``keep``, left in it)."""
+        """The outbox's flows that started by ``end`` (all, for None), removed from it (with ``keep``, left in it):
+        ``(a, b, start, duration, size, resumed)``, the last whether each came from a partition read again."""
         if not self.outbox:
-            return tuple(np.empty(0, dtype=t) for t in (np.int32, np.int32, np.int64, np.int64, np.int64))
-        cols = [np.concatenate([p[i] for p in self.outbox]) for i in range(5)]
+            return tuple(np.empty(0, dtype=t) for t in (np.int32, np.int32, np.int64, np.int64, np.int64, bool))
+        cols = [np.concatenate([p[i] for p in self.outbox]) for i in range(6)]
         now = np.ones(len(cols[0]), dtype=bool) if end is None else cols[2] <= end
         rest = ~now
         if not keep:
@@ -160,7 +163,6 @@ class IngestMonitor(Monitor):
         # (job id, the window's end they came after) -> the flows taken in after a window that started by its end
         self.forward_late: dict[tuple[str, int], tuple] = {}
         self.retire: dict[str, str] = {}  # old job id -> the id it is now part of
-        self.retire_after: dict[str, int | None] = {}  # old job id -> the end of the window it was retired after
         self.forwarded_to: int | None = None  # event time forwarded up to (the last window's end)
         self.final = False  # the last window was the tail of a quiet input (no lateness wait)
         self._job_of = np.full(len(self.topology), -1, dtype=np.int64)  # NIC -> index into _ids of the job it was last sent under
@@ -214,11 +216,11 @@ class IngestMonitor(Monitor):
     # forwarded already are dropped there as re-deliveries).
 
     def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
-        self._resumed = partition in self.resuming
+        self._resumed = self.window.resuming = partition in self.resuming
         try:
             super().ingest(flows, partition)
         finally:
-            self._resumed = False
+            self._resumed = self.window.resuming = False
 
     def _too_late(self, start: np.ndarray) -> np.ndarray:
         return np.zeros(len(start), dtype=bool) if self._resumed else super()._too_late(start)
@@ -248,7 +250,7 @@ class IngestMonitor(Monitor):
         labels, jobs = rec.labels(), rec.predict()
         self.jobs_ = jobs
         names = label_names(labels, jobs, self.topology)
-        a, b, start, duration, size = self.window.take(end, keep)
+        a, b, start, duration, size, resumed = self.window.take(end, keep)
         # a job whose id changed since its flows were last sent: the new id's owner gets the whole window (which holds
         # the outbox's flows too), the old ids are retired
         rekeyed = set()
@@ -263,14 +265,15 @@ class IngestMonitor(Monitor):
                 self._add(job_id, (wa[:cut][m], wb[:cut][m], ws[:cut][m], wd[:cut][m], wz[:cut][m]))
                 for o in old:
                     self.retire[o] = job_id
-                    self.retire_after[o] = after
                 self.rekeyed += 1
                 log.info("job re-keyed on the job topic", extra={"fields": {"job": job_id, "was": ",".join(sorted(old))}})
             if job_id not in self._ids:
                 self._ids.append(job_id)
             self._job_of[nics] = self._ids.index(job_id)
         job = labels[a] if len(a) else np.empty(0, dtype=np.int64)
-        late = start <= after if after is not None else np.zeros(len(a), dtype=bool)
+        # late as Monitor._note_late counts them: not a taken-over partition's read again (the analyse stage's event time
+        # waited for those)
+        late = (start <= after) & ~resumed if after is not None else np.zeros(len(a), dtype=bool)
         for lab in np.unique(job).tolist():
             if lab < 0 or lab not in names or lab in rekeyed:
                 continue
@@ -432,15 +435,15 @@ class AnalyseMonitor(Monitor):
             return None
         return e if self._kinds_ready(e, False) else None
 
-    def holds_back(self, after: int | None) -> bool:
-        """Whether what the ingest stage sent after its window ending at ``after`` (flows that came late for it, a
-        retire) waits for an analysis here: the next window here ends by then. One daemon analysed that window
-        before it read them, so this stage's analysis of it must not see them either, however far it has read.
-        (Nothing waits on a replica with no flows yet: it analyses no window before it has some.)"""
-        if after is None or self.max_start is None:
+    def holds_back(self, late_for: int | None) -> bool:
+        """Whether flows that came late for the ingest window ending at ``late_for`` wait for an analysis here: the
+        next window here ends by then. One daemon analysed that window before it read them, so this stage's analysis
+        of it must not see them either, however far it has read. (Nothing waits on a replica with no flows yet: it
+        analyses no window before it has some.)"""
+        if late_for is None or self.max_start is None:
             return False
         e = self._first_end()
-        return e is not None and e <= after
+        return e is not None and e <= late_for
 
     def due(self) -> bool:
         return self._next_end() is not None
@@ -892,7 +895,7 @@ class ForwardingSource(KafkaSource):
             if p == parts[job_partition(new, len(parts))]:
                 continue
             ips = [ip for ip, j in zip(m.jobs_["ip"], m.jobs_["job_id"]) if j == new]
-            self.producer.send(self.job_topic, key=old.encode(), value=json.dumps({"job": old, "into": new, "ips": ips, "after": m.retire_after.pop(old, None)}).encode(),
+            self.producer.send(self.job_topic, key=old.encode(), value=json.dumps({"job": old, "into": new, "ips": ips}).encode(),
                                partition=p, headers=[(CONTROL_HEADER, b"retire")])
         late = m.take_late()
         for job_id, cols, late_for in [*((j, c, None) for j, c in flows.items()), *((j, c, w) for (j, w), c in late.items())]:
@@ -913,7 +916,7 @@ class ForwardingSource(KafkaSource):
 
 
 class JobTopicSource(KafkaSource):
-    """The analyse stage's source: the job topic, its watermarks and retire messages applied to the monitor in order."""
+    """The analyse stage's source: the job topic's flows, watermarks and retire messages applied to the monitor (late flows held back)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._replay: dict = {}  # partition -> [(event time complete to, offset after its watermark)]
@@ -979,10 +982,11 @@ class JobTopicSource(KafkaSource):
     # LATE_HEADER). Read in one poll with the watermark, they would join an
     # analysis one daemon ran without them, and whether they did would depend on
     # how much a poll returned. So they wait (in :attr:`_held`, in the order read)
-    # until the windows here up to the one they came late for are analysed; so
-    # does a retire sent after a window. Other flows and the control messages are
-    # applied at once (the watermarks decide when a window is due). Nothing more
-    # is fetched while flows wait and a window is due: the loop analyses it first.
+    # until the windows here up to the one they came late for are analysed. Other
+    # flows and the control messages are applied at once (the watermarks decide
+    # when a window is due). Nothing more is fetched while flows wait and a window
+    # is due (decoded ahead instead, within the read-ahead bound): the loop
+    # analyses it first.
 
     def _ingest(self, monitor: Monitor, decoded: list) -> int:
         n = 0
@@ -1032,23 +1036,17 @@ class JobTopicSource(KafkaSource):
     @staticmethod
     def _holds(monitor: AnalyseMonitor, item: tuple) -> bool:
         kind, value, _ = item
-        if kind == "flows":
-            return monitor.holds_back(value[1])
-        if kind == "retire":
-            after = value.get("after")
-            return isinstance(after, int) and monitor.holds_back(after)
-        return False
+        return kind == "flows" and monitor.holds_back(value[1])
 
     def _release(self, monitor: AnalyseMonitor) -> None:
-        """Apply the held items whose windows may now be read (in the order read)."""
+        """Apply the held flows whose windows may now be read (in the order read). Those of a partition revoked, or
+        not assigned while the group rebalances, stay until the assignment settles (then its new owner's, or ours)."""
         if not self._held:
             return
         owned = self.consumer.assignment()
         held, self._held = self._held, []
         for tp, item in held:
-            if tp not in owned:
-                continue  # its new owner reads it again
-            if self._holds(monitor, item):
+            if tp not in owned or tp in self._revoked or self._holds(monitor, item):
                 self._held.append((tp, item))
             else:
                 self._apply(monitor, tp, self.partition_name(tp), item)
@@ -1056,13 +1054,19 @@ class JobTopicSource(KafkaSource):
     def poll(self, monitor: Monitor, timeout_ms: int = 500) -> int:
         """As :meth:`KafkaSource.poll`; while flows wait for a window that is due, only they are taken (what is fetched
         meanwhile is decoded ahead, as during an analysis, up to the same bound), and the loop analyses the window."""
-        if isinstance(monitor, AnalyseMonitor) and self._held:
+        if isinstance(monitor, AnalyseMonitor) and self._held and not self._rebalanced:
             self.monitor = monitor
             self._release(monitor)
             if self._held and monitor.due():
                 self.keep_alive(timeout_ms=0)
                 return 0
         return super().poll(monitor, timeout_ms)
+
+    def _topic_recreated(self) -> bool:
+        recreated = super()._topic_recreated()
+        if recreated:
+            self._held.clear()  # read again from the start
+        return recreated
 
     def _settle_assigned(self, batch: dict) -> None:
         super()._settle_assigned(batch)
