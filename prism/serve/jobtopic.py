@@ -96,8 +96,8 @@ __all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSourc
 log = logging.getLogger("prism.jobtopic")
 
 CONTROL_HEADER = "prism-control"
-#: on forwarded flows that came late: the end of the ingest window they came after (see JobTopicSource: they wait for
-#: the analyse stage's windows up to it)
+#: on forwarded flows that came late: the end of the ingest window they came late for (see JobTopicSource: they wait
+#: for the analyse stage's windows up to it)
 LATE_HEADER = "prism-late-for"
 #: the key (and so the job-topic partition) of the switch sums: the analyse replica holding its partition owns the fabric
 FABRIC_KEY = "prism-fabric"
@@ -160,7 +160,7 @@ class IngestMonitor(Monitor):
         super().__init__(*args, **kwargs)
         self.window: _TeeWindow = _TeeWindow(self.s.max_window_flows)
         self.forward: dict[str, tuple] = {}  # job id -> (a, b, start, duration, size) to send
-        # (job id, the window's end they came after) -> the flows taken in after a window that started by its end
+        # (job id, the end of the window they came late for) -> the flows taken in after it that started by its end
         self.forward_late: dict[tuple[str, int], tuple] = {}
         self.retire: dict[str, str] = {}  # old job id -> the id it is now part of
         self.forwarded_to: int | None = None  # event time forwarded up to (the last window's end)
@@ -245,7 +245,7 @@ class IngestMonitor(Monitor):
             self._label(end, keep)
 
     def _label(self, end: int | None, keep: bool = False) -> None:
-        after = None if keep else self.forwarded_to  # the last window: flows of its time taken in since came late for it
+        late_for = None if keep else self.forwarded_to  # the last window: flows of its time taken in since came late for it
         rec = self._recogniser()
         labels, jobs = rec.labels(), rec.predict()
         self.jobs_ = jobs
@@ -273,15 +273,15 @@ class IngestMonitor(Monitor):
         job = labels[a] if len(a) else np.empty(0, dtype=np.int64)
         # late as Monitor._note_late counts them: not a taken-over partition's read again (the analyse stage's event time
         # waited for those)
-        late = (start <= after) & ~resumed if after is not None else np.zeros(len(a), dtype=bool)
+        late = (start <= late_for) & ~resumed if late_for is not None else np.zeros(len(a), dtype=bool)
         for lab in np.unique(job).tolist():
             if lab < 0 or lab not in names or lab in rekeyed:
                 continue
             m = (job == lab) & ~late
             self._add(names[lab], (a[m], b[m], start[m], duration[m], size[m]))
-            if after is not None:
+            if late_for is not None:
                 m = (job == lab) & late
-                self._add((names[lab], after), (a[m], b[m], start[m], duration[m], size[m]))
+                self._add((names[lab], late_for), (a[m], b[m], start[m], duration[m], size[m]))
 
     def _add(self, key: str | tuple[str, int], cols: tuple) -> None:
         """Into :attr:`forward` (a job id) or :attr:`forward_late` (a job id and the window its flows came late for)."""
@@ -306,7 +306,7 @@ class IngestMonitor(Monitor):
         return out, retire
 
     def take_late(self) -> dict[tuple[str, int], tuple]:
-        """The late flows to send, by (job id, the end of the window they came after), emptied."""
+        """The late flows to send, by (job id, the end of the window they came late for), emptied."""
         out, self.forward_late = self.forward_late, {}
         return out
 
@@ -925,7 +925,7 @@ class JobTopicSource(KafkaSource):
         self._last_msg: dict[str, tuple[Any, int]] = {}  # job id (message key) -> (partition, offset) of its last message read
         self._kinds_at: deque = deque(maxlen=100_000)  # (window end, partition, offset) of the typed-pair messages read
         self._held: list[tuple] = []  # (partition, item) read but waiting for a window (see _ingest)
-        self.held_back = 0  # items (flow runs, retires) that waited for a window
+        self.held_back = 0  # runs of late flows that waited for a window
         super().__init__(*args, **kwargs)
 
     def _decode(self, batch: dict) -> list:
