@@ -680,7 +680,6 @@ class KafkaSource(Source):
             pass
 
 
-
 try:
     from kafka import ConsumerRebalanceListener as _ListenerBase
 except ImportError:  # pragma: no cover - older kafka-python
