@@ -49,7 +49,10 @@ replica's share merged in) is re-keyed: the ingest replica sends its whole
 window of the job's flows under the new id (the new owner drops what it
 already had by record hash) and a **retire** message for each old id on
 that id's partition, on which its owner forgets the old job's pairs and
-flows (the job is gone from its metrics at the next window).
+flows (the job is gone from its metrics at the next window) unless it
+holds the new id's partition too. Both follow the window's watermark and
+wait, as the next window's flows do, until the analyse replica has
+analysed that window (see ``JobTopicSource``).
 
 ``--role all`` (the default) is the single-process daemon, unchanged.
 
@@ -61,8 +64,9 @@ window back until every other partition's are in (see
 ``AnalyseMonitor._kinds_ready``).
 
 Message formats on the job topic: flow batches are the input's Arrow IPC
-stream (``content-type`` header; flows that came late for an ingest
-window also carry :data:`LATE_HEADER`, its end); control messages carry a
+stream (``content-type`` header, and :data:`REPLICA_HEADER` naming the
+ingest replica; flows that came late for an ingest window also carry
+:data:`LATE_HEADER`, its end); control messages carry a
 ``prism-control`` header (``watermark`` or ``retire``) and a JSON value,
 or (``fabric``) an Arrow IPC stream of switch sums, or (``kinds``) an
 Arrow IPC stream of typed pairs (``a, b, type, part``; its window in the
@@ -91,6 +95,7 @@ from prism.serve.sources import KafkaSource, ensure_topic
 from prism.serve.window import FlowWindow
 
 __all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "FABRIC_KEY", "KINDS_META", "LATE_HEADER",
+           "REPLICA_HEADER",
            "analyse_group", "job_partition"]
 
 log = logging.getLogger("prism.jobtopic")
@@ -99,6 +104,8 @@ CONTROL_HEADER = "prism-control"
 #: on forwarded flows that came late: the end of the ingest window they came late for (see JobTopicSource: they wait
 #: for the analyse stage's windows up to it)
 LATE_HEADER = "prism-late-for"
+#: on forwarded flows: the ingest replica that sent them (its watermarks say which window they follow; see JobTopicSource)
+REPLICA_HEADER = "prism-replica"
 #: the key (and so the job-topic partition) of the switch sums: the analyse replica holding its partition owns the fabric
 FABRIC_KEY = "prism-fabric"
 #: the schema metadata key of a typed-pairs (``kinds``) message: its window's end, whether final, the partitions it covers
@@ -162,6 +169,7 @@ class IngestMonitor(Monitor):
         self.forward: dict[str, tuple] = {}  # job id -> (a, b, start, duration, size) to send
         # (job id, the end of the window they came late for) -> the flows taken in after it that started by its end
         self.forward_late: dict[tuple[str, int], tuple] = {}
+        self.forward_resumed: dict[str, tuple] = {}  # job id -> flows of partitions taken over, read again (see _label)
         self.retire: dict[str, str] = {}  # old job id -> the id it is now part of
         self.forwarded_to: int | None = None  # event time forwarded up to (the last window's end)
         self.final = False  # the last window was the tail of a quiet input (no lateness wait)
@@ -275,19 +283,27 @@ class IngestMonitor(Monitor):
         # waited for those)
         late = (start <= late_for) & ~resumed if late_for is not None else np.zeros(len(a), dtype=bool)
         for lab in np.unique(job).tolist():
-            if lab < 0 or lab not in names or lab in rekeyed:
+            if lab < 0 or lab not in names:
                 continue
-            m = (job == lab) & ~late
+            # a taken-over partition's, read again: windows the analyse stage has yet to cut need them (its event time
+            # waited for that partition), so they go unattributed to a window and are not held back there
+            m = (job == lab) & resumed
+            self._add(names[lab], (a[m], b[m], start[m], duration[m], size[m]), self.forward_resumed)
+            if lab in rekeyed:
+                continue
+            m = (job == lab) & ~late & ~resumed
             self._add(names[lab], (a[m], b[m], start[m], duration[m], size[m]))
             if late_for is not None:
                 m = (job == lab) & late
                 self._add((names[lab], late_for), (a[m], b[m], start[m], duration[m], size[m]))
 
-    def _add(self, key: str | tuple[str, int], cols: tuple) -> None:
-        """Into :attr:`forward` (a job id) or :attr:`forward_late` (a job id and the window its flows came late for)."""
+    def _add(self, key: str | tuple[str, int], cols: tuple, out: dict | None = None) -> None:
+        """Into ``out``, else :attr:`forward` (a job id) or :attr:`forward_late` (a job id and the window its flows came
+        late for)."""
         if not len(cols[0]):
             return
-        out: dict = self.forward if isinstance(key, str) else self.forward_late
+        if out is None:
+            out = self.forward if isinstance(key, str) else self.forward_late
         have = out.get(key)
         out[key] = cols if have is None else tuple(np.concatenate([x, y]) for x, y in zip(have, cols))
 
@@ -308,6 +324,11 @@ class IngestMonitor(Monitor):
     def take_late(self) -> dict[tuple[str, int], tuple]:
         """The late flows to send, by (job id, the end of the window they came late for), emptied."""
         out, self.forward_late = self.forward_late, {}
+        return out
+
+    def take_resumed(self) -> dict[str, tuple]:
+        """The flows of partitions taken over and read again, to send unattributed to a window, by job id, emptied."""
+        out, self.forward_resumed = self.forward_resumed, {}
         return out
 
     def encode(self, cols: tuple) -> bytes:
@@ -435,15 +456,16 @@ class AnalyseMonitor(Monitor):
             return None
         return e if self._kinds_ready(e, False) else None
 
-    def holds_back(self, late_for: int | None) -> bool:
-        """Whether flows that came late for the ingest window ending at ``late_for`` wait for an analysis here: the
-        next window here ends by then. One daemon analysed that window before it read them, so this stage's analysis
-        of it must not see them either, however far it has read. (Nothing waits on a replica with no flows yet: it
-        analyses no window before it has some.)"""
-        if late_for is None or self.max_start is None:
+    def holds_back(self, after: int | None) -> bool:
+        """Whether what an ingest replica sent after its window ending at ``after`` (the next window's flows, flows
+        that came late for that one, a retire) waits for an analysis here: the next window here ends by then. One
+        daemon analysed that window before it read them, so this stage's analysis of it must not see them either,
+        however far it has read. (Nothing waits on a replica with no flows yet: it analyses no window before it has
+        some.)"""
+        if after is None or self.max_start is None:
             return False
         e = self._first_end()
-        return e is not None and e <= late_for
+        return e is not None and e <= after
 
     def due(self) -> bool:
         return self._next_end() is not None
@@ -857,13 +879,17 @@ class ForwardingSource(KafkaSource):
         return (q[0][0], q[0][1]) if q else (offset, counters)
 
     def _settle_assigned(self, batch: dict) -> None:
-        pending = set(self._pending)
+        stood = {tp: self.positions.get(tp) for tp in self._pending}
         super()._settle_assigned(batch)
         owned = self.consumer.assignment()
         for tp in [tp for tp in self._unsent if tp not in owned]:
             del self._unsent[tp]  # its new owner resumes it
         if isinstance(self.monitor, IngestMonitor):
-            self.monitor.resuming |= {self.partition_name(tp) for tp in pending if tp in owned}
+            # read again from a published resume point (taken over, or ours from a previous life). One kept where
+            # reading stood, or that no replica has forwarded from (a new group's), reads on as one daemon does: its
+            # records are judged late alike
+            self.monitor.resuming |= {self.partition_name(tp) for tp, at in stood.items()
+                                      if tp in owned and tp in self.positions and self.positions[tp] != at}
 
     def publish(self, only: Collection[Any] | None = None) -> None:
         m = self.monitor
@@ -895,16 +921,20 @@ class ForwardingSource(KafkaSource):
             if p == parts[job_partition(new, len(parts))]:
                 continue
             ips = [ip for ip, j in zip(m.jobs_["ip"], m.jobs_["job_id"]) if j == new]
-            self.producer.send(self.job_topic, key=old.encode(), value=json.dumps({"job": old, "into": new, "ips": ips}).encode(),
+            self.producer.send(self.job_topic, key=old.encode(),
+                               value=json.dumps({"job": old, "into": new, "ips": ips, "replica": self.replica_id}).encode(),
                                partition=p, headers=[(CONTROL_HEADER, b"retire")])
-        late = m.take_late()
-        for job_id, cols, late_for in [*((j, c, None) for j, c in flows.items()), *((j, c, w) for (j, w), c in late.items())]:
-            headers = [("content-type", _ARROW)] + ([] if late_for is None else [(LATE_HEADER, str(int(late_for)).encode())])
+        late, resumed = m.take_late(), m.take_resumed()
+        mine = (REPLICA_HEADER, self.replica_id.encode())
+        sends = [*((j, c, [mine]) for j, c in flows.items()), *((j, c, [mine, (LATE_HEADER, str(int(w)).encode())]) for (j, w), c in late.items()),
+                 *((j, c, []) for j, c in resumed.items())]
+        for job_id, cols, more in sends:
+            headers = [("content-type", _ARROW), *more]
             for lo in range(0, len(cols[0]), self.MESSAGE_FLOWS):  # per message, not per flow
                 chunk = tuple(c[lo:lo + self.MESSAGE_FLOWS] for c in cols)
                 self.producer.send(self.job_topic, key=job_id.encode(), value=m.encode(chunk), partition=parts[job_partition(job_id, len(parts))],
                                    headers=headers)
-            m.flows_forwarded += len(cols[0])
+        m.flows_forwarded += sum(len(c[0]) for d in (flows, late, resumed) for c in d.values())
         inputs = self._input_count()
         if end is not None and inputs is not None:
             owned = sorted(tp.partition for tp in self.consumer.assignment() if tp not in self._revoked)
@@ -916,7 +946,8 @@ class ForwardingSource(KafkaSource):
 
 
 class JobTopicSource(KafkaSource):
-    """The analyse stage's source: the job topic's flows, watermarks and retire messages applied to the monitor (late flows held back)."""
+    """The analyse stage's source: the job topic's flows, watermarks and retire messages applied to the monitor (what
+    follows a window not yet analysed here held back)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._replay: dict = {}  # partition -> [(event time complete to, offset after its watermark)]
@@ -924,8 +955,9 @@ class JobTopicSource(KafkaSource):
         self._replay_from: dict = {}  # partition -> the replay offset last published (a successor reads from there)
         self._last_msg: dict[str, tuple[Any, int]] = {}  # job id (message key) -> (partition, offset) of its last message read
         self._kinds_at: deque = deque(maxlen=100_000)  # (window end, partition, offset) of the typed-pair messages read
-        self._held: list[tuple] = []  # (partition, item) read but waiting for a window (see _ingest)
-        self.held_back = 0  # runs of late flows that waited for a window
+        self._held: list[tuple] = []  # (partition, item, after) read but waiting for a window (see _ingest)
+        self._after: dict[tuple[Any, str], int] = {}  # (partition, ingest replica) -> the end of its last watermark read there
+        self.held_back = 0  # runs of flows and retire messages that waited for a window
         super().__init__(*args, **kwargs)
 
     def _decode(self, batch: dict) -> list:
@@ -936,7 +968,7 @@ class JobTopicSource(KafkaSource):
                 continue
             items: list = []
             run: list = []
-            run_late: int | None = None
+            run_from: tuple = (None, None)  # the run's (late for, ingest replica)
             rejects = RejectCounter()
             for r in recs:
                 if r.key:
@@ -944,14 +976,15 @@ class JobTopicSource(KafkaSource):
                 headers = dict(r.headers or ())
                 kind = headers.get(CONTROL_HEADER)
                 if kind is None:
-                    late_for = _late_for(headers)
-                    if run and late_for != run_late:
-                        items.extend(self._frames(tp, run, rejects, run_late))
+                    sender = headers.get(REPLICA_HEADER)
+                    came = (_late_for(headers), None if sender is None else bytes(sender).decode("utf-8", "replace"))
+                    if run and came != run_from:
+                        items.extend(self._frames(tp, run, rejects, *run_from))
                         run = []
                     run.append(r)
-                    run_late = late_for
+                    run_from = came
                     continue
-                items.extend(self._frames(tp, run, rejects, run_late))
+                items.extend(self._frames(tp, run, rejects, *run_from))
                 run = []
                 try:
                     if kind == b"fabric":
@@ -963,28 +996,33 @@ class JobTopicSource(KafkaSource):
                         items.append((kind.decode(), json.loads(r.value), r.offset))
                 except (ValueError, KeyError, pa.ArrowException):
                     log.warning("job topic: unreadable control message at %s[%s]@%s", tp.topic, tp.partition, r.offset)
-            items.extend(self._frames(tp, run, rejects, run_late))
+            items.extend(self._frames(tp, run, rejects, *run_from))
             out.append((tp, items, rejects.counts, recs[0].offset, recs[-1].offset + 1, len(recs)))
         return out
 
-    def _frames(self, tp: Any, run: list, rejects: RejectCounter, late_for: int | None) -> list:
-        """A run of flow messages, late for one ingest window or none: ``("flows", (frame, late_for), first offset)`` items."""
+    def _frames(self, tp: Any, run: list, rejects: RejectCounter, late_for: int | None, sender: str | None) -> list:
+        """A run of flow messages of one ingest replica (None: not named), late for one of its windows or none:
+        ``("flows", (frame, late_for, sender), first offset)`` items."""
         if not run:
             return []
         msgs = ((r.value, r.headers, f"{tp.topic}[{tp.partition}]@{r.offset}") for r in run)
         frames = decode_messages(msgs, rejects, f"{tp.topic}[{tp.partition}]@{run[0].offset}-{run[-1].offset}", self.max_message_bytes)
-        return [("flows", (f, late_for), run[0].offset) for f in frames]
+        return [("flows", (f, late_for, sender), run[0].offset) for f in frames]
 
-    # -- each window sees the flows one daemon's saw -----------------------------------
+    # -- each window sees what one daemon's saw ---------------------------------------
     # The job topic holds, per partition, each ingest window's flows and then its
-    # watermark; after it come the next window's, among them flows that came late
-    # for the window (the ingest stage sends those apart, naming the window:
-    # LATE_HEADER). Read in one poll with the watermark, they would join an
-    # analysis one daemon ran without them, and whether they did would depend on
-    # how much a poll returned. So they wait (in :attr:`_held`, in the order read)
-    # until the windows here up to the one they came late for are analysed. Other
-    # flows and the control messages are applied at once (the watermarks decide
-    # when a window is due). Nothing more is fetched while flows wait and a window
+    # watermark; after it come the next window's: its flows, flows that came late
+    # for the window (sent apart, naming the window: LATE_HEADER), a job's whole
+    # window sent again under a new id, the old id's retire message. Read in one
+    # poll with the watermark, they would join an analysis one daemon ran without
+    # them (a retire would wipe the job's flows before it), and whether they did
+    # would depend on how much a poll returned. So what an ingest replica sent
+    # after its watermark for a window waits (in :attr:`_held`, in the order read)
+    # until the windows here up to that one are analysed; the watermark read last
+    # on the partition from that replica (REPLICA_HEADER, and the retire's
+    # "replica") names the window. Other control messages are applied at once
+    # (the watermarks decide when a window is due; typed pairs and switch sums
+    # name their windows). Nothing more is fetched while items wait and a window
     # is due (decoded ahead instead, within the read-ahead bound): the loop
     # analyses it first.
 
@@ -995,8 +1033,9 @@ class JobTopicSource(KafkaSource):
         for tp, items, rejects, _, next_offset, messages in decoded:
             part = self.partition_name(tp)
             for item in items:
-                if isinstance(monitor, AnalyseMonitor) and self._holds(monitor, item):
-                    self._held.append((tp, item))
+                after = self._follows(tp, item)
+                if isinstance(monitor, AnalyseMonitor) and self._holds(monitor, item, after):
+                    self._held.append((tp, item, after))
                     self.held_back += 1
                 else:
                     self._apply(monitor, tp, part, item)
@@ -1016,6 +1055,22 @@ class JobTopicSource(KafkaSource):
     def _records(decoded: list) -> int:
         return sum(len(value[0]) for d in decoded for kind, value, _ in d[1] if kind == "flows")
 
+    def _follows(self, tp: Any, item: tuple) -> int | None:
+        """The end of the ingest window ``item`` was sent after (a watermark: noted, None), as read on ``tp``: the one
+        its late flows name, else its sender's last watermark read there; None if unknown (not named, or no watermark
+        of its sender read since the partition was assigned)."""
+        kind, value, _ = item
+        if kind == "watermark":
+            if value.get("end") is not None:
+                self._after[(tp, str(value.get("replica", "")))] = int(value["end"])
+            return None
+        if kind == "flows":
+            late_for, sender = value[1], value[2]
+            return late_for if late_for is not None or sender is None else self._after.get((tp, sender))
+        if kind == "retire" and value.get("replica") is not None:
+            return self._after.get((tp, str(value["replica"])))
+        return None
+
     def _apply(self, monitor: Monitor, tp: Any, part: str, item: tuple) -> None:
         kind, value, offset = item
         if kind == "flows":
@@ -1026,6 +1081,9 @@ class JobTopicSource(KafkaSource):
             monitor.mark(value, tp.partition)
             self._note_replay(monitor, tp, offset + 1)
         elif kind == "retire":
+            into = value.get("into")
+            if into is not None and monitor.job_parts and job_partition(str(into), monitor.job_parts) in monitor.owned:
+                return  # the new id's flows come here too: the job's pairs and flows stay (those sent twice are dropped)
             monitor.retire_job(str(value["job"]), list(value.get("ips", ())))
         elif kind == "fabric":
             monitor.take_fabric(value)
@@ -1034,25 +1092,24 @@ class JobTopicSource(KafkaSource):
             self._kinds_at.append((int(value[0]["end"]), tp, offset))
 
     @staticmethod
-    def _holds(monitor: AnalyseMonitor, item: tuple) -> bool:
-        kind, value, _ = item
-        return kind == "flows" and monitor.holds_back(value[1])
+    def _holds(monitor: AnalyseMonitor, item: tuple, after: int | None) -> bool:
+        return item[0] in ("flows", "retire") and monitor.holds_back(after)
 
     def _release(self, monitor: AnalyseMonitor) -> None:
-        """Apply the held flows whose windows may now be read (in the order read). Those of a partition revoked, or
+        """Apply the held items whose windows may now be read (in the order read). Those of a partition revoked, or
         not assigned while the group rebalances, stay until the assignment settles (then its new owner's, or ours)."""
         if not self._held:
             return
         owned = self.consumer.assignment()
         held, self._held = self._held, []
-        for tp, item in held:
-            if tp not in owned or tp in self._revoked or self._holds(monitor, item):
-                self._held.append((tp, item))
+        for tp, item, after in held:
+            if tp not in owned or tp in self._revoked or self._holds(monitor, item, after):
+                self._held.append((tp, item, after))
             else:
                 self._apply(monitor, tp, self.partition_name(tp), item)
 
     def poll(self, monitor: Monitor, timeout_ms: int = 500) -> int:
-        """As :meth:`KafkaSource.poll`; while flows wait for a window that is due, only they are taken (what is fetched
+        """As :meth:`KafkaSource.poll`; while items wait for a window that is due, only they are taken (what is fetched
         meanwhile is decoded ahead, as during an analysis, up to the same bound), and the loop analyses the window."""
         if isinstance(monitor, AnalyseMonitor) and self._held and not self._rebalanced:
             self.monitor = monitor
@@ -1066,12 +1123,18 @@ class JobTopicSource(KafkaSource):
         recreated = super()._topic_recreated()
         if recreated:
             self._held.clear()  # read again from the start
+            self._after.clear()
         return recreated
 
     def _settle_assigned(self, batch: dict) -> None:
+        stood = {tp: self.positions.get(tp) for tp in self._pending}
         super()._settle_assigned(batch)
         owned = self.consumer.assignment()
-        self._held = [(tp, item) for tp, item in self._held if tp in owned]  # a revoked partition's are its new owner's
+        self._held = [h for h in self._held if h[0] in owned]  # a revoked partition's are its new owner's
+        # a partition read from elsewhere than where reading stood (a replay offset): the watermarks read before say
+        # nothing of what comes next
+        moved = {tp for tp, at in stood.items() if at is None or self.positions.get(tp) != at}
+        self._after = {k: v for k, v in self._after.items() if k[0] in owned and k[0] not in moved}
         m = self.monitor
         parts = self.consumer.partitions_for_topic(self.topic) or set()
         if not isinstance(m, AnalyseMonitor) or not parts:
