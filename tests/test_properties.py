@@ -418,13 +418,14 @@ def test_the_deduper_stays_within_its_bound():
 @SETTINGS
 @given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.integers(2, 40))
 def test_monitor_pairs_hold_each_pairs_latest_start(seed, batches, nics):
-    """The monitor's pair table (updated in place for known pairs, merged for new ones) is a groupby max of every batch."""
+    """The monitor's pair table (updated in place for known pairs, merged for new ones) is a groupby max of every batch
+    (and its first starts a groupby min)."""
     from prism.serve.monitor import Monitor
 
     rng = np.random.default_rng(seed)
     m = Monitor.__new__(Monitor)  # only the pair table is exercised
     m._n = nics
-    m._pair_keys, m._pair_last = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    m._pair_keys, m._pair_last, m._pair_first = (np.empty(0, dtype=np.int64) for _ in range(3))
     seen = []
     for _ in range(batches):
         k = int(rng.integers(0, 300))
@@ -435,6 +436,7 @@ def test_monitor_pairs_hold_each_pairs_latest_start(seed, batches, nics):
         ref = pd.concat(seen).groupby("key")["start"].max()
         assert m._pair_keys.tolist() == ref.index.tolist()
         assert m._pair_last.tolist() == ref.tolist()
+        assert m._pair_first.tolist() == pd.concat(seen).groupby("key")["start"].min().tolist()
 
 
 @SETTINGS

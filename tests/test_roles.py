@@ -544,6 +544,139 @@ def test_an_analyse_replica_lost_mid_stream_is_succeeded_exactly(broker, cluster
             d.stop()
 
 
+@pytest.fixture(scope="module")
+def restart_cluster():
+    """24 s of two DP 2 jobs (TP 8, two servers each) on eight servers: job ``r`` stops mid-step 5 s in, is silent for
+    14 s and restarts with its first server replaced by a spare (srv0001 > srv0000), then runs a slow step (2x, step
+    200); job ``s`` runs throughout (128,640 flows). With four job-topic partitions and two analyse replicas, ``r``'s
+    ids before and after the restart (its old servers; with the spare) are different replicas' (partitions 1 and 3),
+    and ``s`` is on the second."""
+    from synthetic import ClusterGenerator, Fabric, JobSpec, Restart, SlowStep
+
+    mib = 1 << 20
+    jobs = [JobSpec(name, tp=8, pp=1, dp=2, microbatches=2, fwd_ms=5, grad_bytes=32 * mib, bucket_bytes=16 * mib) for name in ("r", "s")]
+    return ClusterGenerator(Fabric(servers=8, servers_per_group=8, spines=2), jobs, duration_s=24.0, seed=4, storage_flows_per_s=0,
+                            faults=[Restart("r", after_s=5.0, outage_s=14.0, replaced_server=0), SlowStep("r", step=200, factor=2.0)]).generate()
+
+
+def test_a_job_restarted_on_a_spare_keeps_its_key_and_its_history(broker, restart_cluster):
+    """A job restarted with a spare server in place of a broken one is the same job: one daemon keeps it under its old
+    id, and the ingest stage keys the job topic by that id too (the one rule of Monitor._stable_ids), so its flows stay
+    on one partition, with one analyse replica, its step history and its anomaly state. The stages' steps (to the
+    nanosecond, numbered on through the restart) and anomalies (the slow step after the restart, by its number in the
+    whole run) are one daemon's. Before, the ingest stage re-keyed the job to the id of its old servers and the spare
+    (a retire of the old id): another replica's, where its steps were numbered from 0 again."""
+    from prism.analysis.jobs import job_id_for
+    from prism.serve.jobtopic import CONTROL_HEADER, job_partition
+
+    cluster = restart_cluster
+    f = cluster.faults.set_index("kind")
+    old_server, spare = f.loc["restart", "subject"].split(">")
+    servers = dict(zip(cluster.topology["ip"], cluster.topology["server"]))
+    before = set(cluster.meta["jobs"]["r"]["servers"])
+    was, grown = job_id_for(before), job_id_for(before | {spare})
+    # the case: the two ids on job-topic partitions of different analyse replicas (two replicas, range assignment)
+    assert job_partition(was, 4) // 2 != job_partition(grown, 4) // 2
+    topic = f"flows-{uuid.uuid4().hex[:8]}"
+    ensure_topic(broker.bootstrap, topic, 4)
+    jobs_topic = f"jobs-{topic}"
+    settings = dict(step_history=4096)
+    one = Running(broker, cluster, "all", topic, f"one-{topic}", "one", jobs_topic, **settings)
+    ins = [Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic, **settings)]
+    ans = [Running(broker, cluster, "analyse", topic, f"g-{topic}", f"a{k}", jobs_topic, **settings) for k in range(2)]
+    everyone = [one, *ins, *ans]
+    sent = []  # the job topic's messages of the restarted job: (key, control kind or None, the servers of its flows)
+    send = ins[0].source.producer.send
+
+    def keep(topic, key=None, value=None, partition=None, headers=None):
+        h = dict(headers or ())
+        if topic == jobs_topic and key not in (None, b""):
+            kind = h.get(CONTROL_HEADER)
+            flows = pa_ipc_table(value) if kind is None else None
+            srv = set() if flows is None else {servers[ip] for ip in flows["src"].tolist()}
+            if kind == b"retire" or srv & (before | {spare}):
+                sent.append((key.decode(), kind, srv))
+        return send(topic, key=key, value=value, partition=partition, headers=headers)
+
+    ins[0].source.producer.send = keep
+    try:
+        _settle(one, ins, ans)
+        n = produce_as_ordered(broker, topic, cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True))
+        _wait_done(one, ins, ans, n)
+        # one daemon keeps the job under the id of its old servers, its steps numbered on through the restart
+        assert was in one.series("prism_job_info") and grown not in one.series("prism_job_info")
+        restart_end = int(f.loc["restart", "end_ns"])
+        steps = one.monitor.steps_frame().query("job_id == @was")
+        assert (steps["start_ns"] < restart_end).sum() > 100 and (steps["start_ns"] > restart_end).sum() > 100
+        assert (steps["step"].diff().dropna() == 1).all()
+        assert ("slow_step", was) in {(k, j) for k, j, _, _ in one.job_anomalies()}, "the slow step after the restart"
+        # the ingest stage sent the job's flows, the spare's among them, under that id only, and retired nothing
+        assert sent and {k for k, kind, _ in sent} == {was} and not any(kind for _, kind, _ in sent), sorted({(k, str(kind)) for k, kind, _ in sent})
+        assert any(spare in srv for _, _, srv in sent) and any(old_server in srv for _, _, srv in sent)
+        # one analyse replica holds it, the one of its partition, and has its whole history: one daemon's steps and anomalies
+        (owner,) = [d for d in ans if was in d.series("prism_job_info")]
+        assert job_partition(was, 4) in owner.monitor.owned
+        assert set().union(*(d.series("prism_job_info") for d in ans)) == set(one.series("prism_job_info"))
+        for job_id, s in one.steps().items():
+            (d,) = [d for d in ans if job_id in d.series("prism_job_info")]
+            assert d.steps()[job_id] == s, job_id
+            assert d.series("prism_steps_total")[job_id] == one.series("prism_steps_total")[job_id]
+        assert sorted(a for d in ans for a in d.job_anomalies()) == one.job_anomalies()
+        print("restarted job", was, "steps", len(steps), "anomalies", one.job_anomalies(), "messages under its key", len(sent))
+    finally:
+        for d in everyone:
+            d.stop()
+
+
+def test_a_rejoin_after_a_restart_on_a_spare_labels_the_job_with_its_old_id(restart_cluster):
+    """The group drops the ingest replica and takes it back (a poll timeout under load) once the restarted job's first
+    flows, the spare's among them, have been read but no window has reached them: the revocation labels them with the
+    job's old id, as the next window does (the silence ends at the first flows read past the last window), and one
+    daemon fed alike keeps that id. Before, a revocation labelled them with the id of the old servers and the spare
+    (a label of its own: the silence had not ended by the last window), and the next window re-keyed them back."""
+    from kafka.structs import TopicPartition
+
+    from prism.analysis.jobs import job_id_for
+    from prism.serve.jobtopic import CONTROL_HEADER
+    from prism.serve.monitor import Monitor
+
+    cluster = restart_cluster
+    topo = Topology.from_frame(cluster.topology)
+    f = cluster.faults.set_index("kind")
+    _, spare = f.loc["restart", "subject"].split(">")
+    was = job_id_for(set(cluster.meta["jobs"]["r"]["servers"]))
+    flows = cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    back = int(f.loc["restart", "end_ns"])
+    tps = {TopicPartition("flows", p) for p in range(4)}
+    src = _ingest_stage(topo, MonitorSettings(**SETTINGS), tps)
+    m, one = src.monitor, Monitor(topo, MonitorSettings(**SETTINGS))
+    t0 = int(flows["start_ns"].min())
+    for lo in range(t0, back, 500_000_000):  # every half second up to the restart: windows through the silence
+        part = flows[(flows["start_ns"] >= lo) & (flows["start_ns"] < min(lo + 500_000_000, back))].reset_index(drop=True)
+        for d in (m, one):
+            d.ingest(part, "flows/0")
+            while d.tick() is not None:
+                pass
+        src.publish()
+    assert m.forwarded_to < back
+    first = flows[(flows["start_ns"] >= back) & (flows["start_ns"] < back + 200_000_000)].reset_index(drop=True)
+    m.ingest(first, "flows/0")  # the restart's first flows, read past the last window
+    src.producer.msgs.clear()
+    src._on_revoked(tps)
+    src._revoked.clear()
+    servers = dict(zip(cluster.topology["ip"], cluster.topology["server"]))
+    sent = {(k.decode(), h.get(CONTROL_HEADER)) for t, k, v, p, h in src.producer.msgs if t == "jobs" and k
+            and (h.get(CONTROL_HEADER) == b"retire" or CONTROL_HEADER not in h and spare in {servers[ip] for ip in pa_ipc_table(v)["src"]})}
+    assert sent == {(was, None)}, sent
+    rest = flows[flows["start_ns"] >= back].reset_index(drop=True)
+    for d in (m, one):
+        d.ingest(rest, "flows/0")
+        d.tick(final=True)
+    src.publish()
+    assert not [k for t, k, v, p, h in src.producer.msgs if h.get(CONTROL_HEADER) == b"retire"], "no re-key"
+    assert was in set(m.jobs_["job_id"]) and was in one.view.jobs and m.rekeyed == 0
+
+
 def test_role_settings_are_checked():
     from prism.serve.settings import resolve_settings
 

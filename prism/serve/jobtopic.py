@@ -182,6 +182,9 @@ class IngestMonitor(Monitor):
         self.resuming: set[str] = set()  # input partitions just taken over, read again from their resume point until the next window
         self._resumed = False  # the batch being ingested is a resuming partition's
         self.out_lock = threading.Lock()  # a window's labelling vs. a revocation's (on the consumer's poll, during an analysis)
+        # the jobs as the last window judged them (id -> servers, its end): the ids one daemon has in its job states,
+        # which Monitor._stable_ids keeps a job restarted on a spare server under
+        self._known: dict[str, tuple[set, int | None]] = {}
 
     def tick(self, final: bool = False, force: bool = False) -> MonitorView | None:
         """The window up to the watermark: jobs recognised, flows and switch sums ready to forward.
@@ -200,6 +203,8 @@ class IngestMonitor(Monitor):
         begin, end, lateness = bounds
         span = self._log_window(begin, end, lateness, final)
         self._label(end)
+        if not span.incomplete:  # as one daemon's job states: a window it does not analyse judges no job
+            self._known = {str(j): (set(g), end) for j, g in self.jobs_.groupby("job_id", sort=True)["server"]}
         self.forwarded_to, self.final = end, final
         if not force:
             self.resuming.clear()  # their records are forwarded with this window, and its watermark covers them
@@ -208,6 +213,9 @@ class IngestMonitor(Monitor):
     def _fold_fabric(self, rows: pd.DataFrame) -> None:
         if len(rows):
             self.fabric_out.append(rows)
+
+    def _known_jobs(self) -> dict[str, tuple[set, int | None]]:
+        return self._known
 
     def take_fabric(self, all_: bool = False) -> pd.DataFrame | None:
         """The switch sums to forward (with ``all_``, also those of short windows not yet passed: a revocation), emptied."""
@@ -254,8 +262,9 @@ class IngestMonitor(Monitor):
 
     def _label(self, end: int | None, keep: bool = False) -> None:
         late_for = None if keep else self.forwarded_to  # the last window: flows of its time taken in since came late for it
-        rec = self._recogniser()
-        labels, jobs = rec.labels(), rec.predict()
+        rec = self._recogniser(end)
+        # one daemon's ids: a job restarted on a spare keeps its key
+        labels, jobs = rec.labels(), self._stable_ids(rec.predict(), read_ahead=end is None)
         self.jobs_ = jobs
         names = label_names(labels, jobs, self.topology)
         a, b, start, duration, size, resumed = self.window.take(end, keep)
@@ -793,7 +802,7 @@ class AnalyseMonitor(Monitor):
         if not gone.any():
             return
         keep = ~(gone[self._pair_keys // self._n] | gone[self._pair_keys % self._n])
-        self._pair_keys, self._pair_last = self._pair_keys[keep], self._pair_last[keep]
+        self._pair_keys, self._pair_last, self._pair_first = self._pair_keys[keep], self._pair_last[keep], self._pair_first[keep]
         cols = self.window.columns()
         keep = ~(gone[cols[0]] | gone[cols[1]])
         self.window.evict(0)

@@ -58,7 +58,7 @@ from prism.ingest.gpu_traffic import gpu_traffic
 from prism.ingest.inventory import JobNames
 from prism.ingest.records import FlowFormatError
 from prism.ingest.topology import Topology
-from prism.serve.window import FlowWindow, RecordDeduper, latest_into, record_hashes
+from prism.serve.window import FlowWindow, RecordDeduper, record_hashes, server_silences, span_into
 
 log = logging.getLogger("prism.monitor")
 
@@ -202,6 +202,7 @@ class _JobState:
         self.reported: dict = {}  # anomaly key -> start_ns
         self.warned_stepless = False  # the "no steps in a whole window" warning was logged
         self.collectives_to: int | None = None  # collectives that end up to here (event ns) are counted
+        self.judged_to: int | None = None  # the end of the last window that judged it (its servers as then)
 
 
 class Monitor:
@@ -238,10 +239,19 @@ class Monitor:
         self._n = len(topology)
         self._pair_keys = np.empty(0, dtype=np.int64)
         self._pair_last = np.empty(0, dtype=np.int64)
+        self._pair_first = np.empty(0, dtype=np.int64)  # each pair's earliest flow start: a window's jobs are its pairs' up to its end
         # each live pair's type from the windows analysed (newest first): the flow kinds the switch diagnosis judges
         # apart; kept past the window that typed them, as the switch window outlasts it
         self._kind_keys = np.empty(0, dtype=np.int64)
         self._kind_types = np.empty(0, dtype=object)
+        # each server's latest GPU flow start and latest silence (server_silences), from the flows up to each window's
+        # end: whether a job came back after a silence (see _stable_ids), the same in every stage that cuts the window
+        self._nic_server = topology.server_codes
+        self._server_code = {str(s): i for i, s in enumerate(topology.servers)}
+        self._server_last = np.full(len(self._server_code), -1, dtype=np.int64)
+        self._silence_from = np.full(len(self._server_code), -1, dtype=np.int64)
+        self._silence_to = np.full(len(self._server_code), -1, dtype=np.int64)
+        self._servers_to: int | None = None  # the window end they are up to
         self.remote_components: dict[str, list[list[str]]] = {}
         self._jobs: dict[str, _JobState] = {}
         self._active: dict[tuple, int] = {}  # (kind, job, subject) of ongoing group/switch anomalies -> last tick
@@ -419,15 +429,19 @@ class Monitor:
     def _see_pairs(self, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
         key = np.minimum(a, b).astype(np.int64) * self._n + np.maximum(a, b)
         # pairs seen before (nearly all, once the first windows are in) are updated in place
-        unseen = latest_into(self._pair_keys, self._pair_last, key, np.asarray(start, dtype=np.int64))
+        start = np.asarray(start, dtype=np.int64)
+        unseen = span_into(self._pair_keys, self._pair_first, self._pair_last, key, start)
         if not unseen.any():
             return
-        keys = np.concatenate([self._pair_keys, key[unseen]])
-        last = np.concatenate([self._pair_last, start[unseen]])
-        o = np.lexsort((last, keys))  # by key, then time: the last of each run is the latest
-        keys, last = keys[o], last[o]
-        end = np.r_[keys[1:] != keys[:-1], True]
-        self._pair_keys, self._pair_last = keys[end], last[end]
+        k, t = key[unseen], start[unseen]
+        o = np.lexsort((t, k))  # by key, then time: the first of each run is the earliest, the last the latest
+        k, t = k[o], t[o]
+        head, tail = np.r_[True, k[1:] != k[:-1]], np.r_[k[1:] != k[:-1], True]
+        keys = np.concatenate([self._pair_keys, k[head]])
+        o = np.argsort(keys, kind="stable")
+        self._pair_keys = keys[o]
+        self._pair_first = np.concatenate([self._pair_first, t[head]])[o]
+        self._pair_last = np.concatenate([self._pair_last, t[tail]])[o]
 
     # -- partition state (for restarts and rebalances) ------------------------
     def counters_snapshot(self) -> dict[str, dict]:
@@ -453,10 +467,13 @@ class Monitor:
         df = pd.DataFrame({"label": labels, "ip": ips})[labels >= 0]
         return [g.tolist() for _, g in df.groupby("label")["ip"]]
 
-    def _recogniser(self) -> JobRecogniser:
+    def _recogniser(self, end: int | None = None) -> JobRecogniser:
+        """Jobs from the live pairs (those seen by ``end``, a window's end: not those only read ahead of it, which
+        another process, reading at another pace, would not have) and the other replicas' components."""
         rec = JobRecogniser(self.topology)
-        if len(self._pair_keys):
-            rec.partial_fit_pairs(self._pair_keys // self._n, self._pair_keys % self._n)
+        keys = self._pair_keys if end is None else self._pair_keys[self._pair_first <= end]
+        if len(keys):
+            rec.partial_fit_pairs(keys // self._n, keys % self._n)
         for comps in self.remote_components.values():
             for ips in comps:
                 idx = self.topology.nic_index(pd.Series(ips))
@@ -535,7 +552,7 @@ class Monitor:
         if span.incomplete:
             return self._publish(end, lateness, self.view.switches, t0, incomplete=True)
 
-        rec = self._recogniser()
+        rec = self._recogniser(end)
         labels, jobs = rec.labels(), self._stable_ids(rec.predict())
         self.jobs_ = jobs
         a, b, start, duration, size = self.window.columns()
@@ -592,12 +609,71 @@ class Monitor:
             # the first polls can hold more than a window: its steps count too)
             begin = min(begin, self.min_start)
         self.window.evict(begin)
+        self._see_servers(end)
         self.dedupe.evict(begin - lateness)
         self._fold_fabric(self.fabric_in.take_before(None if final else end))
         self.switch_bw.forget_before(begin)
         live = self._pair_last >= end - int(self.s.pair_ttl_s * 1e9)
-        self._pair_keys, self._pair_last = self._pair_keys[live], self._pair_last[live]
+        self._pair_keys, self._pair_last, self._pair_first = self._pair_keys[live], self._pair_last[live], self._pair_first[live]
         return begin, end, lateness
+
+    def _see_servers(self, end: int) -> None:
+        """Each server's latest GPU flow and silence, with the window's flows past the last window's end, up to ``end``."""
+        a, b, start, _, _ = self.window.columns()
+        lo = 0 if self._servers_to is None else int(np.searchsorted(start, self._servers_to, side="right"))
+        hi = int(np.searchsorted(start, end, side="right"))
+        if hi > lo:
+            server_silences(self._nic_server, a[lo:hi], b[lo:hi], start[lo:hi], self._server_last, self._silence_from, self._silence_to,
+                            np.int64(self.analysis.hang.min_silence_s * 1e9))
+        self._servers_to = end if self._servers_to is None else max(self._servers_to, end)
+
+    def _came_back(self, servers: Iterable[str], since: int | None, ahead: np.ndarray | None = None) -> bool:
+        """Did ``servers`` all fall silent together, for the hang diagnosis's least silence (``min_silence_s``, 8 s) or
+        more, a silence that ended (some of them sent again) after ``since``?
+
+        Each server's latest silence (one still going on reaches the last window's end): their common part. A function
+        of the flows up to the windows' ends, not of where the windows fell in the silence. With ``ahead``
+        (:meth:`_first_ahead`: a revocation labels the flows read past the last window) a silence going on at the last
+        window's end ends at the server's first flow read past it.
+        """
+        if since is None or self._servers_to is None:
+            return False
+        codes = [self._server_code[s] for s in servers if s in self._server_code]
+        if not codes:
+            return False
+        min_gap = int(self.analysis.hang.min_silence_s * 1e9)
+        frm: list[int] = []
+        to: list[int | None] = []
+        for c in codes:
+            last = int(self._server_last[c])
+            if last < 0:
+                return False
+            nxt = int(ahead[c]) if ahead is not None else -1
+            if nxt >= 0 and nxt - last >= min_gap:  # back past the last window
+                frm.append(last)
+                to.append(nxt)
+            elif nxt < 0 and self._servers_to - last >= min_gap:  # silent still
+                frm.append(last)
+                to.append(None)
+            elif self._silence_to[c] >= 0:
+                frm.append(int(self._silence_from[c]))
+                to.append(int(self._silence_to[c]))
+            else:
+                return False  # never silent
+        ended = [t for t in to if t is not None]
+        if not ended:
+            return False  # silent still: not back
+        return min(ended) - max(frm) >= min_gap and min(ended) > since
+
+    def _first_ahead(self) -> np.ndarray:
+        """Each server's earliest GPU flow start past the last window's end, among the flows read (-1: none)."""
+        none = np.iinfo(np.int64).max
+        out = np.full(len(self._server_last), none, dtype=np.int64)
+        a, b, start, _, _ = self.window.columns()
+        lo = 0 if self._servers_to is None else int(np.searchsorted(start, self._servers_to, side="right"))
+        for nic in (a[lo:], b[lo:]):
+            np.minimum.at(out, self._nic_server[nic], start[lo:])
+        return np.where(out == none, -1, out)
 
     def _fold_fabric(self, rows: pd.DataFrame) -> None:
         """The switch sums of short windows a window has passed (:meth:`SwitchBandwidth.take_before`): into the
@@ -705,6 +781,7 @@ class Monitor:
                                             **({"job_name": name} if name else {})}))
             # the id names the servers; the GPUs seen on them can still grow
             st.servers = current[job_id]
+            st.judged_to = end
             st.view.gpus, st.view.servers = int(len(g)), len(st.servers)
             st.view.name = self.job_names.name(st.servers) if self.job_names is not None else ""
             if shapes is not None and job_id in shapes.index:
@@ -717,36 +794,54 @@ class Monitor:
         for job_id in [j for j, st in self._jobs.items() if st.view.job_id != j]:
             del self._jobs[job_id]  # absorbed into a bigger job under its new id
 
-    def _stable_ids(self, jobs: pd.DataFrame) -> pd.DataFrame:
+    def _stable_ids(self, jobs: pd.DataFrame, read_ahead: bool = False) -> pd.DataFrame:
         """``jobs`` with a job that had one server replaced under the id it had.
 
         A job restarted with a spare server in place of a broken one is the
         same job: from the restart the recogniser's id names its old and new
         servers, and once the old server's pairs expire (``pair_ttl_s``) it
-        names it anew. Both are mapped back to the id the job has had: a
-        job that was silent (``ended`` or ``hung`` at the last window) and
-        comes back with one more server, or a job with one server out and
+        names it anew. Both are mapped back to the id the job has had (and so,
+        window after window, are its servers as they were then): a job whose
+        servers all fell silent for the hang diagnosis's least silence
+        (``min_silence_s``, 8 s) or more and came back, since the last window
+        that judged it, with one more server (:meth:`_came_back`: from the
+        flows, wherever the windows fell), or a job with one server out and
         one in, at least two (all but one) of its servers kept. (A job that
         grows otherwise, more of its servers seen, takes the new id: see
         :meth:`_merge_jobs`.)
+
+        The one rule of a job's id for every stage: the ingest stage keys the
+        job topic by it (``IngestMonitor``, with the jobs it last labelled as
+        :meth:`_known_jobs`), so a job restarted on a spare keeps its key, and
+        with it its analyse replica, step history and anomaly state.
+        ``read_ahead``: ``jobs`` hold the pairs read past the last window (a
+        revocation's labels), whose flows end a silence too.
         """
-        if not self._jobs or not len(jobs):
+        known = self._known_jobs()
+        if not known or not len(jobs):
             return jobs
+        ahead = self._first_ahead() if read_ahead else None
         current = {cast(str, job_id): set(g) for job_id, g in jobs.groupby("job_id", sort=True)["server"]}
         rename: dict[str, str] = {}
         for job_id, servers in current.items():
-            if job_id in self._jobs:
+            if job_id in known:
                 continue
-            for old_id, st in self._jobs.items():
-                kept = st.servers & servers
-                if old_id in current or old_id in rename.values() or st.view.job_id != old_id:
+            for old_id, (old, judged_to) in known.items():
+                kept = old & servers
+                if old_id in current or old_id in rename.values():
                     continue
-                back = st.view.state != "running" and st.servers < servers and len(servers - st.servers) == 1  # restarted on a spare
-                swapped = not st.servers <= servers and len(st.servers - servers) <= 1 and len(servers - st.servers) <= 1
-                if (back or swapped) and len(kept) >= max(2, len(st.servers) - 1):
+                back = old < servers and len(servers - old) == 1 and self._came_back(old, judged_to, ahead)  # restarted on a spare
+                swapped = not old <= servers and len(old - servers) <= 1 and len(servers - old) <= 1
+                # the servers of a job kept under its old id (the recogniser names them anew at every window)
+                same = old == servers
+                if (back or swapped or same) and len(kept) >= max(2, len(old) - 1):
                     rename[job_id] = old_id
                     break
         return jobs.assign(job_id=jobs["job_id"].replace(rename)) if rename else jobs
+
+    def _known_jobs(self) -> dict[str, tuple[set, int | None]]:
+        """The jobs as the last window that judged them saw them: id -> (servers, that window's end)."""
+        return {j: (st.servers, st.judged_to) for j, st in self._jobs.items() if st.view.job_id == j}
 
     def _merge_states(self, states: pd.DataFrame | None) -> None:
         """Each job's state (running, hung, ended) as the window's silences judge it; a job not judged keeps its last."""

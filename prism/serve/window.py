@@ -19,7 +19,7 @@ import pandas as pd
 
 from prism.common.kernels import register_warm_up
 
-__all__ = ["RecordDeduper", "FlowWindow", "record_hashes", "latest_into", "warm_up"]
+__all__ = ["RecordDeduper", "FlowWindow", "record_hashes", "span_into", "server_silences", "warm_up"]
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -206,13 +206,14 @@ def _insert(keys, times, hashes, start, new):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def latest_into(keys: np.ndarray, last: np.ndarray, key: np.ndarray, start: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
-    """Raise ``last`` to each row's ``start`` where its ``key`` is among ``keys``; return the rows whose key is not.
+def span_into(keys: np.ndarray, first: np.ndarray, last: np.ndarray, key: np.ndarray, start: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """Raise ``last`` and lower ``first`` to each row's ``start`` where its ``key`` is among ``keys``; return the rows
+    whose key is not.
 
-    ``keys`` is sorted and unique, ``last`` its latest start per key
-    (updated in place). A binary search per row: O(rows log keys), no sort
-    of the rows, which a batch of records mostly of known pairs does not
-    need.
+    ``keys`` is sorted and unique, ``first`` and ``last`` its earliest and
+    latest start per key (updated in place). A binary search per row:
+    O(rows log keys), no sort of the rows, which a batch of records mostly
+    of known pairs does not need.
     """
     unseen = np.zeros(len(key), dtype=np.bool_)
     for i in range(len(key)):
@@ -220,9 +221,29 @@ def latest_into(keys: np.ndarray, last: np.ndarray, key: np.ndarray, start: np.n
         if j < len(keys) and keys[j] == key[i]:
             if start[i] > last[j]:
                 last[j] = start[i]
+            if start[i] < first[j]:
+                first[j] = start[i]
         else:
             unseen[i] = True
     return unseen
+
+
+@numba.njit(cache=True, nogil=True)
+def server_silences(server_of: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray, last: np.ndarray, gap_from: np.ndarray,
+                    gap_to: np.ndarray, min_gap: np.int64) -> None:  # pragma: no cover - compiled
+    """Each server's latest flow start (``last``) and its latest silence of ``min_gap`` or more (``gap_from`` to
+    ``gap_to``), raised in place with flows ``a, b`` (NIC indices) sorted by ``start``: one pass, per flow.
+
+    ``last`` is -1 for a server not seen yet (no silence before its first flow).
+    """
+    for i in range(len(start)):
+        t = start[i]
+        for nic in (a[i], b[i]):
+            s = server_of[nic]
+            if last[s] >= 0 and t - last[s] >= min_gap:
+                gap_from[s], gap_to[s] = last[s], t
+            if t > last[s]:
+                last[s] = t
 
 
 @numba.njit(cache=True, nogil=True)
