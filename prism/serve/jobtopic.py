@@ -311,10 +311,9 @@ class IngestMonitor(Monitor):
         late for)."""
         if not len(cols[0]):
             return
-        if out is None:
-            out = self.forward if isinstance(key, str) else self.forward_late
-        have = out.get(key)
-        out[key] = cols if have is None else tuple(np.concatenate([x, y]) for x, y in zip(have, cols))
+        into: dict[Any, tuple] = out if out is not None else self.forward if isinstance(key, str) else self.forward_late
+        have = into.get(key)
+        into[key] = cols if have is None else tuple(np.concatenate([x, y]) for x, y in zip(have, cols))
 
     def _flag(self, span: WindowSpan, after: bool) -> None:
         self.flags.append([int(span.begin), int(span.end), int(span.late), bool(after), span.why])
