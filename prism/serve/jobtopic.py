@@ -887,17 +887,15 @@ class ForwardingSource(KafkaSource):
         return (q[0][0], q[0][1]) if q else (offset, counters)
 
     def _settle_assigned(self, batch: dict) -> None:
-        stood = {tp: self.positions.get(tp) for tp in self._pending}
         super()._settle_assigned(batch)
         owned = self.consumer.assignment()
         for tp in [tp for tp in self._unsent if tp not in owned]:
             del self._unsent[tp]  # its new owner resumes it
         if isinstance(self.monitor, IngestMonitor):
             # read again from a published resume point (taken over, or ours from a previous life). One kept where
-            # reading stood, or that no replica has forwarded from (a new group's), reads on as one daemon does: its
-            # records are judged late alike
-            self.monitor.resuming |= {self.partition_name(tp) for tp, at in stood.items()
-                                      if tp in owned and tp in self.positions and self.positions[tp] != at}
+            # reading stood, one no replica has forwarded from (a new group's), or one whose log the broker lost reads
+            # on as one daemon does: its records are judged late alike
+            self.monitor.resuming |= {self.partition_name(tp) for tp in self._moved if tp in self.positions}
 
     def publish(self, only: Collection[Any] | None = None) -> None:
         m = self.monitor
@@ -1135,14 +1133,11 @@ class JobTopicSource(KafkaSource):
         return recreated
 
     def _settle_assigned(self, batch: dict) -> None:
-        stood = {tp: self.positions.get(tp) for tp in self._pending}
         super()._settle_assigned(batch)
         owned = self.consumer.assignment()
         self._held = [h for h in self._held if h[0] in owned]  # a revoked partition's are its new owner's
-        # a partition read from elsewhere than where reading stood (a replay offset): the watermarks read before say
-        # nothing of what comes next
-        moved = {tp for tp, at in stood.items() if at is None or self.positions.get(tp) != at}
-        self._after = {k: v for k, v in self._after.items() if k[0] in owned and k[0] not in moved}
+        # the watermarks read before a partition moved (to a replay offset) say nothing of what comes next
+        self._after = {k: v for k, v in self._after.items() if k[0] in owned and k[0] not in self._moved}
         m = self.monitor
         parts = self.consumer.partitions_for_topic(self.topic) or set()
         if not isinstance(m, AnalyseMonitor) or not parts:

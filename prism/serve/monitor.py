@@ -620,12 +620,16 @@ class Monitor:
     def _see_servers(self, end: int) -> None:
         """Each server's latest GPU flow and silence, with the window's flows past the last window's end, up to ``end``."""
         a, b, start, _, _ = self.window.columns()
-        lo = 0 if self._servers_to is None else int(np.searchsorted(start, self._servers_to, side="right"))
+        lo = self._past_servers_to(start)
         hi = int(np.searchsorted(start, end, side="right"))
         if hi > lo:
             server_silences(self._nic_server, a[lo:hi], b[lo:hi], start[lo:hi], self._server_last, self._silence_from, self._silence_to,
                             np.int64(self.analysis.hang.min_silence_s * 1e9))
         self._servers_to = end if self._servers_to is None else max(self._servers_to, end)
+
+    def _past_servers_to(self, start: np.ndarray) -> int:
+        """The first of the window's flows (``start``, sorted) past the end the servers' silences are up to."""
+        return 0 if self._servers_to is None else int(np.searchsorted(start, self._servers_to, side="right"))
 
     def _came_back(self, servers: Iterable[str], since: int | None, ahead: np.ndarray | None = None) -> bool:
         """Did ``servers`` all fall silent together, for the hang diagnosis's least silence (``min_silence_s``, 8 s) or
@@ -670,7 +674,7 @@ class Monitor:
         none = np.iinfo(np.int64).max
         out = np.full(len(self._server_last), none, dtype=np.int64)
         a, b, start, _, _ = self.window.columns()
-        lo = 0 if self._servers_to is None else int(np.searchsorted(start, self._servers_to, side="right"))
+        lo = self._past_servers_to(start)
         for nic in (a[lo:], b[lo:]):
             np.minimum.at(out, self._nic_server[nic], start[lo:])
         return np.where(out == none, -1, out)

@@ -208,6 +208,7 @@ class KafkaSource(Source):
         self._pending: set = set()  # assigned partitions not yet settled
         self._committed: set = set()  # partitions we have committed offsets for
         self._revoked: set = set()  # revoked, not yet known to be elsewhere
+        self._moved: set = set()  # partitions the last settling moved from where reading stood (see _settle_assigned)
         self._rebalanced = False
         self._stash: dict = {}  # revoked partitions' last offset and counts, in case they come back
         self._topic_id: str | None = None  # the topic's UUID when first seen; a new one means the topic was re-created
@@ -343,6 +344,7 @@ class KafkaSource(Source):
         revoked, self._revoked = self._revoked, set()
         self._rebalanced = False
         owned = self.consumer.assignment()
+        stood = {tp: self.positions.get(tp) for tp in pending}
         for tp in revoked - set(owned):
             # gone to another replica, which takes over the published counts
             if self.monitor is not None:
@@ -377,6 +379,9 @@ class KafkaSource(Source):
                 # which lags the counts: go back to where the counts stand
                 self._seek(tp, int(best["offset"]), batch)
                 log.info("partition %s: resuming at offset %s", name, best["offset"])
+        # read from elsewhere than where reading stood (a published resume point, the log's start): what was read of
+        # it before says nothing of what comes next
+        self._moved = {tp for tp, at in stood.items() if tp in owned and self.positions.get(tp) != at}
 
     def _current_topic_id(self) -> str | None:
         # the topic's UUID from the consumer's metadata (Metadata v10+; kafka-python
