@@ -197,6 +197,26 @@ def _tp8_dp4_in_halves(cluster, in_time_order=False):
     return f, side == f["dst"].astype(str).map(servers).isin(half).to_numpy(), ips
 
 
+def test_a_forced_rerun_of_the_final_window_keeps_it_final(cluster):
+    """The input gone quiet, an ingest replica's last window is final (the analyse stage's tail waits for every input
+    partition's final mark). Another replica's job membership changing then re-runs that window (``force``): it is
+    still the tail of a quiet input, and stays final; a forced window past it (new input) is not."""
+    from prism.serve.jobtopic import IngestMonitor
+
+    m = IngestMonitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
+    f = cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    t0 = int(f["start_ns"].min())
+    m.ingest(f[f["start_ns"] < t0 + 6_000_000_000])
+    while m.due():
+        m.tick()
+    assert m.tick(final=True) is not None and m.final and m.analysed_to == m.max_start
+    to = m.analysed_to
+    assert m.tick(force=True) is not None  # Daemon.run on components_changed
+    assert m.final and m.analysed_to == to and not m.pending(), "re-run as a window that is not the tail: no idle flush marks it final again"
+    m.ingest(f[f["start_ns"] >= t0 + 6_000_000_000])
+    assert m.tick(force=True) is not None and m.analysed_to > to and not m.final
+
+
 def test_a_job_whose_id_changes_is_sent_again_under_the_new_one(cluster):
     """A job first seen in two pieces (two ids), then whole: its window goes to the new id's owner, the old ids are retired."""
     from prism.serve.jobtopic import AnalyseMonitor, IngestMonitor

@@ -197,6 +197,11 @@ class IngestMonitor(Monitor):
 
     def _tick(self, final: bool, force: bool) -> MonitorView | None:
         t0 = time.perf_counter()
+        if force and self.final and not self.pending():
+            # the final window re-run (another replica's job membership changed): still the tail of a quiet input; as
+            # one that is not, its watermark would say so, and with nothing past it no idle flush would make it final
+            # again (the analyse stage would wait for that partition's final mark for ever)
+            final = True
         bounds = self._advance(final, force)
         if bounds is None:
             return None
