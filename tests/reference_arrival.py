@@ -241,6 +241,6 @@ def reference_lateness(last, late_ns, srv, min_draws=3, min_refs=2, factor=4.0, 
         lr = [math.log(x) for x in ref]
         s = max(statistics.stdev(lr), math.log(spread))
         z = (statistics.fmean(lp) - statistics.fmean(lr)) / (s * math.sqrt(1 / k + 1 / len(lr)))
-        if best is None or z >= best[1]:
+        if best is None or z >= best[1] - 1e-9 * abs(best[1]):  # equal but for the order of summing: the later start
             best = (i, z, k, n, min(late[j] for j in wins), max(ref), len(ref))
     return best

@@ -391,34 +391,59 @@ def lateness_test(last: np.ndarray, late_ns: np.ndarray, srv: str, min_draws: in
     True
     """
     last, late = np.asarray(last), np.asarray(late_ns, np.float64)
+    n_draws = len(last)
+    if n_draws == 0:
+        return None
+    # every start at once (a day of 0.3 s steps is ~300k draws: a loop over starts, each scanning the rest, would be
+    # quadratic); each quantity of "the draws from i on" is a suffix scan, of "before i" a prefix one
+    # (tests/reference_arrival.py keeps the start-by-start loop, and a property test holds the two equal)
     v = np.maximum(late, floor_ns)
     mine, named = last == srv, last != ""
-    best = None
-    for i in range(len(last)):
-        w = mine[i:]
-        k, n = int(w.sum()), len(w)
-        if k < min_draws:
-            break  # no more of its draws further on
-        if k < min_share * n:
-            continue
-        others = pd.Series(last[i:][~w & named[i:]]).value_counts()
-        if len(others) and k < clear_factor * int(others.iloc[0]):
-            continue
-        post = late[i:][w]
-        if post.min() < floor_ns:
-            continue
-        ref_at = np.r_[np.flatnonzero(named[:i]), i + np.flatnonzero(~w & named[i:])]
-        if len(ref_at) < min_refs:
-            continue
-        ref = v[ref_at]
-        if post.min() < factor * ref.max():
-            continue
-        lp, lr = np.log(post), np.log(ref)
-        s = max(float(np.std(lr, ddof=1)), float(np.log(spread)))
-        z = float((lp.mean() - lr.mean()) / (s * np.sqrt(1 / k + 1 / len(lr))))
-        if best is None or z >= best[1]:  # on a tie, the later start
-            best = (i, z, k, n, float(post.min()), float(ref.max()), len(ref_at))
-    return best
+    other = named & ~mine
+
+    def suffix(x: np.ndarray) -> np.ndarray:  # x[i:].sum() for every i
+        return np.cumsum(x[::-1])[::-1]
+
+    def before(x: np.ndarray) -> np.ndarray:  # x[:i].sum() for every i
+        return np.r_[0, np.cumsum(x)[:-1]]
+
+    k = suffix(mine.astype(np.int64))
+    n = n_draws - np.arange(n_draws)
+    # the largest count of any other server from i on: a draw's count of its own server from there on, its
+    # running maximum from the end (the first draw of a server at or after i carries that server's count)
+    own = np.zeros(n_draws, np.int64)
+    at = np.flatnonzero(other)
+    if len(at):
+        own[at] = pd.Series(last[at]).groupby(last[at]).cumcount(ascending=False).to_numpy() + 1
+    most_other = np.maximum.accumulate(own[::-1])[::-1]
+    post_min = np.minimum.accumulate(np.where(mine, late, np.inf)[::-1])[::-1]
+    # the reference: every named draw before i, every other server's from i on
+    n_ref = before(named.astype(np.int64)) + suffix(other.astype(np.int64))
+    ref_max = np.maximum(np.r_[-np.inf, np.maximum.accumulate(np.where(named, v, -np.inf))[:-1]],
+                         np.maximum.accumulate(np.where(other, v, -np.inf)[::-1])[::-1])
+    ok = ((k >= min_draws) & (k >= min_share * n) & (k >= clear_factor * most_other) & (post_min >= floor_ns)
+          & (n_ref >= max(min_refs, 2)) & (post_min >= factor * ref_max))
+    if not ok.any():
+        return None
+    # log lateness, centred so that sums of squares keep their precision
+    lv = np.log(v)
+    c = float(lv[named].mean())
+    lv -= c
+    lp = np.where(mine, lv, 0.0)  # a late draw of srv's is above the floor wherever ``ok``: its log is log(v)
+    lr, lr2 = np.where(named, lv, 0.0), np.where(named, lv * lv, 0.0)
+    lo, lo2 = np.where(other, lv, 0.0), np.where(other, lv * lv, 0.0)
+    s1 = before(lr) + suffix(lo)
+    s2 = before(lr2) + suffix(lo2)
+    i = np.flatnonzero(ok)
+    m = n_ref[i].astype(np.float64)
+    var = np.maximum(s2[i] - s1[i] * s1[i] / m, 0.0) / (m - 1)
+    s = np.maximum(np.sqrt(var), np.log(spread))
+    z = (suffix(lp)[i] / k[i] - s1[i] / m) / (s * np.sqrt(1 / k[i] + 1 / m))
+    # the largest z; on a tie, the later start. Ties are real: a start just past another server's draw has the same
+    # reference and late draws as one just before it, so the same z up to the order it was summed in
+    j = int(np.flatnonzero(z >= z.max() - 1e-9 * abs(z.max()))[-1])
+    b = int(i[j])
+    return (b, float(z[j]), int(k[b]), int(n[b]), float(post_min[b]), float(ref_max[b]), int(n_ref[b]))
 
 
 def rounds(start_ns: np.ndarray, gap: float = 8.0) -> np.ndarray | None:
