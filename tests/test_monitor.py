@@ -93,13 +93,13 @@ def test_each_window_is_logged_at_debug(cluster, caplog):
 def test_a_job_without_steps_in_a_whole_window_is_warned_about_once(cluster, caplog):
     """A window too short for a job's steps yields no steps for it: the operator is told once, not every window."""
     flows = cluster.flows.sort_values("start_ns", kind="stable")
-    batches = [flows.iloc[i : i + 2000].reset_index(drop=True) for i in range(0, len(flows), 2000)]
 
-    def run(settings):
+    def run(settings, seconds=None):
         caplog.clear()
+        f = flows if seconds is None else flows[flows["start_ns"] < flows["start_ns"].iloc[0] + seconds * 1e9]
         m = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**settings))
         with caplog.at_level("WARNING", logger="prism.monitor"):
-            for b in batches:
+            for b in [f.iloc[i : i + 2000].reset_index(drop=True) for i in range(0, len(f), 2000)]:
                 m.ingest(b)
                 while m.due():
                     m.tick()
@@ -107,7 +107,8 @@ def test_a_job_without_steps_in_a_whole_window_is_warned_about_once(cluster, cap
         warned = [r.fields["job"] for r in caplog.records if r.getMessage() == "no training steps found in a whole window"]
         return warned, {j: st.view.steps for j, st in m._jobs.items()}
 
-    warned, steps = run({**SETTINGS, "window_s": 0.25, "step_s": 0.05, "lateness_s": 0.01})
+    # 3 s of 0.25 s windows a step of 0.05 s apart: 60 windows, each too short for the jobs' steps
+    warned, steps = run({**SETTINGS, "window_s": 0.25, "step_s": 0.05, "lateness_s": 0.01}, seconds=3)
     assert len(warned) == len(set(warned))
     stepless = {j for j, n in steps.items() if n == 0}
     assert stepless and stepless <= set(warned), (warned, steps)
