@@ -371,7 +371,7 @@ def lateness_test(last: np.ndarray, late_ns: np.ndarray, srv: str, min_draws: in
     them and ``clear_factor`` times as often as any other server, each
     time by ``floor_ns`` at least; the reference is every other draw with a
     last server (those before ``i``, whoever was last, and those from ``i``
-    on that another server was last in), ``min_refs`` at least. Its late
+    on that another server was last in), ``min_refs`` at least (and 2, for a deviation). Its late
     draws must each be ``factor`` times as late as the latest of the
     reference (lateness floored at ``floor_ns``, a collector's clock
     offset and more), and their mean log lateness above the reference's by
