@@ -571,7 +571,8 @@ def test_an_analyse_replica_lost_mid_stream_is_succeeded_exactly(broker, cluster
         wait_for(lambda: m.all_final() and m.analysed_to is not None and m.analysed_to >= m.complete_to() >= ing.monitor.analysed_to, 180,
                  "the successor", progress=progress)
         assert set(successor.series("prism_job_info")) == set(one.series("prism_job_info"))
-        same, why = _same_steps({j: successor.steps().get(j, []) for j in one.steps()}, one.steps())
+        want, got = one.steps(), successor.steps()
+        same, why = _same_steps({j: got.get(j, []) for j in want}, want)
         assert same, why
         for job_id in one.steps():
             assert successor.series("prism_steps_total")[job_id] == one.series("prism_steps_total")[job_id]
