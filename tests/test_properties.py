@@ -649,3 +649,18 @@ def test_arrival_lateness_equals_the_python_reference(seed, n_draws, n_servers, 
         if got is not None:
             assert got[0] == want[0] and got[2:4] == want[2:4] and got[4:] == pytest.approx(want[4:])
             assert got[1] == pytest.approx(want[1], rel=1e-9, abs=1e-12)
+
+
+@SETTINGS
+@given(st.integers(1, 5000), st.data(), st.floats(0.0, 1.0))
+def test_binomial_and_normal_tails_are_scipy_stats(n, data, p):
+    """The significance tests' tails (prism.common.tails, from scipy.special so that no process imports
+    scipy.stats at start) equal scipy.stats' to the last bit, at the edges too (k <= 0, k > n, p of 0 or 1)."""
+    from scipy.stats import binom, norm
+
+    from prism.common.tails import binomial_at_least, normal_above
+
+    k = data.draw(st.integers(-2, n + 2))
+    assert binomial_at_least(k, n, p) == float(binom.sf(k - 1, n, p))
+    z = data.draw(st.floats(-40.0, 40.0))
+    assert normal_above(z) == float(norm.sf(z))

@@ -61,10 +61,10 @@ from typing import Any, NamedTuple
 import numba
 import numpy as np
 import pandas as pd
-from scipy.stats import binom
 
 from prism.common.components import connected_components
 from prism.common.ordering import order_by
+from prism.common.tails import binomial_at_least
 
 __all__ = ["StepTimeline", "natural_break", "class_cut", "accumulation_period", "optimizer_splits", "pause_splits", "edge_splits", "opened_inside", "gaps_within", "piece_period", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
 
@@ -340,7 +340,7 @@ def _longer_every(g: np.ndarray, lo: int, hi: int, tests: int, min_wins: float, 
         for phase in range(m):
             rest = np.delete(x, phase, axis=1)
             wins = int(np.sum(x[:, phase] > rest.max(axis=1)))
-            if wins < min_wins * k or binom.sf(wins - 1, k, 1.0 / m) * tests > alpha:
+            if wins < min_wins * k or binomial_at_least(wins, k, 1.0 / m) * tests > alpha:
                 continue
             if small(x[:, phase], rest):
                 return m, phase

@@ -85,9 +85,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pandas as pd
-from scipy.stats import binom, norm
 
 from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies
+from prism.common.tails import binomial_at_least, normal_above
 
 __all__ = ["ARRIVAL_COLUMNS", "ArrivalDiagnoser", "draws", "last_arrival", "lateness_test", "per_step", "rounds"]
 
@@ -314,7 +314,7 @@ class ArrivalDiagnoser:
         if n < self.min_bursts or k / n < self.min_share:
             return None
         p = float(chance[sub].mean())
-        pval = float(binom.sf(k - 1, n, p))
+        pval = binomial_at_least(k, n, p)
         if pval > self.alpha / (max(n_servers, 1) * len(idx)):
             return None
         others = pd.Series(last[sub][(last[sub] != srv) & (last[sub] != "")]).value_counts()
@@ -340,7 +340,7 @@ class ArrivalDiagnoser:
         if best is None:
             return None
         what, (i0, z, k, n, post, ref, n_ref) = best
-        pval = float(norm.sf(z))
+        pval = normal_above(z)
         if pval > self.alpha / (2 * max(n_servers, 1) * len(idx)):  # two measures, the servers, the draws it could start at
             return None
         return int(idx[i0]), k / n, (f"{srv} sent last at {k} of {n} {unit}, each time {_span(post)} or more behind {what} (the last server of the "
