@@ -307,8 +307,18 @@ def test_poison_messages_cost_only_themselves(broker, topic, cluster):
         d.stop()
 
 
+@pytest.fixture(scope="module")
+def short_cluster():
+    """The tiny cluster over 3 s (SYNTHETIC; 77 thousand flows, 38% of the 8-s stream's): the broker-restart tests
+    test the log, the offsets and the daemon's place in them, which a shorter stream tests as well at a third of the
+    daemon's analysis time, the most of these tests' time."""
+    from synthetic import preset
+
+    return preset("tiny", seed=0, duration_s=3.0).generate()
+
+
 @pytest.mark.parametrize("down_s", [0.0, 4.0], ids=["restart-at-once", "restart-after-the-session-timeout"])
-def test_broker_restart_loses_nothing(broker, cluster, down_s):
+def test_broker_restart_loses_nothing(short_cluster, down_s):
     """Memory storage: the restarted broker is empty and the topic re-created (a new topic ID).
 
     The daemon must notice from the topic ID, whatever the timing: restarted at
@@ -317,10 +327,10 @@ def test_broker_restart_loses_nothing(broker, cluster, down_s):
     b = LocalBroker().start()
     topic = "flows"
     ensure_topic(b.bootstrap, topic, 4)
-    flows = cluster.flows.sort_values("start_ns").reset_index(drop=True)
+    flows = short_cluster.flows.sort_values("start_ns").reset_index(drop=True)
     half = len(flows) // 2
     n1 = produce(b, topic, flows.iloc[:half])
-    d = RunningDaemon(b, topic, cluster)
+    d = RunningDaemon(b, topic, short_cluster)
     try:
         wait_for(lambda: d.total("prism_flows_ingested_total") == n1, 60, "the first half", progress=d.progress)
         b.stop(kill=True)
@@ -375,17 +385,17 @@ def _http_ok(url):
 DURABLE_GROUP = dict(max_poll_interval_s=30.0, session_timeout_s=6.0)
 
 
-def test_durable_broker_killed_mid_stream_loses_nothing(cluster, s3):
+def test_durable_broker_killed_mid_stream_loses_nothing(short_cluster, s3):
     """Tansu on S3 storage, as a deployment keeps it: killed (-9) and restarted while records stream in."""
     bucket = f"tansu-{uuid.uuid4().hex[:8]}"
     urllib.request.urlopen(urllib.request.Request(f"{s3['AWS_ENDPOINT']}/{bucket}", method="PUT"), timeout=10).close()
     b = LocalBroker(storage=f"s3://{bucket}/", env=s3).start()
     topic = "flows"
     ensure_topic(b.bootstrap, topic, 4)
-    flows = cluster.flows.sort_values("start_ns").reset_index(drop=True)
+    flows = short_cluster.flows.sort_values("start_ns").reset_index(drop=True)
     third = len(flows) // 3
     n1 = produce(b, topic, flows.iloc[:third])
-    d = RunningDaemon(b, topic, cluster, **DURABLE_GROUP)
+    d = RunningDaemon(b, topic, short_cluster, **DURABLE_GROUP)
     try:
         wait_for(lambda: d.total("prism_flows_ingested_total") > 0, 60, "the first records", progress=d.progress)
         b.stop(kill=True)  # mid-stream: part of the first third not yet read
@@ -453,7 +463,7 @@ def _log_ends(log):
     return {p: recs[-1][0] + 1 for p, recs in log.items() if recs}
 
 
-def test_durable_broker_restart_keeps_records_and_committed_offsets(cluster, s3):
+def test_durable_broker_restart_keeps_records_and_committed_offsets(short_cluster, s3):
     """Tansu on S3 storage stopped and started again: the log, the committed offsets and the daemon's place all survive.
 
     A daemon consumes the first half and commits; it and the broker stop; the
@@ -466,12 +476,12 @@ def test_durable_broker_restart_keeps_records_and_committed_offsets(cluster, s3)
     urllib.request.urlopen(urllib.request.Request(f"{s3['AWS_ENDPOINT']}/{bucket}", method="PUT"), timeout=10).close()
     b = LocalBroker(storage=f"s3://{bucket}/", env=s3).start()
     topic, group = "flows", "g-durable"
-    flows = cluster.flows.sort_values("start_ns").reset_index(drop=True)
+    flows = short_cluster.flows.sort_values("start_ns").reset_index(drop=True)
     half = len(flows) // 2
     try:
         ensure_topic(b.bootstrap, topic, 4)
         n1 = produce(b, topic, flows.iloc[:half])
-        a = RunningDaemon(b, topic, cluster, group=group, **DURABLE_GROUP)
+        a = RunningDaemon(b, topic, short_cluster, group=group, **DURABLE_GROUP)
         try:
             wait_for(lambda: a.settled(n1), 120, "daemon A to ingest and analyse the first half", progress=a.progress)
             log1 = _read_log(b.bootstrap, topic)
@@ -492,7 +502,7 @@ def test_durable_broker_restart_keeps_records_and_committed_offsets(cluster, s3)
         assert _committed(b.bootstrap, group, topic) == committed1
 
         n2 = produce(b, topic, flows.iloc[half:])
-        d = RunningDaemon(b, topic, cluster, group=group, **DURABLE_GROUP)
+        d = RunningDaemon(b, topic, short_cluster, group=group, **DURABLE_GROUP)
         try:
             wait_for(lambda: d.settled(n1 + n2), 120, "daemon B to ingest the second half", progress=d.progress)
             # B resumed at A's committed offsets: it read the second half only, and its counts
