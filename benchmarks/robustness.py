@@ -19,7 +19,8 @@ time slices of N flows (the path of a job too long for memory).
 ``--matrix dp`` scores the data-parallel-only shapes instead
 (:mod:`synthetic.dpshapes`: DDP with and without ``no_sync``, ZeRO-1,
 ZeRO-2, FSDP, HSDP, a 2-server fine-tuning job) at steps of about 0.3 s,
-5 s, 45 s and 3 min, each with one slow server and as its fault-free twin:
+5 s, 45 s and 3 min, each with one slow server and as its fault-free twin
+(``--runs faulty,early,fault-free``: and with the slow server from the capture's third step):
 jobs ARI, pair types (and the share at or above the uncertain bar), steps
 found, spurious, the median step duration error, faults found, anomalies
 no fault explains.
@@ -28,7 +29,7 @@ no fault explains.
     python benchmarks/robustness.py --scenarios moe,moe-flat,cp --seeds 0 --windows 60 --no-traces  (the modern shapes, by name only)
     python benchmarks/robustness.py --scenarios moe-all,cp-all --no-traces  (beside 3D jobs, with confounders; by name only)
                                     [--stream [--window 120] [--window-step 15]] [--slice-flows N]
-    python benchmarks/robustness.py --matrix dp [--shapes ddp,fsdp] [--lengths 0.3s,5s] [--windows 60,180] [--stream]
+    python benchmarks/robustness.py --matrix dp [--shapes ddp,fsdp] [--lengths 0.3s,5s] [--windows 60,180] [--runs faulty,early,fault-free] [--stream]
 """
 from __future__ import annotations
 
@@ -238,20 +239,21 @@ DP_HEADER = ("| shape | family | step | window | run | jobs ARI | pair types (ce
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def fmt_dp(shape, family, length, window, faulty, row) -> str:
+def fmt_dp(shape, family, length, window, faulty, row, run: str | None = None) -> str:
     true = row.get("true_steps", 0)
     recall = row.get("steps_found", 0) / max(true, 1)
     false = ", ".join(f"{k[6:]} {v}" for k, v in row.items() if k.startswith("false_")) or "0"
     faults = f"{row.get('faults_found', 0)}/{row.get('faults', 0)}" if faulty else "-"
     pairs = "-" if "pair_acc" not in row else f"{row['pair_acc']:.0%} ({row['pair_certain']:.0%})"
-    return (f"| {shape} | {family} | {length} | {window:g} s | {'faulty' if faulty else 'fault-free'} | {row['jobs_ari']:.3f} | {pairs} "
+    run = run or ("faulty" if faulty else "fault-free")
+    return (f"| {shape} | {family} | {length} | {window:g} s | {run} | {row['jobs_ari']:.3f} | {pairs} "
             f"| {row.get('steps_found', 0)}/{true} ({recall:.0%}) | {row.get('steps_spurious', 0)} | {row.get('step_err_median', float('nan')):.1e} "
             f"| {faults} | {false} |")
 
 
 def main_dp(args) -> int:
     """The DP-shapes matrix (SYNTHETIC, :mod:`synthetic.dpshapes`): every shape x step length, faulty and fault-free."""
-    from synthetic.dpshapes import DP_SHAPES, FAMILY, STEP_LENGTHS, dp_cluster
+    from synthetic.dpshapes import DP_SHAPES, EARLY_FAULT_STEP, FAMILY, STEP_LENGTHS, dp_cluster
 
     shapes = list(DP_SHAPES) if args.shapes is None else args.shapes.split(",")
     lengths = list(STEP_LENGTHS) if args.lengths is None else args.lengths.split(",")
@@ -260,6 +262,13 @@ def main_dp(args) -> int:
         raise SystemExit(f"unknown DP shape(s) or step length(s) {', '.join(sorted(bad))}; shapes: {', '.join(DP_SHAPES)}; lengths: {', '.join(STEP_LENGTHS)}")
     windows = [float(w) for w in (args.windows or "60,180").split(",")]
     stream = MonitorSettings(window_s=args.window, step_s=args.window_step) if args.stream else None
+    # per run: its label, faulty or not, the slow server's first step (None: a third of the window's steps)
+    kinds: dict[str, tuple[str, bool, int | None]] = {"faulty": ("faulty", True, None), "early": (f"faulty from step {EARLY_FAULT_STEP}", True, EARLY_FAULT_STEP),
+                                                      "fault-free": ("fault-free", False, None)}
+    names = args.runs.split(",")
+    if set(names) - set(kinds):
+        raise SystemExit(f"unknown run(s) {', '.join(sorted(set(names) - set(kinds)))}; runs: {', '.join(kinds)}")
+    runs = [kinds[n] for n in names]
     print(DP_HEADER)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -267,11 +276,11 @@ def main_dp(args) -> int:
             for length in lengths:
                 for window in dp_windows(STEP_LENGTHS[length][0], windows):
                     for shape in shapes:
-                        for faulty in (True, False):
+                        for label, faulty, from_step in runs:
                             t1 = time.perf_counter()
-                            c = dp_cluster(shape, length, seed=seed, duration_s=window, with_faults=faulty)
-                            row = run_dp(c, tmp, f"{shape}-{length}-{seed}-{window}-{faulty}", stream, args.backlog)
-                            print(fmt_dp(shape, FAMILY[DP_SHAPES[shape][0]], length, window, faulty, row)
+                            c = dp_cluster(shape, length, seed=seed, duration_s=window, with_faults=faulty, from_step=from_step)
+                            row = run_dp(c, tmp, f"{shape}-{length}-{seed}-{window}-{faulty}-{from_step}", stream, args.backlog)
+                            print(fmt_dp(shape, FAMILY[DP_SHAPES[shape][0]], length, window, faulty, row, label)
                                   + f" {len(c.flows):,} | {time.perf_counter() - t1:.0f} |", flush=True)
     print(f"\n{time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
@@ -291,6 +300,9 @@ def main() -> int:
                     help="scenarios: the confounders of synthetic.scenarios (and the real traces); dp: the data-parallel-only shapes of synthetic.dpshapes")
     ap.add_argument("--shapes", default=None, help="with --matrix dp: comma-separated shapes (default: every one)")
     ap.add_argument("--lengths", default=None, help="with --matrix dp: comma-separated step lengths (default: every one)")
+    ap.add_argument("--runs", default="faulty,fault-free",
+                    help="with --matrix dp: comma-separated runs of each cell (default %(default)s): faulty (the slow server from a third of the "
+                         "window's steps), early (the slow server from the capture's third step), fault-free")
     ap.add_argument("--no-traces", action="store_true", help="skip the rows derived from the real op traces")
     ap.add_argument("--stream", action="store_true", help="score the daemon's windowed analysis instead of the replay")
     ap.add_argument("--slice-flows", type=int, default=None, metavar="N",

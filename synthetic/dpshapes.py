@@ -90,7 +90,7 @@ from .faults import SlowServer, SlowStep
 from .generator import ClusterGenerator, GeneratedCluster, JobSimulation
 from .workload import JobSpec
 
-__all__ = ["DPJob", "SHAPES", "FAMILY", "DP_SHAPES", "STEP_LENGTHS", "dp_job", "dp_generator", "dp_cluster", "DPShapeSimulation"]
+__all__ = ["DPJob", "SHAPES", "FAMILY", "DP_SHAPES", "STEP_LENGTHS", "EARLY_FAULT_STEP", "dp_job", "dp_generator", "dp_cluster", "DPShapeSimulation"]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -390,6 +390,10 @@ DP_SHAPES: dict[str, tuple[str, int, dict]] = {
     "finetune": ("fsdp", 2, {}),
 }
 
+#: the slow server's first step in the matrix's variant with the fault from the start (the capture's first two
+#: steps run at the job's own pace): every collective in view but those waits for it
+EARLY_FAULT_STEP = 2
+
 #: the matrix jobs' clear-to-send (:attr:`DPJob.cts_bytes`)
 CTS_BYTES = 0
 
@@ -427,23 +431,31 @@ def dp_job(shape: str, length: str, name: str | None = None, **changes) -> DPJob
 
 
 def dp_generator(shape: str, length: str, seed: int = 0, duration_s: float = 60.0, with_faults: bool = True,
-                 slow_factor: float = 1.4) -> ClusterGenerator:
+                 slow_factor: float = 1.4, from_step: int | None = None) -> ClusterGenerator:
     """One cluster of the DP-shapes matrix: the job alone on a small fabric with storage noise.
 
     The faulty run has one slow server (the job's second) from about a
-    third of the window's steps on; ``with_faults=False`` is its twin.
+    third of the window's steps on (``from_step``: from that step instead;
+    :data:`EARLY_FAULT_STEP`, the matrix's variant with the fault from the
+    start); ``with_faults=False`` is its twin.
     """
     job = dp_job(shape, length)
     secs = STEP_LENGTHS[length][0]
-    from_step = max(2, int(duration_s / secs) // 3)
+    if from_step is None:
+        from_step = max(EARLY_FAULT_STEP, int(duration_s / secs) // 3)
     faults = [SlowServer(job.name, server=1, from_step=from_step, factor=slow_factor)]
     fabric = Fabric(servers=job.dp + 4, servers_per_group=4, spines=4)
     return ClusterGenerator(fabric, [job], duration_s=duration_s, faults=faults, seed=seed, with_faults=with_faults,
                             uniform_dp_share=0.0, storage_flows_per_s=50)
 
 
-def dp_cluster(shape: str, length: str, seed: int = 0, duration_s: float = 60.0, with_faults: bool = True) -> GeneratedCluster:
-    """Generate a cluster of the DP-shapes matrix (``meta["dp_shape"]``, ``meta["step_length"]`` say which)."""
-    c = dp_generator(shape, length, seed, duration_s, with_faults).generate()
+def dp_cluster(shape: str, length: str, seed: int = 0, duration_s: float = 60.0, with_faults: bool = True,
+               from_step: int | None = None) -> GeneratedCluster:
+    """Generate a cluster of the DP-shapes matrix (``meta["dp_shape"]``, ``meta["step_length"]`` say which).
+
+    ``from_step``: the slow server's first step (default: a third of the
+    window's steps; see :func:`dp_generator`).
+    """
+    c = dp_generator(shape, length, seed, duration_s, with_faults, from_step=from_step).generate()
     c.meta.update(dp_shape=shape, step_length=length)
     return c

@@ -41,7 +41,9 @@ waits for it, and the early members' first messages split each wait, so
 the gaps are a continuum that holds the optimizer's pause as one among
 many. The ring edges into and out of the slow server wait for nothing:
 cut on one pair's flows, the job's step ends are where the job is idle
-in that pair's (:meth:`StepTimeline._by_pair`, two pairs agreeing).
+in that pair's (:meth:`StepTimeline._by_pair`, two pairs agreeing). Other
+pairs may agree on another cut (the rails of one ring edge are copies of
+each other): the most regular cut on the job's gaps wins.
 DDP that all-reduces every micro-batch shows its step only in a gap a
 little longer every M pieces (:func:`accumulation_period`).
 
@@ -364,11 +366,25 @@ def piece_period(b: np.ndarray, min_periods: int = 3, min_match: float = 0.9, to
     >>> piece_period(np.random.default_rng(0).uniform(1, 2, 30)) is None
     True
     """
-    b = np.asarray(b, dtype=np.float64)[:head]
-    for q in range(1, min(max_q, len(b) // min_periods) + 1):
-        if _alike(b[:-q], b[q:], tol).mean() >= min_match:
+    b = np.ascontiguousarray(np.asarray(b, dtype=np.float64)[:head])
+    q = _first_period(b, min(max_q, len(b) // min_periods), float(min_match), float(tol))
+    return None if q < 0 else int(q)
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_period(b, max_q, min_match, tol):  # pragma: no cover - compiled
+    """:func:`piece_period`'s loop without its temporaries: the first ``q <= max_q`` for which ``min_match`` of the
+    pieces are :func:`_alike` the piece ``q`` on (the same float operations), else -1."""
+    n = len(b)
+    for q in range(1, max_q + 1):
+        alike = 0
+        for i in range(n - q):
+            x, y = b[i], b[i + q]
+            if abs(x - y) <= tol * max(abs(x), abs(y)):
+                alike += 1
+        if alike / (n - q) >= min_match:
             return q
-    return None
+    return -1
 
 
 def pause_splits(b: np.ndarray, q: int, tol: float = 0.05, follow: float = 0.9) -> np.ndarray:
@@ -495,7 +511,8 @@ def edge_splits(b: np.ndarray, first: int, last: int, step: int, q: int, tol: fl
     return out[0], out[1]
 
 
-def gaps_within(sub_ends: np.ndarray, sub_start: np.ndarray, start: np.ndarray, busy_end: np.ndarray, gap: np.ndarray) -> np.ndarray:
+def gaps_within(sub_ends: np.ndarray, sub_start: np.ndarray, start: np.ndarray, busy_end: np.ndarray, gap: np.ndarray,
+                clear: float | None = None) -> np.ndarray:
     """Per step end of a subset of a job's flows (one pair's), the job's own idle gap it stands for: an index into ``gap``, or -1.
 
     ``sub_ends`` are step ends found on the subset's flows (started at
@@ -505,11 +522,16 @@ def gaps_within(sub_ends: np.ndarray, sub_start: np.ndarray, start: np.ndarray, 
     which the whole job is idle (the optimizer's: the pair's last flow may
     come before the step's last collective, another ring's). -1 where the
     subset has no later flow (the step's end is then the job's last) or
-    the job is never idle in that time.
+    the job is never idle in that time. With ``clear``, -2 where that
+    gap is under ``clear`` times the next longest in the time: the subset
+    does not pin the step's end there (a pair whose next flow comes a
+    forward pass later: its time holds every forward layer's gap).
 
     >>> st = np.array([0, 10, 35, 50, 60]); be = np.array([5, 20, 40, 55, 70])  # the job's gaps: 5, 15, 10, 5
     >>> gaps_within(np.array([5, 55]), np.array([0, 50]), st, be, st[1:] - be[:-1]).tolist()
     [1, -1]
+    >>> gaps_within(np.array([5, 55]), np.array([0, 50]), st, be, st[1:] - be[:-1], clear=1.6).tolist()  # 15 against 10
+    [-2, -1]
     """
     out = np.full(len(sub_ends), -1, dtype=np.int64)
     nxt = np.searchsorted(sub_start, sub_ends, side="right")  # the subset's next flow after each end
@@ -522,6 +544,10 @@ def gaps_within(sub_ends: np.ndarray, sub_start: np.ndarray, start: np.ndarray, 
             i = lo + int(np.argmax(gap[lo:hi]))
             if gap[i] > 0:
                 out[k] = i
+                if clear is not None and hi - lo > 1:
+                    runner_up = max(int(np.partition(gap[lo:hi], hi - lo - 2)[hi - lo - 2]), 1)
+                    if gap[i] < clear * runner_up:
+                        out[k] = -2
     return out
 
 
@@ -1369,23 +1395,35 @@ class StepTimeline:
         self.by_pair_: dict[int, bool] = {}
 
     def _by_pair(self, s, e, size, pair, gap, busy_end, capture_end, span, max_pairs: int = 64, agree: float = 0.9,
-                 max_score: float = 0.1) -> np.ndarray | None:
+                 max_score: float = 0.1, tie: float = 0.02) -> np.ndarray | None:
         """The job's step ends as its pairs see them, one pair at a time: indices into ``gap``, or None.
 
-        Where the job's own gaps show no step (a slow server's waits are
-        split by the early members' first messages into a continuum of
-        gaps), a ring edge into or out of that server waits for nothing:
-        its flows keep the job's pattern, and the rules that cut a job cut
-        them (:meth:`_boundaries` on that pair's flows alone). Each step
-        end a pair gives is the job's longest idle gap between that pair's
-        step end and its next flow (:func:`gaps_within`). Taken only with
-        margins: the job's steps between those gaps are regular (a score
-        under ``max_score``, as :func:`class_cut` takes) and carry alike
-        traffic (:func:`_pieces_alike`), and a second pair gives the same
-        gaps (``agree`` of them): one pair's chance cut is not the job's.
-        Up to ``max_pairs`` pairs are tried, those with the most flows
-        first; the first two that agree end it (the ends of the one with
-        more).
+        Where the job's own gaps show no step (a slow server's waits are split
+        by the early members' first messages into a continuum of gaps), a ring
+        edge into or out of that server waits for nothing: its flows keep the
+        job's pattern, and the rules that cut a job cut them
+        (:meth:`_boundaries` on that pair's flows alone). Each step end a pair
+        gives is the job's longest idle gap between that pair's step end and
+        its next flow (:func:`gaps_within`). Taken only with margins: the
+        job's steps between those gaps are regular (a score under
+        ``max_score``, as :func:`class_cut` takes) and carry alike traffic
+        (:func:`_pieces_alike`), and a second pair gives the same gaps
+        (``agree`` of them): one pair's chance cut is not the job's. A pair
+        more than ``1 - agree`` of whose step ends fall among several alike
+        gaps of the job's (``gaps_within(clear=min_jump)``) pins no cut and is
+        passed over. Up to ``max_pairs`` pairs are tried, those with the most
+        flows first, and every two that agree give a candidate (the ends of
+        the one with more). Pairs can agree on another cut, the rails of one
+        ring edge being copies of each other: with the slow server in from the
+        capture's start, the rails of the edge between two early members of a
+        faulty FSDP job (0.3 s steps, 20 s) agreed on a chance class of their
+        gaps, once a micro-batch, 20 ms into it (a score of 0.026 on the job's
+        gaps), where the edges into and out of the slow server cut at the
+        optimizer's pause (0.0015); in HSDP (5 s, 180 s) the other shard
+        group's pair cut at no true end (0.043, against 0.0005). The most
+        regular candidate wins, as :func:`class_cut` takes it: but a near-tie
+        (within ``tie``) that cuts wherever it does and more is preferred, the
+        step being the shortest period.
         """
         keys, counts = np.unique(pair, return_counts=True)
         if len(keys) < 2:
@@ -1394,7 +1432,8 @@ class StepTimeline:
         span_all = float(busy_end[-1] - busy_end[0]) or 1.0
         sub = StepTimeline(self.min_jump, self.min_steps)
         sub._reset_fit_state()
-        found: list[np.ndarray] = []
+        found: list[tuple[np.ndarray, float]] = []
+        agreed: list[tuple[np.ndarray, float]] = []
         for k in keys[np.lexsort((keys, -counts))[:max_pairs]]:
             m = pair == k
             if int(m.sum()) < 3 * (self.min_steps + 1):
@@ -1402,16 +1441,25 @@ class StepTimeline:
             ends = sub._boundaries(0, s[m], e[m], np.ones(int(m.sum()), dtype=bool), capture_end, size[m], pair[m])
             if len(ends) < self.min_steps + 1:
                 continue
-            idx = gaps_within(ends, s[m], s, busy_end, gap)
+            idx = gaps_within(ends, s[m], s, busy_end, gap, clear=self.min_jump)
+            if np.count_nonzero(idx == -2) > (1 - agree) * np.count_nonzero(idx != -1):
+                continue  # the pair's ends do not pin the job's: each stands for one of several alike gaps
             idx = np.unique(idx[idx >= 0])
             c = _score_cut(g, idx, float(g[idx].min()) if len(idx) else 0.0, busy_end, self.min_steps, 0.4, span_all, span, band=True)
             if c is None or c.score > max_score or not _pieces_alike(idx, pair, size):
                 continue
-            for prev in found:
+            for prev, score in found:
                 if len(np.intersect1d(prev, idx)) >= agree * max(len(prev), len(idx)):
-                    return prev if len(prev) >= len(idx) else idx
-            found.append(idx)
-        return None
+                    agreed.append((prev, score) if len(prev) >= len(idx) else (idx, c.score))
+                    break
+            else:
+                found.append((idx, c.score))
+        if not agreed:
+            return None
+        best, best_score = min(agreed, key=lambda a: a[1])
+        finer = [a for a, score in agreed if score <= best_score + tie and len(a) > len(best)
+                 and len(np.intersect1d(a, best)) >= agree * len(best)]
+        return max(finer, key=len) if finer else best
 
     @staticmethod
     def _last_step(ends: np.ndarray, busy_end: np.ndarray, quiet: float, capture_end: int, o_start: np.ndarray) -> np.ndarray:
