@@ -8,6 +8,7 @@ import pytest
 
 from prism.serve.daemon import Daemon
 from prism.serve.metrics import Health
+from prism.serve.monitor import MonitorSettings
 
 
 class _Monitor:
@@ -64,3 +65,88 @@ def test_an_error_of_the_analysis_reaches_the_loop(error):
     monitor = _Monitor(error=error)
     out = _analyse_on_a_thread(Daemon(_Source(monitor), monitor, Health()))  # type: ignore[arg-type]
     assert out.get("error") is error
+
+
+# -- the idle flush: the tail is analysed as final once the input is quiet, and only then ----------------------------
+
+class _Tail:
+    """A monitor with input past its last analysis and no window due: only the idle flush analyses it."""
+
+    def __init__(self) -> None:
+        self.s = MonitorSettings(idle_flush_s=3.0)
+        self.ticks: list[tuple[float, bool]] = []  # (the loop's clock, final) of each analysis
+        self.clock = lambda: 0.0
+
+    def due(self) -> bool:
+        return False
+
+    def pending(self) -> bool:
+        return not self.ticks
+
+    def recent_incomplete(self) -> int:
+        return 0
+
+    def counters_snapshot(self) -> dict:
+        return {}
+
+    def tick(self, final: bool = False, force: bool = False):
+        self.ticks.append((self.clock(), final))
+
+
+class _Script:
+    """A source read through a script, one entry a poll of one second of the loop's clock: (messages read, caught up);
+    the daemon stops at its end. ``caught_up`` is left off with ``knows=False`` (a source that cannot tell)."""
+
+    ready = True
+
+    def __init__(self, daemon_clock: list, script: list[tuple[int, bool]], knows: bool = True) -> None:
+        self.now, self.script, self.daemon = daemon_clock, list(script), None
+        self._caught_up = True
+        if knows:
+            self.caught_up = lambda: self._caught_up
+
+    def poll(self, monitor, timeout_ms: int = 500) -> int:
+        self.now[0] += 1.0
+        if not self.script:
+            self.daemon.stop()
+            return 0
+        got, self._caught_up = self.script.pop(0)
+        return got
+
+    def lag(self):
+        return None
+
+    def publish(self, only=None) -> None:
+        pass
+
+    def commit(self, only=None) -> None:
+        pass
+
+
+def _flushes(script: list[tuple[int, bool]], knows: bool = True) -> list[tuple[float, bool]]:
+    now = [0.0]
+    monitor = _Tail()
+    monitor.clock = lambda: now[0]
+    source = _Script(now, script, knows)
+    daemon = Daemon(source, monitor, Health())  # type: ignore[arg-type]
+    daemon.clock = lambda: now[0]
+    source.daemon = daemon
+    daemon.run()
+    return monitor.ticks
+
+
+def test_quiet_input_is_flushed_after_the_idle_wait():
+    """Records at 1 s, then polls that read nothing with the source caught up: the tail goes at the first poll more
+    than 3 s later (5 s), as final; with a source that cannot tell (a directory), the same."""
+    script = [(10, True)] + [(0, True)] * 6
+    assert _flushes(script) == [(5.0, True)]
+    assert _flushes(script, knows=False) == [(5.0, True)]
+
+
+def test_a_source_not_caught_up_is_not_quiet_input():
+    """A consumer that reads nothing because it is rejoining its group (no partition held, or revoked and not yet
+    assigned) or is behind its high watermarks has input still to read: the tail waits (the bundled broker's group
+    churn has lasted 38 s; a flush meanwhile made everything read after it late). Quiet counts from when it is
+    caught up again: records at 1 s, 20 s not caught up (2-21 s), caught up from 22 s: the flush comes at 25 s."""
+    script = [(10, True)] + [(0, False)] * 20 + [(0, True)] * 6
+    assert _flushes(script) == [(25.0, True)]

@@ -151,3 +151,35 @@ def test_a_source_is_any_class_with_the_protocol_members():
             pass
 
     assert isinstance(Replay(), Source) and not isinstance(NoCommit(), Source)
+
+
+class Watermarks(Consumer):
+    """A consumer with high watermarks (None: no fetch answered since the partition was assigned)."""
+
+    def __init__(self, highwater):
+        super().__init__(highwater)
+        self.hw = dict(highwater)
+
+    def highwater(self, tp):
+        return self.hw[tp]
+
+
+def test_caught_up_only_holding_partitions_read_to_their_high_watermarks_outside_a_rebalance():
+    """What the daemon's idle flush asks of a Kafka source: quiet input only when nothing is known to be unread."""
+    src = _source({T0, T1}, [])
+    src.consumer = Watermarks({T0: 10, T1: 5})
+    src.positions, src._rebalanced, src._revoked = {T0: 10, T1: 5}, False, set()
+    assert src.caught_up()
+    src.positions[T1] = 4
+    assert not src.caught_up(), "a partition behind its high watermark"
+    src.positions[T1] = 5
+    src.consumer.hw[T1] = None
+    assert not src.caught_up(), "a partition with no fetch answered yet"
+    src.consumer.hw[T1] = 5
+    src._revoked = {T0, T1}
+    assert not src.caught_up(), "revoked, not yet assigned and settled (the group's churn)"
+    src._revoked, src._rebalanced = set(), True
+    assert not src.caught_up(), "assigned, not yet settled"
+    src._rebalanced = False
+    src.consumer = Watermarks({})
+    assert not src.caught_up(), "no partition held (membership lost, or none left to this replica)"

@@ -64,13 +64,14 @@ class Daemon:
         self.error: BaseException | None = None
         self.topology_warned = False
         self._topology_matched = False  # some record matched: the check is settled for good
+        self.clock = time.monotonic  # wall clock of the idle flush (a seam for tests)
 
     def run(self, max_seconds: float | None = None) -> None:
         m, s = self.monitor, self.monitor.s
-        t_end = None if max_seconds is None else time.monotonic() + max_seconds
-        last_input = time.monotonic()
+        t_end = None if max_seconds is None else self.clock() + max_seconds
+        quiet_since = self.clock()  # the input has been quiet since (the idle flush's clock)
         try:
-            while not self.stop_event.is_set() and (t_end is None or time.monotonic() < t_end):
+            while not self.stop_event.is_set() and (t_end is None or self.clock() < t_end):
                 self.health.beat()
                 try:
                     got = self.source.poll(m, timeout_ms=200)
@@ -85,12 +86,12 @@ class Daemon:
                 self.health.bad_files = list(getattr(self.source, "bad_files", ()))
                 self.health.source_resets = getattr(self.source, "resets", 0)
                 self.health.incomplete_windows = m.recent_incomplete()
-                now = time.monotonic()
-                if got:
-                    last_input = now
+                now = self.clock()
+                if got or not self._caught_up():
+                    quiet_since = now
                 if m.due():
                     self._tick(final=False)
-                elif m.pending() and now - last_input > s.idle_flush_s:
+                elif m.pending() and now - quiet_since > s.idle_flush_s:
                     self._tick(final=True)
                 elif getattr(self.source, "components_changed", False) and m.analysed_to is not None:
                     # another replica's job membership changed: re-run the last window with it
@@ -100,6 +101,21 @@ class Daemon:
         except BaseException as e:
             self.error = e
             raise
+
+    def _caught_up(self) -> bool:
+        """Whether the source has read all the input there is now, as far as it knows (see ``caught_up`` in
+        :class:`~prism.serve.sources.Source`): only then does quiet input count towards the idle flush.
+
+        The tail analysed as final takes in everything read so far, and what is
+        read after it is late. A Kafka consumer that holds no partition (its
+        membership lost after a missed poll deadline), is rebalancing (the
+        group's churn can last tens of seconds) or is behind its high
+        watermarks reads nothing for a while although input is there: that
+        spell is not quiet input. A source without ``caught_up`` (a
+        directory) is quiet whenever a poll reads nothing.
+        """
+        caught_up = getattr(self.source, "caught_up", None)
+        return caught_up is None or bool(caught_up())
 
     def _analyse(self, final: bool, force: bool) -> MonitorView | None:
         """The monitor's tick on the worker thread; the source kept alive meanwhile.

@@ -86,7 +86,12 @@ class Source(Protocol):
         set when another replica's job membership changed: the loop re-runs
         the last window and clears it;
     ``bad_files`` (sequence of (file, error)), ``resets`` (int)
-        reported on the health endpoint and as metrics.
+        reported on the health endpoint and as metrics;
+    ``caught_up()`` (bool)
+        whether the source has read all the input there is now, as far as it
+        knows: the loop counts quiet input towards the idle flush (the tail
+        analysed as final) only while it says so. A source without it is
+        taken as caught up whenever a poll reads nothing.
 
     Like prometheus client_python's ``Collector``, this is a
     :class:`typing.Protocol`: a class with these members is a source
@@ -617,6 +622,32 @@ class KafkaSource(Source):
             if tp in batch or hw is None or self.positions.get(tp, 0) < hw:
                 out.add(self.partition_name(tp))
         return out
+
+    def caught_up(self) -> bool:
+        """Whether every record there is now has been read and ingested, as far as this consumer knows.
+
+        Not while it holds no partition (none assigned yet, or its group
+        membership lost: a consumer that missed its poll deadline rejoins
+        with none), while a rebalance is under way (from a revocation until
+        the assignment that follows is settled: the group's churn can last
+        tens of seconds, during which no poll reads anything), nor while an
+        assigned partition is behind its high watermark or has none known
+        yet (no fetch answered since it was assigned), nor with records
+        decoded ahead and not yet ingested. The high watermarks are those of
+        the last fetch responses (every poll fetches; the broker answers
+        within ``fetch.max.wait.ms``), so a stale one is below the log's end:
+        a partition seen behind is behind. The daemon counts quiet input
+        towards its idle flush only while this holds (see
+        :meth:`prism.serve.daemon.Daemon._caught_up`).
+        """
+        from kafka.errors import IllegalStateError
+
+        if self._rebalanced or self._revoked or self._prefetched:
+            return False
+        try:
+            return bool(self.consumer.assignment()) and not self._backlog({})
+        except IllegalStateError:  # a partition revoked meanwhile (the group's IO thread): rebalancing
+            return False
 
     def lag(self) -> int | None:
         """Kafka records behind the high watermarks of the assigned partitions."""
