@@ -39,7 +39,8 @@ def test_warm_up_loads_every_kernel_of_the_daemons_path_and_says_nothing():
     assert got["seconds"] > 0
     assert not got["generator"]  # the daemon's start does not depend on the test-data generator
     # the kernels the fixture cannot reach are warmed by their own modules
-    assert {"prism.analysis.jobs.warm_up", "prism.analysis.diagnosis.switches.warm_up", "prism.serve.window.warm_up"} <= set(got["registered"])
+    assert {"prism.analysis.jobs.warm_up", "prism.analysis.diagnosis.switches.warm_up", "prism.serve.window.warm_up",
+            "prism.analysis.timeline.warm_up"} <= set(got["registered"])
 
 
 def test_the_fixture_is_training_traffic_the_monitor_finds_steps_in():

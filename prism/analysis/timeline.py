@@ -65,10 +65,11 @@ import numpy as np
 import pandas as pd
 
 from prism.common.components import connected_components
+from prism.common.kernels import register_warm_up
 from prism.common.ordering import order_by
 from prism.common.tails import binomial_at_least
 
-__all__ = ["StepTimeline", "natural_break", "class_cut", "accumulation_period", "optimizer_splits", "pause_splits", "edge_splits", "opened_inside", "gaps_within", "piece_period", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
+__all__ = ["StepTimeline", "natural_break", "class_cut", "accumulation_period", "optimizer_splits", "pause_splits", "edge_splits", "opened_inside", "gaps_within", "piece_period", "warm_up", "busy_gaps", "optimizer_gaps", "halves_of_one_burst", "control_tails", "parallel_groups", "STEP_COLUMNS", "PHASE_COLUMNS"]
 
 STEP_COLUMNS = [
     "job_id", "step", "start_ns", "end_ns", "duration_ns",
@@ -385,6 +386,16 @@ def _first_period(b, max_q, min_match, tol):  # pragma: no cover - compiled
         if alike / (n - q) >= min_match:
             return q
     return -1
+
+
+@register_warm_up
+def warm_up() -> None:
+    """Load :func:`_first_period`, which only a job whose data parallelism reduces every micro-batch reaches.
+
+    The daemon's warm-up fixture is a 3D job that reduces once a step, so it
+    never calls :func:`piece_period`; the arguments have its types.
+    """
+    piece_period(np.ones(6))
 
 
 def pause_splits(b: np.ndarray, q: int, tol: float = 0.05, follow: float = 0.9) -> np.ndarray:
