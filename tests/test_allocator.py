@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from prism.common.allocator import GLIBC_VARIABLES
+
 PROBE = """
 import json
 from prism.common.allocator import tune_for_batch
@@ -65,7 +67,7 @@ print(held, kept, rss())
 """
     # without the glibc variables, which tune_for_batch leaves to whoever set them: a dask LocalCluster's nanny
     # (tests/test_replay_workers.py) sets MALLOC_TRIM_THRESHOLD_ in its parent's environment and never unsets it
-    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")}
+    env = {k: v for k, v in os.environ.items() if k not in GLIBC_VARIABLES}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env)
     held, kept, released = map(int, out.stdout.split())
     assert kept > held - 100  # without it, the freed chunks stay resident

@@ -350,9 +350,14 @@ def _longer_every(g: np.ndarray, lo: int, hi: int, tests: int, min_wins: float, 
     return None
 
 
-def _alike(a: np.ndarray, b: np.ndarray, tol: float) -> np.ndarray:
-    """Element-wise: ``a`` and ``b`` within ``tol`` of the larger (bytes of pieces)."""
-    return np.abs(a - b) <= tol * np.maximum(np.abs(a), np.abs(b))
+@numba.vectorize(["boolean(float64, float64, float64)"], cache=True)
+def _alike(a, b, tol):  # pragma: no cover - compiled
+    """Element-wise: ``a`` and ``b`` within ``tol`` of the larger (bytes of pieces).
+
+    A ufunc, so that numpy's callers and :func:`_first_period`'s compiled
+    loop apply the one rule.
+    """
+    return abs(a - b) <= tol * max(abs(a), abs(b))
 
 
 def piece_period(b: np.ndarray, min_periods: int = 3, min_match: float = 0.9, tol: float = 0.05, max_q: int = 1024,
@@ -375,13 +380,12 @@ def piece_period(b: np.ndarray, min_periods: int = 3, min_match: float = 0.9, to
 @numba.njit(cache=True, nogil=True)
 def _first_period(b, max_q, min_match, tol):  # pragma: no cover - compiled
     """:func:`piece_period`'s loop without its temporaries: the first ``q <= max_q`` for which ``min_match`` of the
-    pieces are :func:`_alike` the piece ``q`` on (the same float operations), else -1."""
+    pieces are :func:`_alike` the piece ``q`` on, else -1."""
     n = len(b)
     for q in range(1, max_q + 1):
         alike = 0
         for i in range(n - q):
-            x, y = b[i], b[i + q]
-            if abs(x - y) <= tol * max(abs(x), abs(y)):
+            if _alike(b[i], b[i + q], tol):
                 alike += 1
         if alike / (n - q) >= min_match:
             return q

@@ -23,7 +23,7 @@ import ctypes.util
 import functools
 import os
 
-__all__ = ["tune_for_batch", "release_free_memory"]
+__all__ = ["tune_for_batch", "release_free_memory", "GLIBC_VARIABLES"]
 
 # mallopt(3) parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -35,7 +35,8 @@ _M_MMAP_THRESHOLD = -3
 # mallopt takes a C int, so 2 GiB - 1 is the most either can be.
 _THRESHOLD = 2**31 - 1
 
-_GLIBC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+# the environment variables that set glibc's allocator thresholds; one set, :func:`tune_for_batch` leaves them alone
+GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 
 
 def tune_for_batch() -> dict[str, bool]:
@@ -46,7 +47,7 @@ def tune_for_batch() -> dict[str, bool]:
     ``NUMPY_MADVISE_HUGEPAGE``).
     """
     applied = {"malloc": False, "no_hugepage": False}
-    if not any(v in os.environ for v in _GLIBC_VARS):
+    if not any(v in os.environ for v in GLIBC_VARIABLES):
         applied["malloc"] = _set_glibc_thresholds()
     if "NUMPY_MADVISE_HUGEPAGE" not in os.environ:
         applied["no_hugepage"] = _numpy_hugepage_off()
