@@ -465,10 +465,11 @@ def test_address_rows_are_each_rows_canonical_text(entries, picks):
 
 
 @SETTINGS
-@given(st.integers(0, 2**32 - 1), st.lists(st.sampled_from(["add", "add", "add", "columns", "evict"]), max_size=12), st.integers(5, 200))
+@given(st.integers(0, 2**32 - 1), st.lists(st.sampled_from(["add", "add", "add", "columns", "evict", "keep"]), max_size=12),
+       st.integers(5, 200))
 def test_flow_window_columns_are_a_stable_sort_of_what_it_holds(seed, ops, max_flows):
-    """FlowWindow (batches merged into its sorted columns, evictions, shedding past max_flows) holds what a stable
-    sort by start of every row still in it gives, rows in the order they were added."""
+    """FlowWindow (batches merged into its sorted columns, evictions, a job's flows forgotten, shedding past
+    max_flows) holds what a stable sort by start of every row still in it gives, rows in the order they were added."""
     from prism.serve.window import FlowWindow
 
     rng = np.random.default_rng(seed)
@@ -490,6 +491,11 @@ def test_flow_window_columns_are_a_stable_sort_of_what_it_holds(seed, ops, max_f
             before = int(rng.integers(0, 50))
             assert w.evict(before) == int((rows[:, 2] < before).sum())
             rows = rows[rows[:, 2] >= before]
+        elif op == "keep":
+            rows = rows[np.lexsort((rows[:, 5], rows[:, 2]))]
+            mask = rng.random(len(rows)) < 0.7
+            assert w.keep(mask) == int((~mask).sum())
+            rows = rows[mask]
         else:
             want = rows[np.lexsort((rows[:, 5], rows[:, 2]))]
             got = w.columns()

@@ -807,11 +807,8 @@ class AnalyseMonitor(Monitor):
             return
         keep = ~(gone[self._pair_keys // self._n] | gone[self._pair_keys % self._n])
         self._pair_keys, self._pair_last, self._pair_first = self._pair_keys[keep], self._pair_last[keep], self._pair_first[keep]
-        cols = self.window.columns()
-        keep = ~(gone[cols[0]] | gone[cols[1]])
-        self.window.evict(0)
-        self.window._parts = [tuple(c[keep] for c in cols)]  # noqa: SLF001 - rewritten in place, sorted as it was
-        self.window._n = int(keep.sum())  # noqa: SLF001
+        a, b = self.window.columns()[:2]
+        self.window.keep(~(gone[a] | gone[b]))
         self.retired.append(job_id)
 
 

@@ -330,6 +330,22 @@ class FlowWindow:
             self._n -= cut
         return cut
 
+    def keep(self, mask: np.ndarray) -> int:
+        """Keep only the flows where ``mask`` holds (one per flow, in :meth:`columns`' order); return how many went.
+
+        For a job's flows forgotten mid-window (its id moved to another
+        replica): what stays is still sorted.
+        """
+        cols = self.columns()
+        mask = np.asarray(mask, dtype=bool)
+        if len(mask) != len(cols[0]):
+            raise ValueError(f"keep: a mask of {len(mask)} for {len(cols[0])} flows")
+        gone = len(mask) - int(mask.sum())
+        if gone:
+            self._parts = [tuple(c[mask] for c in cols)]
+            self._n -= gone
+        return gone
+
     def _shed(self, n: int) -> None:
         cols = self.columns()
         self._parts = [tuple(c[n:] for c in cols)]
