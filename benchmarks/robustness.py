@@ -29,7 +29,7 @@ no fault explains.
     python benchmarks/robustness.py --scenarios moe,moe-flat,cp --seeds 0 --windows 60 --no-traces  (the modern shapes, by name only)
     python benchmarks/robustness.py --scenarios moe-all,cp-all --no-traces  (beside 3D jobs, with confounders; by name only)
                                     [--stream [--window 120] [--window-step 15]] [--slice-flows N]
-    python benchmarks/robustness.py --matrix dp [--shapes ddp,fsdp] [--lengths 0.3s,5s] [--windows 60,180] [--runs faulty,early,fault-free] [--stream]
+    python benchmarks/robustness.py --matrix dp [--shapes ddp,fsdp] [--lengths 0.3s,5s] [--windows 60,180] [--runs faulty,early,fault-free] [--stream] [--cts BYTES]
 """
 from __future__ import annotations
 
@@ -253,8 +253,11 @@ def fmt_dp(shape, family, length, window, faulty, row, run: str | None = None) -
 
 def main_dp(args) -> int:
     """The DP-shapes matrix (SYNTHETIC, :mod:`synthetic.dpshapes`): every shape x step length, faulty and fault-free."""
+    import synthetic.dpshapes as dps
     from synthetic.dpshapes import DP_SHAPES, EARLY_FAULT_STEP, FAMILY, STEP_LENGTHS, dp_cluster
 
+    if args.cts is not None:  # the receivers' clear-to-send (DPJob.cts_bytes); 0: none
+        dps.CTS_BYTES = args.cts
     shapes = list(DP_SHAPES) if args.shapes is None else args.shapes.split(",")
     lengths = list(STEP_LENGTHS) if args.lengths is None else args.lengths.split(",")
     bad = (set(shapes) - set(DP_SHAPES)) | (set(lengths) - set(STEP_LENGTHS))
@@ -303,6 +306,9 @@ def main() -> int:
     ap.add_argument("--runs", default="faulty,fault-free",
                     help="with --matrix dp: comma-separated runs of each cell (default %(default)s): faulty (the slow server from a third of the "
                          "window's steps), early (the slow server from the capture's third step), fault-free")
+    ap.add_argument("--cts", type=int, default=None, metavar="BYTES",
+                    help="with --matrix dp: the clear-to-send each ring edge's receiver sends as it enters a collective, bytes "
+                    "(0: none; default: synthetic.dpshapes.CTS_BYTES)")
     ap.add_argument("--no-traces", action="store_true", help="skip the rows derived from the real op traces")
     ap.add_argument("--stream", action="store_true", help="score the daemon's windowed analysis instead of the replay")
     ap.add_argument("--slice-flows", type=int, default=None, metavar="N",

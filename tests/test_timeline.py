@@ -826,3 +826,25 @@ def test_a_capture_opening_inside_the_gradient_all_reduce_keeps_the_first_step(t
     assert score["steps_found"] == score["true_steps"] >= 20 and score["steps_spurious"] == 0 and score["anomalies"] == 0
     found, truth = r.analysis.steps["end_ns"].to_numpy(), c.steps["end_ns"].to_numpy()
     assert found[0] == truth[0]
+
+
+@pytest.mark.parametrize("shape", ["finetune", "hsdp"])
+def test_clear_to_sends_leave_the_steps_as_they_are(tmp_path, monkeypatch, shape):
+    """SYNTHETIC 2-server rings (the fine-tuning job; HSDP's shard and replica rings) with one server 1.4x slower, and
+    each ring edge's receiver clearing its sender to send (256 bytes, as NCCL's network transport does) as it enters
+    a collective. The early members' clear-to-sends land in the waits and the optimizer's pause: counted as traffic,
+    they filled the pause the steps are cut at (the fine-tuning job and HSDP got no step). They are no data: the
+    steps, and the collective instances, are those of the same flows without them, every step at its true end."""
+    import synthetic.dpshapes as dps
+
+    got, coll = {}, {}
+    for cts in (0, 256):
+        monkeypatch.setattr(dps, "CTS_BYTES", cts)
+        c = dps.dp_cluster(shape, "0.3s", duration_s=12, with_faults=True)
+        assert ((c.flows["size"] == 256).sum() > 0) == (cts > 0)
+        r, score = _replay_cluster(c, tmp_path / str(cts))
+        assert score["steps_found"] == score["true_steps"] >= 30 and score["steps_spurious"] == 0
+        got[cts] = r.analysis.steps[["start_ns", "end_ns"]].reset_index(drop=True)
+        coll[cts] = r.analysis.collectives.reset_index(drop=True)
+    pd.testing.assert_frame_equal(got[0], got[256])
+    pd.testing.assert_frame_equal(coll[0], coll[256])  # no collective of their own, nor part of one's flows and bytes

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.collectives import CP, DP, EP, PP, collective_instances
+from prism.analysis.control import control_messages
 from prism.analysis.diagnosis import (
     ArrivalDiagnoser,
     CrossStepDiagnoser,
@@ -201,7 +202,7 @@ def analyse(
     lag = s.cross_group.fit(first, out.steps, server_of)
     out.group_lag = lag.lag_
     # a pure-DP job's straggler: the server that sends last at its collectives (not one the stages already name)
-    arr = s.arrival.fit(job, a, start, end, is_dp, comps["dp"], server_of, label_name, out.steps, b=b)
+    arr = s.arrival.fit(job, a, start, end, is_dp, comps["dp"], server_of, label_name, out.steps, b=b, size=size)
     out.arrivals = arr.arrivals_
     add_anomalies(out, [s.cross_step.fit(out.steps).predict(), lag.predict(), not_named_by(arr.predict(), lag.predict()), hangs.predict()], switch_bw, s, topology)
     return out
@@ -257,6 +258,9 @@ def _collectives(is_dp, is_pp, pair_type, flow_pair, a, b, start, end, size, pai
         if typed is not None and typed.any():
             kind[typed[flow_pair]] = code
     kind[is_dp] = DP  # an MoE job's dense ring bursts on its expert pairs too
+    dp = np.flatnonzero(is_dp)
+    # the receivers' clear-to-sends are no collective of their own, nor part of one's bytes: left out
+    kind[dp[control_messages(size[dp], pd.factorize(labels[a[dp]])[0])]] = -1
     return collective_instances(kind, a, b, start, end, size, flow_pair, pair_a, pair_b, labels, topology.server_codes, label_name)
 
 

@@ -47,6 +47,14 @@ each other): the most regular cut on the job's gaps wins.
 DDP that all-reduces every micro-batch shows its step only in a gap a
 little longer every M pieces (:func:`accumulation_period`).
 
+A receiver's clear-to-send (NCCL's network transport: tens to a few
+hundred bytes from each ring edge's receiver to its sender, as it enters
+a collective) is no data, and the early members' land in the waits and
+in the optimizer's pause. The steps are cut on a job's flows less its DP
+control messages (:mod:`prism.analysis.control`: under 1% of the size
+that carries the job's median DP byte); those still count in the step
+they start in.
+
 Steps cut by the capture's edges are not whole and are not reported: a
 step needs a boundary on both sides, and the last boundary is trusted only
 if the capture went on for a full break after it (otherwise the burst may
@@ -64,6 +72,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from prism.analysis.control import control_messages
 from prism.common.components import connected_components
 from prism.common.kernels import register_warm_up
 from prism.common.ordering import order_by
@@ -1127,6 +1136,27 @@ def _pause_like_the_others(busy_end, gap, cut, split, split_end) -> np.ndarray:
     return out
 
 
+def _data_flows(size: np.ndarray, is_dp: np.ndarray) -> np.ndarray | None:
+    """One job's flows less its DP control messages (:func:`prism.analysis.control.control_messages`): a mask, or None if it has none.
+
+    A receiver's clear-to-send (tens to a few hundred bytes, at its own
+    entry into a collective) lands in the job's idle time while the
+    others wait: in the optimizer's pause, between a late member's
+    collectives. Counted as traffic, the early members' clear-to-sends
+    fill the pause a step is cut at (a 2-server FSDP job with 0.3 s
+    steps got no step at all) and split the gaps a class of pauses is
+    told from. The steps are cut on the job's data; the control messages
+    still count in the step they start in. Only DP flows: a pipeline's
+    small messages (the grad-norm all-reduce) close a step
+    (:func:`control_tails`).
+    """
+    if not is_dp.any():
+        return None
+    ctl = np.zeros(len(size), dtype=bool)
+    ctl[is_dp] = control_messages(size[is_dp])
+    return ~ctl if ctl.any() else None
+
+
 def control_tails(ends: np.ndarray, light_start: np.ndarray, light_end: np.ndarray, heavy_start: np.ndarray, dp_start: np.ndarray,
                   tau: float) -> np.ndarray:
     """Move each step end past the control traffic that closes the step.
@@ -1299,7 +1329,11 @@ class StepTimeline:
             rows = slice(int(idx[0]), int(idx[-1]) + 1) if bool(np.all(np.diff(idx) == 1)) else idx
             is_dp_j = is_dp[rows]
             mark = is_dp_j if is_dp_j.any() else collective[rows]  # DP bursts, else other collectives, else the flush
-            ends = self._boundaries(label, start[rows], end[rows], mark, capture_end, size[rows], None if pair is None else pair[rows])
+            s_j, e_j, z_j, p_j = start[rows], end[rows], size[rows], None if pair is None else pair[rows]
+            data = _data_flows(z_j, is_dp_j)
+            if data is not None:  # the receivers' clear-to-sends neither fill nor split a pause: cut on the rest
+                s_j, e_j, mark, z_j, p_j = s_j[data], e_j[data], mark[data], z_j[data], None if p_j is None else p_j[data]
+            ends = self._boundaries(label, s_j, e_j, mark, capture_end, z_j, p_j)
             if len(ends) < 2:
                 continue
             name = job_names[label] if job_names is not None else label

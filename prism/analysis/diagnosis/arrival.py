@@ -23,7 +23,17 @@ send of a burst has ended go to the next burst (:func:`_hand_on_at`). In
 each complete burst the last arrival (:func:`last_arrival`) is the server
 whose first send starts last; where senders tie (within ``tie_ns``), the
 one of them whose first receive is also last; by its lead over the
-others (a tie in both, as in a 2-server ring: nobody). A
+others (a tie in both, as in a 2-server ring: nobody). Where the
+receivers' clear-to-sends are on the wire (NCCL's network transport: a
+message of tens to a few hundred bytes from each ring edge's receiver to
+its sender, as the receiver enters the collective; a DP control message,
+:mod:`prism.analysis.control`), a server's first clear-to-send is its
+entry and counts as its first send: its data may wait for a ring
+neighbour, its clear-to-send waits for no one, so the late member of a
+2-server ring is the last sender. The clear-to-sends take no part in
+cutting or handing on the bursts (they carry no data): each goes with the
+burst of the data it clears, the next on its edge (:func:`_entries`; not
+where another clear-to-send comes first, its data unrecorded). A
 server is named when, from some burst on, it is last far more often than
 chance (``1 / servers`` of the group; "from" where the binomial z of the
 bursts from there on peaks): a binomial test at ``alpha``,
@@ -86,6 +96,7 @@ import numba
 import numpy as np
 import pandas as pd
 
+from prism.analysis.control import control_messages
 from prism.analysis.diagnosis.anomalies import ANOMALY_COLUMNS, empty_anomalies
 from prism.common.tails import binomial_at_least, normal_above
 
@@ -153,7 +164,8 @@ class ArrivalDiagnoser:
         self.late_spread = float(late_spread)
 
     def fit(self, job: np.ndarray, a: np.ndarray, start: np.ndarray, end: np.ndarray, is_dp: np.ndarray, dp_comp: np.ndarray,
-            server_of: np.ndarray, job_names: dict, steps: pd.DataFrame | None = None, b: np.ndarray | None = None) -> "ArrivalDiagnoser":
+            server_of: np.ndarray, job_names: dict, steps: pd.DataFrame | None = None, b: np.ndarray | None = None,
+            size: np.ndarray | None = None) -> "ArrivalDiagnoser":
         """Cut the DP flows into collective bursts and diagnose them.
 
         Parameters
@@ -174,18 +186,25 @@ class ArrivalDiagnoser:
         b : int array, optional
             Destination NIC per flow: with it, a tie for the last send is
             broken by the last receive (:func:`last_arrival`).
+        size : int array, optional
+            Bytes per flow: with ``b``, a receiver's clear-to-send (a DP
+            control message, :func:`prism.analysis.control.control_messages`)
+            is its entry into the collective (:func:`_entries`).
         """
-        self.arrivals_ = self.bursts(job, a, start, end, is_dp, dp_comp, server_of, job_names, b)
+        self.arrivals_ = self.bursts(job, a, start, end, is_dp, dp_comp, server_of, job_names, b, size)
         return self.diagnose(self.arrivals_, steps)
 
-    def bursts(self, job, a, start, end, is_dp, dp_comp, server_of, job_names, dst=None) -> pd.DataFrame:
+    def bursts(self, job, a, start, end, is_dp, dp_comp, server_of, job_names, dst=None, size=None) -> pd.DataFrame:
         """The burst table (:data:`ARRIVAL_COLUMNS`) of the DP flows.
 
         Compiled passes over the DP flows through their indices (:func:`_groups_in_order`,
         :func:`_cut`, :func:`_hand_on_at`, :func:`_firsts`): no copy of a flow column in
         burst order and no sort where each group's flows come in start order (a
         replay's batches); the tables built per (burst, server), per NIC and per
-        group are small.
+        group are small. The clear-to-sends (with ``dst`` and ``size``) are
+        left out of those passes, and each is then placed with the data it
+        cleared (:func:`_entries`: one sort of the DP flows, only where a job
+        has them).
         """
         dp = np.flatnonzero(is_dp)
         if len(dp) == 0:
@@ -195,6 +214,12 @@ class ArrivalDiagnoser:
         n_srv = len(srv_names)
         comp = np.asarray(dp_comp, dtype=np.int64)
         job, a, start, end = np.asarray(job), np.asarray(a), np.asarray(start, np.int64), np.asarray(end, np.int64)
+        ctl = np.zeros(0, np.int64)
+        if dst is not None and size is not None:
+            # clear-to-sends: no data, so they neither open, close nor hand on a burst; each is its sender's entry
+            c = control_messages(np.asarray(size)[dp], pd.factorize(job[dp])[0])
+            if c.any() and not c.all():
+                ctl, dp = dp[c], dp[~c]
         # one group per job and set of servers: the rails' rings of one collective together
         gid_nic, gid_flow, groups = _server_set_groups(dp, job, a, comp, srv_code)
         size = np.array([s.count(",") + 1 for _, s in groups], dtype=np.int64)  # one per group, not per flow
@@ -211,6 +236,14 @@ class ArrivalDiagnoser:
         at = np.flatnonzero(first)
         f = idx[at]
         b, s, t, g = burst[at], srv_code[a[f]], start[f], gid[at].astype(np.int64)
+        if len(ctl) and dst is not None:
+            # a server's entry is its first clear-to-send where it sent one (its first data send waits for its ring
+            # neighbour; in a 2-server ring both edges move as the later server enters, a tie)
+            ekey, et = _entries(ctl, idx, burst, a, np.asarray(dst), start, srv_code, n_srv)
+            if len(ekey):
+                want = b * n_srv + s
+                j = np.minimum(np.searchsorted(ekey, want), len(ekey) - 1)
+                t = np.where(ekey[j] == want, np.minimum(t, et[j]), t)
         per = pd.DataFrame({"b": b, "s": s, "t": t, "g": g})
         counts = np.bincount(b, minlength=int(burst.max()) + 1)
         n_in = counts[b]
@@ -601,6 +634,55 @@ def last_arrival(send: np.ndarray, recv: np.ndarray, tie_ns: int = 0) -> tuple[i
         return -1, 0.0
     k = int(both[0])
     return k, float(min(send[k] - out_s.max(), r[k] - out_r.max()))
+
+
+def _entries(ctl, idx, burst, a, b, start, srv_code, n_srv) -> tuple[np.ndarray, np.ndarray]:
+    """Each server's entry into each burst by its clear-to-sends: (keys ``burst * n_srv + server``, sorted, and the
+    earliest start of the clear-to-sends that go with it).
+
+    A receiver clears its ring predecessor to send as it enters a
+    collective: the message goes from receiver to sender, and the data it
+    clears is the first on the opposite edge (sender to receiver) that
+    starts at or after it (the edge's data of the collective before had
+    ended: the receiver was done with it). The clear-to-send ``ctl[i]``
+    (flow indices, NICs ``a`` -> ``b``) goes with that data flow's burst
+    (``burst``, per data flow ``idx``, the bursts after the hand-on). One
+    followed on its edge by another clear-to-send before any data is left
+    out: the data it cleared was not recorded (a lost record, the
+    capture's end), and taken with the next collective's data it would
+    date its sender's entry a whole collective early, making the others
+    look late. The clear-to-send right before the data is the one of the
+    data's collective.
+
+    >>> # data 0 -> 1 at 10 (burst 0) and 50 (burst 1); clear-to-sends 1 -> 0 at 5 (burst 0's) and 40 (burst 1's)
+    >>> a, b = np.array([0, 0, 1, 1]), np.array([1, 1, 0, 0]); st = np.array([10, 50, 5, 40])
+    >>> _entries(np.array([2, 3]), np.array([0, 1]), np.array([0, 1]), a, b, st, np.array([0, 1]), 2)
+    (array([1, 3]), array([ 5, 40]))
+    >>> # burst 0's data 0 -> 1 lost: the clear-to-send at 5 is followed by burst 1's at 40, not by data; left out
+    >>> _entries(np.array([2, 3]), np.array([1]), np.array([1]), a, b, st, np.array([0, 1]), 2)
+    (array([3]), array([40]))
+    """
+    n_nic = int(max(a[idx].max(), b[idx].max(), a[ctl].max(), b[ctl].max())) + 1
+    dkey = a[idx].astype(np.int64) * n_nic + b[idx]
+    ckey = b[ctl].astype(np.int64) * n_nic + a[ctl]  # the edge it clears
+    key = np.concatenate([dkey, ckey])
+    t = np.concatenate([start[idx], start[ctl]])
+    data = np.r_[np.ones(len(idx), np.int8), np.zeros(len(ctl), np.int8)]
+    o = np.lexsort((data, t, key))  # per edge in time order; a clear-to-send before data that starts with it
+    pos = np.where(data[o] == 1, np.arange(len(o)), len(o))
+    nxt = np.minimum.accumulate(pos[::-1])[::-1]  # the next data flow at or after each position
+    c = np.flatnonzero(data[o] == 0)
+    q = nxt[c]
+    ok = (q == c + 1) & (q < len(o))  # data right after it: no other clear-to-send in between, nor the end
+    c, q = c[ok], q[ok]
+    ok = key[o[q]] == key[o[c]]  # on the same edge
+    d, k = o[q[ok]], o[c[ok]] - len(idx)
+    ek = burst[d] * n_srv + srv_code[a[ctl[k]]]
+    et = start[ctl[k]]
+    o = np.lexsort((et, ek))
+    ek, et = ek[o], et[o]
+    first = np.r_[True, ek[1:] != ek[:-1]] if len(ek) else np.zeros(0, dtype=bool)
+    return ek[first], et[first]
 
 
 def _server_set_groups(dp, job, a, comp, srv_code):
