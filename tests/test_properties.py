@@ -670,3 +670,18 @@ def test_binomial_and_normal_tails_are_scipy_stats(n, data, p):
     assert binomial_at_least(k, n, p) == float(binom.sf(k - 1, n, p))
     z = data.draw(st.floats(-40.0, 40.0))
     assert normal_above(z) == float(norm.sf(z))
+
+
+@SETTINGS
+@given(st.integers(1, 5000), st.data())
+def test_hypergeometric_tail_is_scipy_stats(total, data):
+    """The hypergeometric tail (prism.common.tails, summed in log space) is scipy.stats' to 1e-9, at the edges too
+    (k below the fewest marked a draw can hold, above the most)."""
+    from scipy.stats import hypergeom
+
+    from prism.common.tails import hypergeometric_at_least
+
+    marked = data.draw(st.integers(0, total))
+    drawn = data.draw(st.integers(0, total))
+    k = data.draw(st.integers(-2, drawn + 2))
+    assert hypergeometric_at_least(k, total, marked, drawn) == pytest.approx(float(hypergeom.sf(k - 1, total, marked, drawn)), rel=1e-9, abs=1e-300)

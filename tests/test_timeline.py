@@ -779,18 +779,41 @@ def test_many_micro_batches_each_all_reducing_are_grouped_into_steps(tmp_path):
     assert (np.abs(found[:, None] - truth[None, :]).min(axis=1) <= 1000).all()
 
 
+def test_micro_batches_are_grouped_with_few_steps_in_view(tmp_path):
+    """SYNTHETIC DDP without ``no_sync`` (4 micro-batches a step, 5 s), 60 s, one server 1.4x slower from the
+    capture's third step: the slowed steps (6.8 s) leave 38 micro-batches in view, 9 periods of 4. The step's gap
+    (the optimizer's, 466-477 ms) was the longest of its period in all 9, but 9 periods can show no more than 4^-9,
+    1.3e-4 over the 35 periods and phases tried: every micro-batch was a step (8 of 8 steps, 25 spurious). Those 9
+    gaps are the 9 longest of all 36 (the others 414-425 ms: one way in C(36, 9), 1e-8): now every step at its true
+    end, none spurious, as the same run over 180 s (27 periods) and the run slowed from a third of the 60 s (10)."""
+    from synthetic.dpshapes import EARLY_FAULT_STEP, dp_cluster
+
+    c = dp_cluster("ddp-sync", "5s", duration_s=60, with_faults=True, from_step=EARLY_FAULT_STEP)
+    r, score = _replay_cluster(c, tmp_path)
+    assert score["jobs_ari"] == 1.0 and score["true_steps"] >= 8
+    assert score["steps_found"] == score["true_steps"] and score["steps_spurious"] == 0
+    assert score["faults_found"] == 1 and score["anomalies_unexplained"] == 0
+    found, truth = r.analysis.steps["end_ns"].to_numpy(), c.steps["end_ns"].to_numpy()
+    assert (np.abs(found[:, None] - truth[None, :]).min(axis=1) <= 1000).all()
+
+
 def test_many_micro_batches_or_a_checkpoint_every_n_steps():
     """The same gaps on the wire, a longer one every N pieces (SYNTHETIC arrays): past 8 pieces a period is taken
     for accumulation only if the gap adds at most a fifth of a piece (an optimizer's 1% of a step of 16
-    micro-batches adds 0.16 of one), never a checkpoint's 30% of a step every 12 steps, and only with the binomial
-    test's margins over every period tried (5 periods of 16 could be chance)."""
+    micro-batches adds 0.16 of one), never a checkpoint's 30% of a step every 12 steps, and only with the tests'
+    margins over every period tried: 4 periods of 16 could be chance (their 4 gaps the 4 longest of 64: 1.7e-3 over
+    the 527 tests), 5 could (the binomial's 1e-3) unless their gaps are the 5 longest of all 80 (4e-5), which a
+    level shift from the third period on hides."""
     from prism.analysis.timeline import accumulation_period
 
     noise = np.random.default_rng(5).lognormal(0, 0.005, 256)
     micro = np.tile([148.0] + [100.0] * 15, 8) * noise[:128]  # the forward's gap, a third of a 300 micro-batch
     assert accumulation_period(micro) is None  # up to 8 pieces only, without the pieces' length
     assert accumulation_period(micro, piece_ns=300.0) == (16, 0)
-    assert accumulation_period(micro[:80], piece_ns=300.0) is None  # 5 periods
+    assert accumulation_period(micro[:64], piece_ns=300.0) is None  # 4 periods
+    assert accumulation_period(micro[:80], piece_ns=300.0) == (16, 0)  # 5 periods, the step's gaps the longest of all
+    shifted = micro[:80] * np.where(np.arange(80) >= 32, 1.6, 1.0)  # the others' gaps after the shift pass the 2 first
+    assert accumulation_period(shifted, piece_ns=300.0) is None
     ckpt = np.tile([130.0] + [100.0] * 11, 10) * noise[:120]  # steps of 100 (their gap), a checkpoint of 30 every 12
     assert accumulation_period(ckpt, piece_ns=100.0) is None
 
