@@ -718,6 +718,17 @@ def test_a_slow_servers_pairs_show_the_steps_its_waits_hide(tmp_path, shape, len
     assert (np.abs(found[:, None] - truth[None, :]).min(axis=1) <= 1000).all()
 
 
+def _every_step_and_the_fault(c, tmp_path, min_steps):
+    """Replayed, the one job of ``c`` is found whole, every step of its truth at its true end and none spurious (at
+    least ``min_steps``), and its one fault found with nothing else."""
+    r, score = _replay_cluster(c, tmp_path)
+    assert score["jobs_ari"] == 1.0 and score["true_steps"] >= min_steps
+    assert score["steps_found"] == score["true_steps"] and score["steps_spurious"] == 0
+    assert score["faults_found"] == 1 and score["anomalies_unexplained"] == 0
+    found, truth = r.analysis.steps["end_ns"].to_numpy(), c.steps["end_ns"].to_numpy()
+    assert (np.abs(found[:, None] - truth[None, :]).min(axis=1) <= 1000).all()
+
+
 def test_a_slow_server_from_the_start_the_most_regular_pairs_give_the_steps(tmp_path):
     """SYNTHETIC faulty FSDP at 0.3 s, 20 s, one server 1.4x slower from the capture's third step (the DP matrix's
     variant with the fault from the start). The edges into and out of the slow server cut at the optimizer's pause
@@ -728,13 +739,7 @@ def test_a_slow_server_from_the_start_the_most_regular_pairs_give_the_steps(tmp_
     fault a third of the way in, or over 60 s, that edge's micro-batch gaps are no class of their own.)"""
     from synthetic.dpshapes import EARLY_FAULT_STEP, dp_cluster
 
-    c = dp_cluster("fsdp", "0.3s", duration_s=20, with_faults=True, from_step=EARLY_FAULT_STEP)
-    r, score = _replay_cluster(c, tmp_path)
-    assert score["jobs_ari"] == 1.0 and score["true_steps"] >= 40
-    assert score["steps_found"] == score["true_steps"] and score["steps_spurious"] == 0
-    assert score["faults_found"] == 1 and score["anomalies_unexplained"] == 0
-    found, truth = r.analysis.steps["end_ns"].to_numpy(), c.steps["end_ns"].to_numpy()
-    assert (np.abs(found[:, None] - truth[None, :]).min(axis=1) <= 1000).all()
+    _every_step_and_the_fault(dp_cluster("fsdp", "0.3s", duration_s=20, with_faults=True, from_step=EARLY_FAULT_STEP), tmp_path, 40)
 
 
 def test_sub_microsecond_gaps_are_no_class_of_pauses(tmp_path):
@@ -788,13 +793,7 @@ def test_micro_batches_are_grouped_with_few_steps_in_view(tmp_path):
     end, none spurious, as the same run over 180 s (27 periods) and the run slowed from a third of the 60 s (10)."""
     from synthetic.dpshapes import EARLY_FAULT_STEP, dp_cluster
 
-    c = dp_cluster("ddp-sync", "5s", duration_s=60, with_faults=True, from_step=EARLY_FAULT_STEP)
-    r, score = _replay_cluster(c, tmp_path)
-    assert score["jobs_ari"] == 1.0 and score["true_steps"] >= 8
-    assert score["steps_found"] == score["true_steps"] and score["steps_spurious"] == 0
-    assert score["faults_found"] == 1 and score["anomalies_unexplained"] == 0
-    found, truth = r.analysis.steps["end_ns"].to_numpy(), c.steps["end_ns"].to_numpy()
-    assert (np.abs(found[:, None] - truth[None, :]).min(axis=1) <= 1000).all()
+    _every_step_and_the_fault(dp_cluster("ddp-sync", "5s", duration_s=60, with_faults=True, from_step=EARLY_FAULT_STEP), tmp_path, 8)
 
 
 def test_many_micro_batches_or_a_checkpoint_every_n_steps():
