@@ -669,12 +669,9 @@ def _entries(ctl, idx, burst, a, b, start, srv_code, n_srv) -> tuple[np.ndarray,
     t = np.concatenate([start[idx], start[ctl]])
     data = np.r_[np.ones(len(idx), np.int8), np.zeros(len(ctl), np.int8)]
     o = np.lexsort((data, t, key))  # per edge in time order; a clear-to-send before data that starts with it
-    pos = np.where(data[o] == 1, np.arange(len(o)), len(o))
-    nxt = np.minimum.accumulate(pos[::-1])[::-1]  # the next data flow at or after each position
-    c = np.flatnonzero(data[o] == 0)
-    q = nxt[c]
-    ok = (q == c + 1) & (q < len(o))  # data right after it: no other clear-to-send in between, nor the end
-    c, q = c[ok], q[ok]
+    kind = data[o]
+    c = np.flatnonzero((kind[:-1] == 0) & (kind[1:] == 1))  # data right after it: no other clear-to-send in between, nor the end
+    q = c + 1
     ok = key[o[q]] == key[o[c]]  # on the same edge
     d, k = o[q[ok]], o[c[ok]] - len(idx)
     ek = burst[d] * n_srv + srv_code[a[ctl[k]]]
