@@ -272,6 +272,50 @@ def test_a_job_whose_id_changes_is_sent_again_under_the_new_one(cluster):
     assert len(a.window) == 0 and len(a._pair_keys) == 0 and a.retired == [next(iter(first))]
 
 
+def test_a_retired_jobs_hand_over_is_taken_whole_and_waited_for_within_a_bound(cluster):
+    """The old id's owner gives up the job's pairs as it retires it; the new id's owner, told to wait for that id's
+    state, takes the pairs and the state once every message of the hand-over is in (in any order), and gives up
+    waiting (counted, with a warning) after its bound of wall time."""
+    import pyarrow as pa
+
+    from prism.serve.jobtopic import AnalyseMonitor
+
+    topo = Topology.from_frame(cluster.topology)
+    f, same_side, ips = _tp8_dp4_in_halves(cluster)
+    settings = MonitorSettings(window_s=8, step_s=1, lateness_s=0)
+    a = AnalyseMonitor(topo, settings)
+    a.ingest(f[same_side].reset_index(drop=True))
+    before = a._pair_keys.copy(), a._pair_first.copy(), a._pair_last.copy()
+    keys, first, last = a.retire_job("old", sorted(ips))
+    assert len(keys) == len(before[0]) > 2 and len(a._pair_keys) == 0
+    assert (keys == before[0]).all() and (first == before[1]).all() and (last == before[2]).all()
+
+    b = AnalyseMonitor(topo, settings)
+    now = [0.0]
+    b.clock = lambda: now[0]
+    b.expect_states("new", ["old"], wait_s=30)
+    assert b._awaits_states() and not b.due()
+    half = len(keys) // 2
+    state = {"steps": 7}
+    parts = [(k, slice(lo, hi)) for k, (lo, hi) in enumerate([(0, half), (half, len(keys))])]
+    for k, cut in reversed(parts):  # the second message read first
+        meta = {"job": "new", "from": "old", "replica": "a0", "chunk": k, "chunks": 2, "nics": b.pair_base(), **({"state": state} if k == 0 else {})}
+        b.take_handover(meta, pa.table({"key": keys[cut], "first": first[cut], "last": last[cut]}))
+        assert b._awaits_states() == (k == 1) and (len(b._pair_keys) == 0) == (k == 1)
+    assert (b._pair_keys == keys).all() and (b._pair_first == first).all() and (b._pair_last == last).all()
+    assert b.handed == {"new": {"old": state}} and b.handovers_missed == 0
+    # a state that never comes: the window goes on after the bound
+    b.expect_states("other", ["gone"], wait_s=30)
+    now[0] += 29
+    assert b._awaits_states()
+    now[0] += 2
+    assert not b._awaits_states() and b.handovers_missed == 1
+    # nothing to wait for when the job is here already (a successor holding the job's own published state)
+    b.restored["mine"] = {"steps": 3}
+    b.expect_states("mine", ["old"], wait_s=30)
+    assert not b._awaits_states()
+
+
 class _Sent:
     """A producer that keeps what is sent (topic, key, value, partition, headers)."""
 
@@ -327,6 +371,7 @@ def _analyse_stage(topo, settings):
     src.consumer = _Held({TopicPartition("jobs", p) for p in range(4)})
     src.topic, src.positions, src._revoked, src._held, src._after, src.held_back = "jobs", {}, set(), [], {}, 0
     src._last_msg, src._kinds_at, src._replay, src.max_message_bytes, src._rebalanced = {}, deque(), {}, 8 << 20, False
+    src.replica_id, src.producer, src.handovers_sent, src.handover_wait_s = "a0", _Sent(), 0, 60.0
     return src
 
 
@@ -694,6 +739,85 @@ def test_a_job_restarted_on_a_spare_keeps_its_key_and_its_history(broker, restar
             assert d.series("prism_steps_total")[job_id] == one.series("prism_steps_total")[job_id]
         assert sorted(a for d in ans for a in d.job_anomalies()) == one.job_anomalies()
         print("restarted job", was, "steps", len(steps), "anomalies", one.job_anomalies(), "messages under its key", len(sent))
+    finally:
+        for d in everyone:
+            d.stop()
+
+
+@pytest.fixture(scope="module")
+def regrown_cluster():
+    """The restart cluster's jobs with a 1 s outage: shorter than the hang diagnosis's least silence (8 s), so the
+    restarted job is one that grew (its old servers and the spare): one daemon renames it ~6 s in, its steps numbered
+    on. The two ids are on job-topic partitions 1 and 3: different analyse replicas' of two."""
+    from synthetic import ClusterGenerator, Fabric, JobSpec, Restart, SlowStep
+
+    mib = 1 << 20
+    jobs = [JobSpec(name, tp=8, pp=1, dp=2, microbatches=2, fwd_ms=5, grad_bytes=32 * mib, bucket_bytes=16 * mib) for name in ("r", "s")]
+    return ClusterGenerator(Fabric(servers=8, servers_per_group=8, spines=2), jobs, duration_s=24.0, seed=4, storage_flows_per_s=0,
+                            faults=[Restart("r", after_s=5.0, outage_s=1.0, replaced_server=0), SlowStep("r", step=200, factor=2.0)]).generate()
+
+
+def test_a_job_re_keyed_to_another_replica_keeps_its_history(broker, regrown_cluster):
+    """A job that grew long after its first window (restarted on a spare after a short outage: one daemon renames it
+    and gives the new id the old one's state) is re-keyed on the job topic to an id another analyse replica owns. The
+    ingest stage tells the new owner which old ids to wait for, the old owner hands the job's state over when it
+    retires the old id, and the new owner takes it before its next window: one daemon's steps (to the nanosecond,
+    numbered on through the re-key, none reported twice) and anomalies. Before, the new owner numbered the job's
+    steps from 0 again, over the 3 s its window held, and lost the rest."""
+    from prism.analysis.jobs import job_id_for
+    from prism.serve.jobtopic import CONTROL_HEADER, job_partition
+
+    cluster = regrown_cluster
+    f = cluster.faults.set_index("kind")
+    _, spare = f.loc["restart", "subject"].split(">")
+    before = set(cluster.meta["jobs"]["r"]["servers"])
+    was, grown = job_id_for(before), job_id_for(before | {spare})
+    assert job_partition(was, 4) // 2 != job_partition(grown, 4) // 2, "the two ids on different analyse replicas"
+    topic = f"flows-{uuid.uuid4().hex[:8]}"
+    ensure_topic(broker.bootstrap, topic, 4)
+    jobs_topic = f"jobs-{topic}"
+    settings = dict(step_history=4096)
+    one = Running(broker, cluster, "all", topic, f"one-{topic}", "one", jobs_topic, **settings)
+    ins = [Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic, **settings)]
+    ans = [Running(broker, cluster, "analyse", topic, f"g-{topic}", f"a{k}", jobs_topic, **settings) for k in range(2)]
+    everyone = [one, *ins, *ans]
+    controls = []
+    send = ins[0].source.producer.send
+
+    def keep(topic, key=None, value=None, partition=None, headers=None):
+        kind = dict(headers or ()).get(CONTROL_HEADER)
+        if topic == jobs_topic and kind in (b"retire", b"rekey"):
+            controls.append((kind.decode(), key.decode(), json.loads(value)))
+        return send(topic, key=key, value=value, partition=partition, headers=headers)
+
+    ins[0].source.producer.send = keep
+    try:
+        _settle(one, ins, ans)
+        n = produce_as_ordered(broker, topic, cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True))
+        _wait_done(one, ins, ans, n)
+        # one daemon renames the job once the spare is seen, its steps numbered on from the first
+        assert grown in one.series("prism_job_info") and was not in one.series("prism_job_info")
+        steps = one.monitor.steps_frame().query("job_id == @grown")
+        t0 = int(cluster.flows["start_ns"].min())
+        assert steps["step"].tolist() == list(range(len(steps))) and int(steps["start_ns"].min()) - t0 < 1_000_000_000
+        # the ingest stage re-keyed it: the new owner told to wait for the old id, the old id retired
+        assert ("rekey", grown, {"job": grown, "from": [was], "replica": "i0"}) in controls
+        assert any(k == "retire" and v["job"] == was and v["into"] == grown for k, _, v in controls)
+        # every job from one replica, with one daemon's steps, step counts and anomalies
+        assert set().union(*(d.series("prism_job_info") for d in ans)) == set(one.series("prism_job_info"))
+        for job_id, s in one.steps().items():
+            (d,) = [d for d in ans if job_id in d.series("prism_job_info")]
+            same, why = _same_steps({job_id: d.steps()[job_id]}, {job_id: s})
+            assert same, why
+            assert d.series("prism_steps_total")[job_id] == one.series("prism_steps_total")[job_id]
+        assert sorted(a for d in ans for a in d.job_anomalies()) == one.job_anomalies()
+        assert ("slow_step", grown) in {(k, j) for k, j, _, _ in one.job_anomalies()}, "the slow step after the re-key"
+        # by the old owner's state, handed over
+        (old_owner,) = [d for d in ans if job_partition(was, 4) in d.monitor.owned]
+        (owner,) = [d for d in ans if grown in d.series("prism_job_info")]
+        assert owner is not old_owner and old_owner.source.handovers_sent == 1 and owner.monitor.handovers_taken == 1
+        assert owner.monitor.handovers_missed == 0 and not owner.monitor.awaiting
+        print("re-keyed job", was, ">", grown, "steps", len(steps), "anomalies", one.job_anomalies())
     finally:
         for d in everyone:
             d.stop()

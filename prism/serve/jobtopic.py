@@ -52,7 +52,11 @@ that id's partition, on which its owner forgets the old job's pairs and
 flows (the job is gone from its metrics at the next window) unless it
 holds the new id's partition too. Both follow the window's watermark and
 wait, as the next window's flows do, until the analyse replica has
-analysed that window (see ``JobTopicSource``).
+analysed that window (see ``JobTopicSource``). An old id on another
+replica's partition is named to the new id's owner first (``rekey``), and
+its owner hands the job over as it retires it (``handover``: its pairs and
+state): the new owner's next window waits for it, so the job keeps its
+step history as in one daemon (see ``AnalyseMonitor.expect_states``).
 
 ``--role all`` (the default) is the single-process daemon, unchanged.
 
@@ -67,10 +71,12 @@ Message formats on the job topic: flow batches are the input's Arrow IPC
 stream (``content-type`` header, and :data:`REPLICA_HEADER` naming the
 ingest replica; flows that came late for an ingest window also carry
 :data:`LATE_HEADER`, its end); control messages carry a
-``prism-control`` header (``watermark`` or ``retire``) and a JSON value,
-or (``fabric``) an Arrow IPC stream of switch sums, or (``kinds``) an
-Arrow IPC stream of typed pairs (``a, b, type, part``; its window in the
-schema metadata under :data:`KINDS_META`).
+``prism-control`` header (``watermark``, ``retire`` or ``rekey``) and a
+JSON value, or (``fabric``) an Arrow IPC stream of switch sums, or
+(``kinds``) an Arrow IPC stream of typed pairs (``a, b, type, part``; its
+window in the schema metadata under :data:`KINDS_META`), or
+(``handover``) an Arrow IPC stream of a retired job's pairs (``key,
+first, last``; the ids and the job's state under :data:`HANDOVER_META`).
 """
 from __future__ import annotations
 
@@ -94,7 +100,8 @@ from prism.serve.monitor import Monitor, MonitorView, WindowSpan, iso_time
 from prism.serve.sources import KafkaSource, ensure_topic
 from prism.serve.window import FlowWindow
 
-__all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "FABRIC_KEY", "KINDS_META", "LATE_HEADER",
+__all__ = ["IngestMonitor", "AnalyseMonitor", "ForwardingSource", "JobTopicSource", "CONTROL_HEADER", "FABRIC_KEY", "HANDOVER_META", "KINDS_META",
+           "LATE_HEADER",
            "REPLICA_HEADER",
            "analyse_group", "job_partition"]
 
@@ -110,6 +117,8 @@ REPLICA_HEADER = "prism-replica"
 FABRIC_KEY = "prism-fabric"
 #: the schema metadata key of a typed-pairs (``kinds``) message: its window's end, whether final, the partitions it covers
 KINDS_META = b"prism-kinds"
+#: the schema metadata key of a hand-over message (a retired job's pairs): new id, old id, the job's state (first message)
+HANDOVER_META = b"prism-handover"
 _ARROW = ARROW_CONTENT_TYPE.encode()
 #: the columns forwarded; switches are not (their sums go to the fabric's owner instead)
 _SCHEMA = pa.schema([("start_ns", pa.int64()), ("duration_ns", pa.int64()), ("src", pa.string()), ("dst", pa.string()),
@@ -392,6 +401,13 @@ class AnalyseMonitor(Monitor):
         self.kinds_rows = 0  # typed pairs received
         self._kinds_chunks: dict[tuple, list] = {}  # (replica, end, final) -> the messages of a window's typed pairs read so far
         self._quiet_to: int | None = None  # event time up to which this replica, with no flows yet, sent no typed pairs (_quiet)
+        # a job re-keyed from ids other replicas held (see expect_states): new id -> (old ids whose states are still
+        # to come, since when (clock), how long to wait), and new id -> old id -> the state handed over (None: none)
+        self.awaiting: dict[str, tuple[set[str], float, float]] = {}
+        self.handed: dict[str, dict[str, dict | None]] = {}
+        self.handovers_taken = 0  # re-keyed jobs that took a state another replica handed over
+        self.handovers_missed = 0  # states waited for in vain (see expect_states)
+        self._handover_chunks: dict[tuple, dict[int, tuple]] = {}  # (new id, old id, replica) -> the messages read so far
 
     def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
         self.flows_received += len(flows)
@@ -467,7 +483,7 @@ class AnalyseMonitor(Monitor):
         e = self._first_end()
         if to is None or e is None or e > to:
             return None
-        return e if self._kinds_ready(e, False) else None
+        return e if self._kinds_ready(e, False) and not self._awaits_states() else None
 
     def holds_back(self, after: int | None) -> bool:
         """Whether what an ingest replica sent after its window ending at ``after`` (the next window's flows, flows
@@ -506,8 +522,8 @@ class AnalyseMonitor(Monitor):
         if not self.owns_fabric() and (len(self.switch_bw.table()) or len(self.fabric_in.table()) or self._switch_last or self.kinds_in):
             self._drop_fabric()
         if final:  # the last window reaches the ingest stage's tail, not only this replica's latest flow
-            if not self._kinds_ready(max(self.max_start or to, to), True):
-                return None  # the fabric's owner waits for every partition's typed pairs of the tail
+            if not self._kinds_ready(max(self.max_start or to, to), True) or self._awaits_states():
+                return None  # the fabric's owner waits for every partition's typed pairs of the tail; a re-keyed job's state
             quiet = False
             self.max_start = max(self.max_start or to, to)
             view = super().tick(final=True, force=force)
@@ -752,22 +768,97 @@ class AnalyseMonitor(Monitor):
         The step stitcher's place, the step history (the cross-step
         baseline), the counts the metrics show and the anomalies reported.
         """
-        out = {}
-        for job_id, st in list(self._jobs.items()):
-            if st.view.job_id != job_id:
-                continue
-            v = st.view
-            out[job_id] = {
-                "next_step": st.stitcher.next_step, "last_end": st.stitcher.last_end, "history": [[int(x) for x in h] for h in st.history],
-                "steps": v.steps, "bucket_counts": [int(x) for x in v.bucket_counts], "step_sum_s": v.step_sum_s,
-                "last_step_s": v.last_step_s, "slowdown": v.slowdown, "slow": v.slow, "anomalies": dict(v.anomalies),
-                "reported": [[[_plain(x) for x in k], int(t)] for k, t in st.reported.items()],
-                # lagging servers flagged by the last window: still lagging at the next is the same anomaly
-                "ongoing": [[_plain(x) for x in k] for k, t in self._active.items() if k[1] == job_id and t == self._ticks - 1],
-            }
+        out = {job_id: self._job_state(job_id, st) for job_id, st in list(self._jobs.items()) if st.view.job_id == job_id}
         if self.owns_fabric():
             out[FABRIC_KEY] = self.fabric_state()
         return out
+
+    def _job_state(self, job_id: str, st: Any) -> dict:
+        v = st.view
+        return {
+            "next_step": st.stitcher.next_step, "last_end": st.stitcher.last_end, "history": [[int(x) for x in h] for h in st.history],
+            "steps": v.steps, "bucket_counts": [int(x) for x in v.bucket_counts], "step_sum_s": v.step_sum_s,
+            "last_step_s": v.last_step_s, "slowdown": v.slowdown, "slow": v.slow, "anomalies": dict(v.anomalies),
+            "reported": [[[_plain(x) for x in k], int(t)] for k, t in st.reported.items()],
+            # lagging servers flagged by the last window: still lagging at the next is the same anomaly
+            "ongoing": [[_plain(x) for x in k] for k, t in self._active.items() if k[1] == job_id and t == self._ticks - 1],
+        }
+
+    def _take_state(self, st: Any, state: dict) -> None:
+        """Make ``st`` the job as ``state`` (:meth:`_job_state`) left it: its steps, history and anomalies."""
+        st.stitcher.next_step, st.stitcher.last_end = int(state["next_step"]), state["last_end"]
+        st.history.clear()
+        st.history.extend(tuple(h) for h in state["history"])
+        v = st.view
+        v.steps, v.bucket_counts, v.step_sum_s = int(state["steps"]), list(state["bucket_counts"]), float(state["step_sum_s"])
+        v.last_step_s, v.slowdown, v.slow = state["last_step_s"], state["slowdown"], bool(state["slow"])
+        v.anomalies.clear()
+        v.anomalies.update(state["anomalies"])
+        st.reported.clear()
+        st.reported.update({tuple(k): t for k, t in state["reported"]})
+        for k in state.get("ongoing", ()):
+            self._active[tuple(k)] = self._ticks - 1  # as if flagged by the window before this one
+
+    # -- a job re-keyed across replicas keeps its history ------------------------------------
+    # One daemon gives a job that grew (a new id: more of its servers seen) the
+    # state of the biggest job it absorbed (Monitor._merge_jobs). Here the old
+    # ids may be other replicas' (their job-topic partitions): the ingest stage
+    # tells the new id's owner which (``rekey``, after the window's watermark),
+    # and each old id's owner, applying its ``retire``, hands the job's state
+    # over on the new id's partition (``handover``). The new id's owner holds
+    # its next window until every state is in, then takes the biggest, as one
+    # daemon does. The old owner applies the retire once it has analysed the
+    # window before it, which needs nothing of the new owner's next window: no
+    # replica waits on one waiting on it. A successor of the old owner replays
+    # the retire (it follows the last watermark its predecessor's replay
+    # offset may stand after) and hands the state over again; a successor of
+    # the new owner with the job's own published state waits for none.
+
+    def expect_states(self, job_id: str, old: Collection[str], wait_s: float) -> None:
+        """Hold the next window until the states of ``old`` (ids on partitions other replicas hold) are handed over for
+        ``job_id``, at most ``wait_s`` of wall time (an old owner that lost its partition meanwhile: its successor
+        hands them over). Not when the job is here already (with a history of its own, or published for a successor)."""
+        st = self._jobs.get(job_id)
+        if (st is not None and st.view.job_id == job_id) or job_id in self.restored:
+            return
+        waiting = set(old) - set(self.handed.get(job_id, ()))
+        if waiting:
+            self.awaiting[job_id] = (waiting, self.clock(), float(wait_s))
+
+    def take_state(self, job_id: str, old: str, state: dict | None) -> None:
+        """The state ``old`` had when it was retired into ``job_id`` (None: its owner had none: no steps yet)."""
+        self.handed.setdefault(job_id, {})[old] = state
+        waiting = self.awaiting.get(job_id)
+        if waiting is not None:
+            waiting[0].discard(old)
+            if not waiting[0]:
+                del self.awaiting[job_id]
+
+    def pair_base(self) -> int:
+        """The NIC count a pair key is ``a * n + b`` in (the topology's: the same on every replica)."""
+        return int(self._n)
+
+    def state_of(self, job_id: str) -> dict | None:
+        """The state of ``job_id`` to hand over to the replica its new id is on: as analysed here, or as a predecessor
+        published it (not yet taken), or None."""
+        st = self._jobs.get(job_id)
+        if st is not None and st.view.job_id == job_id:
+            return self._job_state(job_id, st)
+        return self.restored.get(job_id)
+
+    def _awaits_states(self) -> bool:
+        """Is a re-keyed job's state still to come? (One waited for longer than its bound is given up, with a warning; one
+        whose partition moved away is its new holder's to wait for.)"""
+        now = self.clock()
+        for job_id, (old, since, wait_s) in list(self.awaiting.items()):
+            if self.job_parts and self.owned and job_partition(job_id, self.job_parts) not in self.owned:
+                del self.awaiting[job_id]
+            elif now - since > wait_s:
+                del self.awaiting[job_id]
+                self.handovers_missed += 1
+                log.warning("re-keyed job analysed without the state of its old ids: no replica handed it over in time; its steps "
+                            "are numbered from 0 here", extra={"fields": {"job": job_id, "was": ",".join(sorted(old)), "waited_s": round(now - since, 1)}})
+        return bool(self.awaiting)
 
     def restore_job(self, job_id: str, state: dict) -> None:
         """A previous owner's state of ``job_id`` (:meth:`job_states`), taken when the job is next recognised here
@@ -788,28 +879,58 @@ class AnalyseMonitor(Monitor):
             state, st = self.restored.pop(job_id), self._jobs[job_id]
             if st.view.steps:
                 continue  # it has a history of its own here
-            st.stitcher.next_step, st.stitcher.last_end = int(state["next_step"]), state["last_end"]
-            st.history.extend(tuple(h) for h in state["history"])
-            v = st.view
-            v.steps, v.bucket_counts, v.step_sum_s = int(state["steps"]), list(state["bucket_counts"]), float(state["step_sum_s"])
-            v.last_step_s, v.slowdown, v.slow = state["last_step_s"], state["slowdown"], bool(state["slow"])
-            v.anomalies.update(state["anomalies"])
-            st.reported.update({tuple(k): t for k, t in state["reported"]})
-            for k in state.get("ongoing", ()):
-                self._active[tuple(k)] = self._ticks - 1  # as if flagged by the window before this one
+            self._take_state(st, state)
+        # a job re-keyed from other replicas' ids: the biggest of the jobs it absorbed, here or handed over (one daemon's);
+        # states for a job whose partition moved away are its new holder's
+        for job_id in [j for j in self.handed if self.job_parts and self.owned and job_partition(j, self.job_parts) not in self.owned]:
+            del self.handed[job_id]
+        for job_id in [j for j in self.handed if j in self._jobs]:
+            states = [s for s in self.handed.pop(job_id).values() if s is not None]
+            st = self._jobs[job_id]
+            if job_id in before or not states:
+                continue  # it was here already (the states came for a window it had analysed: a replay)
+            best = max(states, key=lambda s: int(s["steps"]))
+            if int(best["steps"]) > st.view.steps:
+                self._take_state(st, best)
+                self.handovers_taken += 1
+                log.info("re-keyed job took the state of its old id from another replica",
+                         extra={"fields": {"job": job_id, "steps": int(best["steps"])}})
 
-    def retire_job(self, job_id: str, ips: list[str]) -> None:
-        """Forget the pairs and flows of a job now keyed under another id (another replica may own it)."""
+    def retire_job(self, job_id: str, ips: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Forget the pairs and flows of a job now keyed under another id (another replica may own it); return the
+        pairs forgotten (key, first seen, last seen: see :meth:`take_handover`)."""
         idx = self.topology.nic_index(pd.Series(ips))
         gone = np.zeros(self._n, dtype=bool)
         gone[idx[idx >= 0]] = True
+        none = np.empty(0, dtype=np.int64)
         if not gone.any():
-            return
+            return none, none, none
         keep = ~(gone[self._pair_keys // self._n] | gone[self._pair_keys % self._n])
+        out = self._pair_keys[~keep], self._pair_first[~keep], self._pair_last[~keep]
         self._pair_keys, self._pair_last, self._pair_first = self._pair_keys[keep], self._pair_last[keep], self._pair_first[keep]
         a, b = self.window.columns()[:2]
         self.window.keep(~(gone[a] | gone[b]))
         self.retired.append(job_id)
+        return out
+
+    def take_handover(self, meta: dict, table: pa.Table) -> None:
+        """One message of a retired job's hand-over (``handover``: its pairs, the job's state in the first): once every
+        message is in, the pairs join this replica's (one daemon's job recognition still sees the old servers' pairs
+        until they expire) and the state waits for the new id's next window (:meth:`take_state`)."""
+        key = (str(meta["job"]), str(meta["from"]), str(meta.get("replica", "")))
+        chunks = self._handover_chunks.setdefault(key, {})
+        chunks[int(meta["chunk"])] = (meta, table)
+        if len(chunks) < int(meta["chunks"]):
+            return
+        del self._handover_chunks[key]
+        job_id, old = key[:2]
+        st = self._jobs.get(job_id)
+        if (st is None or st.view.job_id != job_id) and int(meta.get("nics", self._n)) == self._n:
+            pairs = pa.concat_tables([t for _, t in chunks.values()])
+            keys, first, last = (pairs[c].to_numpy().astype(np.int64) for c in ("key", "first", "last"))
+            a, b = keys // self._n, keys % self._n
+            self._see_pairs(np.r_[a, a], np.r_[b, b], np.r_[first, last])
+        self.take_state(job_id, old, chunks[0][0].get("state"))
 
 
 def _late_for(headers: dict) -> int | None:
@@ -922,8 +1043,17 @@ class ForwardingSource(KafkaSource):
                 self.producer.send(self.job_topic, key=FABRIC_KEY.encode(), value=arrow_ipc(table), partition=p,
                                    headers=[(CONTROL_HEADER, b"fabric")])
         flows, retire = m.take_forward()
-        # a retired id first: its owner forgets the job's flows, then the new id's owner gets them (when both ids
-        # are on one partition, nothing is retired: the flows sent again are re-deliveries there)
+        # the new id's owner first learns which old ids' states to wait for (see AnalyseMonitor.expect_states); then a
+        # retired id: its owner hands the job's state over and forgets its flows; then the new id's owner gets them
+        # (when both ids are on one partition, nothing is retired: the flows sent again are re-deliveries there)
+        moved: dict[str, list[str]] = {}
+        for old, new in retire.items():
+            if job_partition(old, len(parts)) != job_partition(new, len(parts)):
+                moved.setdefault(new, []).append(old)
+        for new, olds in sorted(moved.items()):
+            self.producer.send(self.job_topic, key=new.encode(), partition=parts[job_partition(new, len(parts))],
+                               value=json.dumps({"job": new, "from": sorted(olds), "replica": self.replica_id}).encode(),
+                               headers=[(CONTROL_HEADER, b"rekey")])
         for old, new in retire.items():
             p = parts[job_partition(old, len(parts))]
             if p == parts[job_partition(new, len(parts))]:
@@ -966,7 +1096,11 @@ class JobTopicSource(KafkaSource):
         self._held: list[tuple] = []  # (partition, item, after) read but waiting for a window (see _ingest)
         self._after: dict[tuple[Any, str], int] = {}  # (partition, ingest replica) -> the end of its last watermark read there
         self.held_back = 0  # runs of flows and retire messages that waited for a window
+        self.handovers_sent = 0  # retired jobs' states sent to their new id's owner
         super().__init__(*args, **kwargs)
+        # how long a re-keyed job's new owner waits for an old id's state: a live old owner sends it within a window's
+        # analysis (``max_poll_interval_ms``) or leaves the group, and its successor replays the retire and sends it
+        self.handover_wait_s = max(60.0, 3 * self.consumer.config["max_poll_interval_ms"] / 1000)
 
     def _decode(self, batch: dict) -> list:
         """As :meth:`KafkaSource._decode`, with frames and control messages (``(kind, value)``) in offset order."""
@@ -997,9 +1131,10 @@ class JobTopicSource(KafkaSource):
                 try:
                     if kind == b"fabric":
                         items.append(("fabric", pa.ipc.open_stream(r.value).read_all().to_pandas(), r.offset))
-                    elif kind == b"kinds":
+                    elif kind in (b"kinds", b"handover"):
                         table = pa.ipc.open_stream(r.value).read_all()
-                        items.append(("kinds", (json.loads((table.schema.metadata or {})[KINDS_META]), table), r.offset))
+                        meta = KINDS_META if kind == b"kinds" else HANDOVER_META
+                        items.append((kind.decode(), (json.loads((table.schema.metadata or {})[meta]), table), r.offset))
                     else:
                         items.append((kind.decode(), json.loads(r.value), r.offset))
                 except (ValueError, KeyError, pa.ArrowException):
@@ -1037,6 +1172,7 @@ class JobTopicSource(KafkaSource):
     def _ingest(self, monitor: Monitor, decoded: list) -> int:
         n = 0
         if isinstance(monitor, AnalyseMonitor):
+            self._note_assignment(monitor)  # a retire or rekey read here asks which partitions are held
             self._release(monitor)
         for tp, items, rejects, _, next_offset, messages in decoded:
             part = self.partition_name(tp)
@@ -1052,12 +1188,15 @@ class JobTopicSource(KafkaSource):
             n += messages
         monitor.backlogged = self._backlog({})
         if isinstance(monitor, AnalyseMonitor):
-            monitor.owned = {tp.partition for tp in self.consumer.assignment()}
-            parts = self.consumer.partitions_for_topic(self.topic)
-            if parts:
-                monitor.fabric_part = job_partition(FABRIC_KEY, len(parts))
-                monitor.job_parts = len(parts)
+            self._note_assignment(monitor)
         return n
+
+    def _note_assignment(self, monitor: AnalyseMonitor) -> None:
+        monitor.owned = {tp.partition for tp in self.consumer.assignment()}
+        parts = self.consumer.partitions_for_topic(self.topic)
+        if parts:
+            monitor.fabric_part = job_partition(FABRIC_KEY, len(parts))
+            monitor.job_parts = len(parts)
 
     @staticmethod
     def _records(decoded: list) -> int:
@@ -1075,7 +1214,7 @@ class JobTopicSource(KafkaSource):
         if kind == "flows":
             late_for, sender = value[1], value[2]
             return late_for if late_for is not None or sender is None else self._after.get((tp, sender))
-        if kind == "retire" and value.get("replica") is not None:
+        if kind in ("retire", "rekey") and value.get("replica") is not None:
             return self._after.get((tp, str(value["replica"])))
         return None
 
@@ -1089,19 +1228,49 @@ class JobTopicSource(KafkaSource):
             monitor.mark(value, tp.partition)
             self._note_replay(monitor, tp, offset + 1)
         elif kind == "retire":
-            into = value.get("into")
+            into, job = value.get("into"), str(value["job"])
             if into is not None and monitor.job_parts and job_partition(str(into), monitor.job_parts) in monitor.owned:
+                monitor.take_state(str(into), job, None)  # absorbed here, as one daemon does: nothing to wait for
                 return  # the new id's flows come here too: the job's pairs and flows stay (those sent twice are dropped)
-            monitor.retire_job(str(value["job"]), list(value.get("ips", ())))
+            state = monitor.state_of(job)
+            pairs = monitor.retire_job(job, list(value.get("ips", ())))
+            if into is not None:
+                self._hand_over(monitor, job, str(into), state, pairs)
+        elif kind == "rekey":
+            parts = monitor.job_parts
+            old = [str(o) for o in value.get("from", ()) if not (parts and job_partition(str(o), parts) in monitor.owned)]
+            if old:
+                monitor.expect_states(str(value["job"]), old, self.handover_wait_s)
+        elif kind == "handover":
+            monitor.take_handover(*value)
         elif kind == "fabric":
             monitor.take_fabric(value)
         elif kind == "kinds":
             monitor.take_kinds(*value)
             self._kinds_at.append((int(value[0]["end"]), tp, offset))
 
+    def _hand_over(self, monitor: AnalyseMonitor, job: str, into: str, state: dict | None, pairs: tuple[np.ndarray, ...]) -> None:
+        """Send ``job``'s state (or None) and its pairs (key, first, last) to the owner of ``into``'s partition (see
+        AnalyseMonitor.expect_states): they go out with the next publish, before the offsets past the retire are
+        committed."""
+        parts = sorted(self.consumer.partitions_for_topic(self.topic) or ())
+        if not parts:
+            return
+        chunks = max(1, -(-len(pairs[0]) // self.HANDOVER_PAIRS))
+        for k in range(chunks):
+            lo, hi = k * self.HANDOVER_PAIRS, (k + 1) * self.HANDOVER_PAIRS
+            meta = {"job": into, "from": job, "replica": self.replica_id, "chunk": k, "chunks": chunks, "nics": monitor.pair_base(),
+                    **({"state": state} if k == 0 else {})}
+            table = pa.table({c: pa.array(x[lo:hi], pa.int64()) for c, x in zip(("key", "first", "last"), pairs)})
+            self.producer.send(self.topic, key=into.encode(), partition=parts[job_partition(into, len(parts))],
+                               value=arrow_ipc(table.replace_schema_metadata({HANDOVER_META: json.dumps(meta)})),
+                               headers=[(CONTROL_HEADER, b"handover")])
+        self.handovers_sent += 1
+        log.info("re-keyed job's state handed over", extra={"fields": {"job": into, "was": job, "steps": state["steps"] if state else 0}})
+
     @staticmethod
     def _holds(monitor: AnalyseMonitor, item: tuple, after: int | None) -> bool:
-        return item[0] in ("flows", "retire") and monitor.holds_back(after)
+        return item[0] in ("flows", "retire", "rekey") and monitor.holds_back(after)
 
     def _release(self, monitor: AnalyseMonitor) -> None:
         """Apply the held items whose windows may now be read (in the order read). Those of a partition revoked, or
@@ -1233,6 +1402,9 @@ class JobTopicSource(KafkaSource):
 
     #: typed pairs per message (about 13 bytes a pair: under the producer's 1 MiB request size)
     KINDS_ROWS = 50_000
+    #: a retired job's pairs per hand-over message (24 bytes a pair; the job's state, in the first, is what the
+    #: summaries topic already carries in one message)
+    HANDOVER_PAIRS = 20_000
 
     def _tombstone(self, m: AnalyseMonitor, alive: set[str], mine: set[int]) -> None:
         """Delete the states of retired jobs (a tombstone: the compacted topic forgets them, a successor takes none).
