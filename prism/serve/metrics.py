@@ -260,6 +260,13 @@ class PrismCollector:
                                          "or too late to be kept (counted once, against that window).")
         late_flows.add_metric([], m.late_flows)
         yield from (inc, recent, late_flows)
+        taken, missed = getattr(m, "handovers_taken", None), getattr(m, "handovers_missed", None)
+        if taken is not None:  # the analyse stage (prism.serve.jobtopic.AnalyseMonitor)
+            ho = CounterMetricFamily("prism_job_handovers_total", "Jobs re-keyed here from another analyse replica's id: their state taken "
+                                     "(history kept), or given up after waiting (steps numbered from 0 here; see the log).", labels=["outcome"])
+            ho.add_metric(["taken"], taken)
+            ho.add_metric(["missed"], missed or 0)
+            yield ho
         if view.analysed_to_ns is not None:
             wm = GaugeMetricFamily("prism_analysed_until_timestamp_seconds", "Event time up to which flows have been analysed.")
             wm.add_metric([], view.analysed_to_ns / 1e9)
