@@ -652,7 +652,7 @@ def _score_cut(g: np.ndarray, cut: np.ndarray, tau: float, busy_end: np.ndarray,
         return None
     med = np.median(dur)
     covered = float(b[-1] - b[0])
-    if covered < min_cover * traffic or (dur.max() > min_cover * covered and med < 0.01 * covered):
+    if covered < min_cover * traffic or (_dominated(dur, covered, min_cover) and not _one_outage(dur, covered, min_cover, min_steps)):
         return None
     spread = np.median(np.abs(dur - med)) / med
     long = dur >= 1.9 * med
@@ -673,6 +673,47 @@ def _score_cut(g: np.ndarray, cut: np.ndarray, tau: float, busy_end: np.ndarray,
     outside = max(0.0, b[0] - busy_end[0] - 1.5 * med) + max(0.0, busy_end[-1] - b[-1] - 1.5 * med)
     edge = float(max(b[0] - busy_end[0], busy_end[-1] - b[-1]))
     return _Cut(float(spread + merged + split + outside / span), tau, outside == 0, edge, b, dur, cut, g[cut], band)
+
+
+def _dominated(dur: np.ndarray, covered: float, min_cover: float) -> bool:
+    """Does one step hold more than ``min_cover`` of the steps' time while the median step is under 1% of it?
+
+    Then the cut found the bursts inside a collective, not steps: the
+    traffic holds too few of the job's steps (a daemon window shorter than
+    a few of them).
+    """
+    return bool(dur.max() > min_cover * covered and np.median(dur) < 0.01 * covered)
+
+
+def _one_outage(dur: np.ndarray, covered: float, min_cover: float, min_steps: int, max_ratio: float = 2.0) -> bool:
+    """Is the one step that dominates the cut (:func:`_dominated`) a silence between two runs of the same steps?
+
+    A job stopped and restarted after a short outage (shorter than the
+    hang diagnosis's least silence, which splits a job into runs) shows one
+    step as long as the outage between the same steps on either side: in a
+    window of a few seconds the outage dominates, and the steps on both
+    sides were lost with it. It is one when, without it, the steps pass the
+    rule themselves and still cover ``min_cover`` of the time, with at
+    least ``min_steps`` on each side whose median durations are within
+    ``max_ratio`` of each other. The bursts of one collective with the
+    compute after it (too few steps in view) have no such second side.
+
+    >>> run = np.full(100, 3.0)  # 100 steps, an outage, 50 steps
+    >>> dur = np.r_[run, 400.0, run[:50]]
+    >>> bool(_dominated(dur, 850.0, 0.4)), _one_outage(dur, 850.0, 0.4, 3)
+    (True, True)
+    >>> _one_outage(np.r_[run, 400.0], 700.0, 0.4, 3)  # nothing after it
+    False
+    >>> _one_outage(np.r_[run, 400.0, np.full(50, 30.0)], 2200.0, 0.4, 3)  # not the same steps after it
+    False
+    """
+    i = int(np.argmax(dur))
+    before, after = dur[:i], dur[i + 1:]
+    rest = covered - float(dur[i])
+    if min(len(before), len(after)) < min_steps or rest < min_cover * covered:
+        return False
+    a, b = float(np.median(before)), float(np.median(after))
+    return max(a, b) <= max_ratio * min(a, b) and not _dominated(np.r_[before, after], rest, min_cover)
 
 
 def _class_cuts(gap: np.ndarray, busy_end: np.ndarray, min_jump: float, min_steps: int, floor_ns: int, min_cover: float,
