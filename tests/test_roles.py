@@ -274,8 +274,10 @@ def test_a_job_whose_id_changes_is_sent_again_under_the_new_one(cluster):
 
 def test_a_retired_jobs_hand_over_is_taken_whole_and_waited_for_within_a_bound(cluster):
     """The old id's owner gives up the job's pairs as it retires it; the new id's owner, told to wait for that id's
-    state, takes the pairs and the state once every message of the hand-over is in (in any order), and gives up
-    waiting (counted, with a warning) after its bound of wall time."""
+    state from the re-key's window on, holds only those windows, takes the state once every message of the hand-over
+    is in (in any order) and the pairs at the re-key's window (not at an earlier one, however early they are read);
+    several namings of old ids add up, a state handed over again as None keeps the first, and the wait is given up
+    (counted, with a warning) after its bound of wall time."""
     import pyarrow as pa
 
     from prism.serve.jobtopic import AnalyseMonitor
@@ -293,27 +295,41 @@ def test_a_retired_jobs_hand_over_is_taken_whole_and_waited_for_within_a_bound(c
     b = AnalyseMonitor(topo, settings)
     now = [0.0]
     b.clock = lambda: now[0]
-    b.expect_states("new", ["old"], wait_s=30)
-    assert b._awaits_states() and not b.due()
+    at = 5_000
+    b.expect_states("new", ["old"], wait_s=30, at=at)
+    assert b._awaits_states(at) and b._awaits_states(None) and not b._awaits_states(at - 1), "the windows before the re-key's go on"
     half = len(keys) // 2
     state = {"steps": 7}
     parts = [(k, slice(lo, hi)) for k, (lo, hi) in enumerate([(0, half), (half, len(keys))])]
     for k, cut in reversed(parts):  # the second message read first
-        meta = {"job": "new", "from": "old", "replica": "a0", "chunk": k, "chunks": 2, "nics": b.pair_base(), **({"state": state} if k == 0 else {})}
+        meta = {"job": "new", "from": "old", "replica": "a0", "chunk": k, "chunks": 2, "nics": b.pair_base(), "at": at,
+                **({"state": state} if k == 0 else {})}
         b.take_handover(meta, pa.table({"key": keys[cut], "first": first[cut], "last": last[cut]}))
-        assert b._awaits_states() == (k == 1) and (len(b._pair_keys) == 0) == (k == 1)
-    assert (b._pair_keys == keys).all() and (b._pair_first == first).all() and (b._pair_last == last).all()
+        assert b._awaits_states(at) == (k == 1)
     assert b.handed == {"new": {"old": state}} and b.handovers_missed == 0
+    b._add_handed_pairs(at - 1)
+    assert len(b._pair_keys) == 0, "not in a window before the re-key's"
+    b._add_handed_pairs(at)
+    assert (b._pair_keys == keys).all() and (b._pair_first == first).all() and (b._pair_last == last).all() and not b._handed_pairs
+    b.take_state("new", "old", None)  # the retire sent again, the job gone at its old owner by then
+    assert b.handed == {"new": {"old": state}}
+    # two ingest replicas each name one of the old ids: both are waited for
+    b.expect_states("merged", ["p1"], wait_s=30, at=at)
+    b.expect_states("merged", ["p2"], wait_s=30, at=at + 1)
+    b.take_state("merged", "p2", {"steps": 3})
+    assert b._awaits_states(at) and b.awaiting["merged"][0] == {"p1"}
+    b.take_state("merged", "p1", None)
+    assert not b._awaits_states(None)
     # a state that never comes: the window goes on after the bound
     b.expect_states("other", ["gone"], wait_s=30)
     now[0] += 29
-    assert b._awaits_states()
+    assert b._awaits_states(None)
     now[0] += 2
-    assert not b._awaits_states() and b.handovers_missed == 1
+    assert not b._awaits_states(None) and b.handovers_missed == 1
     # nothing to wait for when the job is here already (a successor holding the job's own published state)
     b.restored["mine"] = {"steps": 3}
     b.expect_states("mine", ["old"], wait_s=30)
-    assert not b._awaits_states()
+    assert not b._awaits_states(None)
 
 
 class _Sent:
@@ -801,7 +817,10 @@ def test_a_job_re_keyed_to_another_replica_keeps_its_history(broker, regrown_clu
         t0 = int(cluster.flows["start_ns"].min())
         assert steps["step"].tolist() == list(range(len(steps))) and int(steps["start_ns"].min()) - t0 < 1_000_000_000
         # the ingest stage re-keyed it: the new owner told to wait for the old id, the old id retired
-        assert ("rekey", grown, {"job": grown, "from": [was], "replica": "i0"}) in controls
+        rekeys = [v for k, key, v in controls if k == "rekey" and key == grown]
+        assert rekeys and all(v["from"] == [was] and v["replica"] == "i0" for v in rekeys)
+        (retire,) = [v for k, _, v in controls if k == "retire" and v["job"] == was]
+        assert {v["at"] for v in rekeys} == {retire["at"]} and retire["at"] is not None, "the window the new id starts at"
         assert any(k == "retire" and v["job"] == was and v["into"] == grown for k, _, v in controls)
         # every job from one replica, with one daemon's steps, step counts and anomalies
         assert set().union(*(d.series("prism_job_info") for d in ans)) == set(one.series("prism_job_info"))

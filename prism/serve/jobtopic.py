@@ -403,8 +403,12 @@ class AnalyseMonitor(Monitor):
         self._quiet_to: int | None = None  # event time up to which this replica, with no flows yet, sent no typed pairs (_quiet)
         # a job re-keyed from ids other replicas held (see expect_states): new id -> (old ids whose states are still
         # to come, since when (clock), how long to wait), and new id -> old id -> the state handed over (None: none)
-        self.awaiting: dict[str, tuple[set[str], float, float]] = {}
+        # new id -> (old ids whose states are still to come, since (clock), how long to wait, the first window end they
+        # are for: None, every window)
+        self.awaiting: dict[str, tuple[set[str], float, float, int | None]] = {}
         self.handed: dict[str, dict[str, dict | None]] = {}
+        # handed-over pairs not yet in this replica's: (the first window end they are for, or None, keys, first, last)
+        self._handed_pairs: list[tuple[int | None, np.ndarray, np.ndarray, np.ndarray]] = []
         self.handovers_taken = 0  # re-keyed jobs that took a state another replica handed over
         self.handovers_missed = 0  # states waited for in vain (see expect_states)
         self._handover_chunks: dict[tuple, dict[int, tuple]] = {}  # (new id, old id, replica) -> the messages read so far
@@ -483,7 +487,7 @@ class AnalyseMonitor(Monitor):
         e = self._first_end()
         if to is None or e is None or e > to:
             return None
-        return e if self._kinds_ready(e, False) and not self._awaits_states() else None
+        return e if self._kinds_ready(e, False) and not self._awaits_states(e) else None
 
     def holds_back(self, after: int | None) -> bool:
         """Whether what an ingest replica sent after its window ending at ``after`` (the next window's flows, flows
@@ -522,14 +526,17 @@ class AnalyseMonitor(Monitor):
         if not self.owns_fabric() and (len(self.switch_bw.table()) or len(self.fabric_in.table()) or self._switch_last or self.kinds_in):
             self._drop_fabric()
         if final:  # the last window reaches the ingest stage's tail, not only this replica's latest flow
-            if not self._kinds_ready(max(self.max_start or to, to), True) or self._awaits_states():
+            if not self._kinds_ready(max(self.max_start or to, to), True) or self._awaits_states(None):
                 return None  # the fabric's owner waits for every partition's typed pairs of the tail; a re-keyed job's state
             quiet = False
             self.max_start = max(self.max_start or to, to)
+            self._add_handed_pairs(None)
             view = super().tick(final=True, force=force)
         else:
             quiet = self.max_start is None and self._quiet(to)
             self._tick_to = self._next_end()
+            if self._tick_to is not None:
+                self._add_handed_pairs(self._tick_to)
             try:
                 view = super().tick(final=False, force=force) if self._tick_to is not None or force else None
             finally:
@@ -806,28 +813,43 @@ class AnalyseMonitor(Monitor):
     # tells the new id's owner which (``rekey``, after the window's watermark),
     # and each old id's owner, applying its ``retire``, hands the job's state
     # over on the new id's partition (``handover``). The new id's owner holds
-    # its next window until every state is in, then takes the biggest, as one
-    # daemon does. The old owner applies the retire once it has analysed the
-    # window before it, which needs nothing of the new owner's next window: no
-    # replica waits on one waiting on it. A successor of the old owner replays
+    # its windows from the re-key's on (``at``) until every state is in, then
+    # takes the biggest, as one daemon does; the pairs handed over join its own
+    # at that window. The old owner applies the retire once it has analysed the
+    # window before it, which needs nothing of the new owner's windows from the
+    # re-key's on: no replica waits on one waiting on it (the windows before go
+    # on, and with them the typed pairs the fabric's owner waits for). Both
+    # messages may be read in either order. A successor of the old owner replays
     # the retire (it follows the last watermark its predecessor's replay
     # offset may stand after) and hands the state over again; a successor of
     # the new owner with the job's own published state waits for none.
 
-    def expect_states(self, job_id: str, old: Collection[str], wait_s: float) -> None:
-        """Hold the next window until the states of ``old`` (ids on partitions other replicas hold) are handed over for
-        ``job_id``, at most ``wait_s`` of wall time (an old owner that lost its partition meanwhile: its successor
-        hands them over). Not when the job is here already (with a history of its own, or published for a successor)."""
+    def expect_states(self, job_id: str, old: Collection[str], wait_s: float, at: int | None = None) -> None:
+        """Hold the windows ending at ``at`` or later (None: every window) until the states of ``old`` (ids on partitions
+        other replicas hold) are handed over for ``job_id``, at most ``wait_s`` of wall time (an old owner that lost its
+        partition meanwhile: its successor hands them over). Not when the job is here already (with a history of its
+        own, or published for a successor). Several ingest replicas may each name some of the old ids: all are waited
+        for, from the first naming."""
         st = self._jobs.get(job_id)
         if (st is not None and st.view.job_id == job_id) or job_id in self.restored:
             return
         waiting = set(old) - set(self.handed.get(job_id, ()))
-        if waiting:
-            self.awaiting[job_id] = (waiting, self.clock(), float(wait_s))
+        if not waiting:
+            return
+        since, before = self.clock(), self.awaiting.get(job_id)
+        if before is not None:
+            waiting |= before[0]
+            since = min(since, before[1])
+            at = None if at is None or before[3] is None else min(at, before[3])
+        self.awaiting[job_id] = (waiting, since, float(wait_s), at)
 
     def take_state(self, job_id: str, old: str, state: dict | None) -> None:
-        """The state ``old`` had when it was retired into ``job_id`` (None: its owner had none: no steps yet)."""
-        self.handed.setdefault(job_id, {})[old] = state
+        """The state ``old`` had when it was retired into ``job_id`` (None: its owner had none: no steps yet). A state
+        handed over twice (a retire sent again, a successor's replay) keeps the one with most steps; None never
+        replaces one."""
+        had = self.handed.setdefault(job_id, {}).get(old)
+        if had is None or (state is not None and int(state["steps"]) > int(had["steps"])):
+            self.handed[job_id][old] = state
         waiting = self.awaiting.get(job_id)
         if waiting is not None:
             waiting[0].discard(old)
@@ -846,11 +868,13 @@ class AnalyseMonitor(Monitor):
             return self._job_state(job_id, st)
         return self.restored.get(job_id)
 
-    def _awaits_states(self) -> bool:
-        """Is a re-keyed job's state still to come? (One waited for longer than its bound is given up, with a warning; one
-        whose partition moved away is its new holder's to wait for.)"""
+    def _awaits_states(self, end: int | None) -> bool:
+        """Is a re-keyed job's state still to come for the window ending at ``end`` (None: the final window)? (One waited
+        for longer than its bound is given up, with a warning; one whose partition moved away is its new holder's to
+        wait for.) The windows before the re-key's are not held: the old owner's hand-over may need them analysed here
+        (their typed pairs, if it owns the fabric)."""
         now = self.clock()
-        for job_id, (old, since, wait_s) in list(self.awaiting.items()):
+        for job_id, (old, since, wait_s, _) in list(self.awaiting.items()):
             if self.job_parts and self.owned and job_partition(job_id, self.job_parts) not in self.owned:
                 del self.awaiting[job_id]
             elif now - since > wait_s:
@@ -858,7 +882,19 @@ class AnalyseMonitor(Monitor):
                 self.handovers_missed += 1
                 log.warning("re-keyed job analysed without the state of its old ids: no replica handed it over in time; its steps "
                             "are numbered from 0 here", extra={"fields": {"job": job_id, "was": ",".join(sorted(old)), "waited_s": round(now - since, 1)}})
-        return bool(self.awaiting)
+        return any(end is None or at is None or at <= end for _, _, _, at in self.awaiting.values())
+
+    def _add_handed_pairs(self, end: int | None) -> None:
+        """Add the handed-over pairs meant for the window ending at ``end`` (None: all) to this replica's, before its job
+        recognition: one daemon's pairs of that window, not of an earlier one, however early the hand-over was read."""
+        keep: list[tuple[int | None, np.ndarray, np.ndarray, np.ndarray]] = []
+        for at, keys, first, last in self._handed_pairs:
+            if end is not None and at is not None and at > end:
+                keep.append((at, keys, first, last))
+                continue
+            a, b = keys // self._n, keys % self._n
+            self._see_pairs(np.r_[a, a], np.r_[b, b], np.r_[first, last])
+        self._handed_pairs = keep
 
     def restore_job(self, job_id: str, state: dict) -> None:
         """A previous owner's state of ``job_id`` (:meth:`job_states`), taken when the job is next recognised here
@@ -928,8 +964,10 @@ class AnalyseMonitor(Monitor):
         if (st is None or st.view.job_id != job_id) and int(meta.get("nics", self._n)) == self._n:
             pairs = pa.concat_tables([t for _, t in chunks.values()])
             keys, first, last = (pairs[c].to_numpy().astype(np.int64) for c in ("key", "first", "last"))
-            a, b = keys // self._n, keys % self._n
-            self._see_pairs(np.r_[a, a], np.r_[b, b], np.r_[first, last])
+            at = meta.get("at")
+            self._handed_pairs.append((None if at is None else int(at), keys, first, last))
+            if at is None:
+                self._add_handed_pairs(None)  # a re-key at a revocation: its window is not known
         self.take_state(job_id, old, chunks[0][0].get("state"))
 
 
@@ -1043,8 +1081,9 @@ class ForwardingSource(KafkaSource):
                 self.producer.send(self.job_topic, key=FABRIC_KEY.encode(), value=arrow_ipc(table), partition=p,
                                    headers=[(CONTROL_HEADER, b"fabric")])
         flows, retire = m.take_forward()
-        # the new id's owner first learns which old ids' states to wait for (see AnalyseMonitor.expect_states); then a
-        # retired id: its owner hands the job's state over and forgets its flows; then the new id's owner gets them
+        # the new id's owner learns which old ids' states to wait for from this window on (see
+        # AnalyseMonitor.expect_states: in whichever order the partitions are read); a retired id's owner hands the
+        # job's state over and forgets its flows; the new id's owner gets them
         # (when both ids are on one partition, nothing is retired: the flows sent again are re-deliveries there)
         moved: dict[str, list[str]] = {}
         for old, new in retire.items():
@@ -1052,7 +1091,7 @@ class ForwardingSource(KafkaSource):
                 moved.setdefault(new, []).append(old)
         for new, olds in sorted(moved.items()):
             self.producer.send(self.job_topic, key=new.encode(), partition=parts[job_partition(new, len(parts))],
-                               value=json.dumps({"job": new, "from": sorted(olds), "replica": self.replica_id}).encode(),
+                               value=json.dumps({"job": new, "from": sorted(olds), "replica": self.replica_id, "at": end}).encode(),
                                headers=[(CONTROL_HEADER, b"rekey")])
         for old, new in retire.items():
             p = parts[job_partition(old, len(parts))]
@@ -1060,7 +1099,7 @@ class ForwardingSource(KafkaSource):
                 continue
             ips = [ip for ip, j in zip(m.jobs_["ip"], m.jobs_["job_id"]) if j == new]
             self.producer.send(self.job_topic, key=old.encode(),
-                               value=json.dumps({"job": old, "into": new, "ips": ips, "replica": self.replica_id}).encode(),
+                               value=json.dumps({"job": old, "into": new, "ips": ips, "replica": self.replica_id, "at": end}).encode(),
                                partition=p, headers=[(CONTROL_HEADER, b"retire")])
         late, resumed = m.take_late(), m.take_resumed()
         mine = (REPLICA_HEADER, self.replica_id.encode())
@@ -1235,12 +1274,13 @@ class JobTopicSource(KafkaSource):
             state = monitor.state_of(job)
             pairs = monitor.retire_job(job, list(value.get("ips", ())))
             if into is not None:
-                self._hand_over(monitor, job, str(into), state, pairs)
+                self._hand_over(monitor, job, str(into), state, pairs, value.get("at"))
         elif kind == "rekey":
             parts = monitor.job_parts
             old = [str(o) for o in value.get("from", ()) if not (parts and job_partition(str(o), parts) in monitor.owned)]
             if old:
-                monitor.expect_states(str(value["job"]), old, self.handover_wait_s)
+                at = value.get("at")
+                monitor.expect_states(str(value["job"]), old, self.handover_wait_s, None if at is None else int(at))
         elif kind == "handover":
             monitor.take_handover(*value)
         elif kind == "fabric":
@@ -1249,7 +1289,8 @@ class JobTopicSource(KafkaSource):
             monitor.take_kinds(*value)
             self._kinds_at.append((int(value[0]["end"]), tp, offset))
 
-    def _hand_over(self, monitor: AnalyseMonitor, job: str, into: str, state: dict | None, pairs: tuple[np.ndarray, ...]) -> None:
+    def _hand_over(self, monitor: AnalyseMonitor, job: str, into: str, state: dict | None, pairs: tuple[np.ndarray, ...],
+                   at: int | None = None) -> None:
         """Send ``job``'s state (or None) and its pairs (key, first, last) to the owner of ``into``'s partition (see
         AnalyseMonitor.expect_states): they go out with the next publish, before the offsets past the retire are
         committed."""
@@ -1259,7 +1300,7 @@ class JobTopicSource(KafkaSource):
         chunks = max(1, -(-len(pairs[0]) // self.HANDOVER_PAIRS))
         for k in range(chunks):
             lo, hi = k * self.HANDOVER_PAIRS, (k + 1) * self.HANDOVER_PAIRS
-            meta = {"job": into, "from": job, "replica": self.replica_id, "chunk": k, "chunks": chunks, "nics": monitor.pair_base(),
+            meta = {"job": into, "from": job, "replica": self.replica_id, "chunk": k, "chunks": chunks, "nics": monitor.pair_base(), "at": at,
                     **({"state": state} if k == 0 else {})}
             table = pa.table({c: pa.array(x[lo:hi], pa.int64()) for c, x in zip(("key", "first", "last"), pairs)})
             self.producer.send(self.topic, key=into.encode(), partition=parts[job_partition(into, len(parts))],
