@@ -676,6 +676,36 @@ def test_an_analyse_replica_lost_mid_stream_is_succeeded_exactly(broker, cluster
             d.stop()
 
 
+def _one_ingest_two_analyse(broker, cluster, tap):
+    """One daemon, one ingest and two analyse replicas (4 job-topic partitions, 4,096 steps of history) run over the
+    cluster's flows, produced in time order once every group has settled; ``tap(key, value, headers)`` sees each message
+    the ingest replica sends to the job topic. Returns the daemons (stop them)."""
+    topic = f"flows-{uuid.uuid4().hex[:8]}"
+    ensure_topic(broker.bootstrap, topic, 4)
+    jobs_topic = f"jobs-{topic}"
+    settings = dict(step_history=4096)
+    one = Running(broker, cluster, "all", topic, f"one-{topic}", "one", jobs_topic, **settings)
+    ins = [Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic, **settings)]
+    ans = [Running(broker, cluster, "analyse", topic, f"g-{topic}", f"a{k}", jobs_topic, **settings) for k in range(2)]
+    send = ins[0].source.producer.send
+
+    def tapped(topic, key=None, value=None, partition=None, headers=None):
+        if topic == jobs_topic:
+            tap(key, value, dict(headers or ()))
+        return send(topic, key=key, value=value, partition=partition, headers=headers)
+
+    ins[0].source.producer.send = tapped
+    try:
+        _settle(one, ins, ans)
+        n = produce_as_ordered(broker, topic, cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True))
+        _wait_done(one, ins, ans, n)
+    except BaseException:
+        for d in (one, *ins, *ans):
+            d.stop()
+        raise
+    return one, ins, ans
+
+
 @pytest.fixture(scope="module")
 def restart_cluster():
     """24 s of two DP 2 jobs (TP 8, two servers each) on eight servers: job ``r`` stops mid-step 5 s in, is silent for
@@ -709,32 +739,19 @@ def test_a_job_restarted_on_a_spare_keeps_its_key_and_its_history(broker, restar
     was, grown = job_id_for(before), job_id_for(before | {spare})
     # the case: the two ids on job-topic partitions of different analyse replicas (two replicas, range assignment)
     assert job_partition(was, 4) // 2 != job_partition(grown, 4) // 2
-    topic = f"flows-{uuid.uuid4().hex[:8]}"
-    ensure_topic(broker.bootstrap, topic, 4)
-    jobs_topic = f"jobs-{topic}"
-    settings = dict(step_history=4096)
-    one = Running(broker, cluster, "all", topic, f"one-{topic}", "one", jobs_topic, **settings)
-    ins = [Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic, **settings)]
-    ans = [Running(broker, cluster, "analyse", topic, f"g-{topic}", f"a{k}", jobs_topic, **settings) for k in range(2)]
-    everyone = [one, *ins, *ans]
     sent = []  # the job topic's messages of the restarted job: (key, control kind or None, the servers of its flows)
-    send = ins[0].source.producer.send
 
-    def keep(topic, key=None, value=None, partition=None, headers=None):
-        h = dict(headers or ())
-        if topic == jobs_topic and key not in (None, b""):
-            kind = h.get(CONTROL_HEADER)
+    def keep(key, value, headers):
+        if key not in (None, b""):
+            kind = headers.get(CONTROL_HEADER)
             flows = pa_ipc_table(value) if kind is None else None
             srv = set() if flows is None else {servers[ip] for ip in flows["src"].tolist()}
             if kind == b"retire" or srv & (before | {spare}):
                 sent.append((key.decode(), kind, srv))
-        return send(topic, key=key, value=value, partition=partition, headers=headers)
 
-    ins[0].source.producer.send = keep
+    one, ins, ans = _one_ingest_two_analyse(broker, cluster, keep)
+    everyone = [one, *ins, *ans]
     try:
-        _settle(one, ins, ans)
-        n = produce_as_ordered(broker, topic, cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True))
-        _wait_done(one, ins, ans, n)
         # one daemon keeps the job under the id of its old servers, its steps numbered on through the restart
         assert was in one.series("prism_job_info") and grown not in one.series("prism_job_info")
         restart_end = int(f.loc["restart", "end_ns"])
@@ -789,28 +806,16 @@ def test_a_job_re_keyed_to_another_replica_keeps_its_history(broker, regrown_clu
     before = set(cluster.meta["jobs"]["r"]["servers"])
     was, grown = job_id_for(before), job_id_for(before | {spare})
     assert job_partition(was, 4) // 2 != job_partition(grown, 4) // 2, "the two ids on different analyse replicas"
-    topic = f"flows-{uuid.uuid4().hex[:8]}"
-    ensure_topic(broker.bootstrap, topic, 4)
-    jobs_topic = f"jobs-{topic}"
-    settings = dict(step_history=4096)
-    one = Running(broker, cluster, "all", topic, f"one-{topic}", "one", jobs_topic, **settings)
-    ins = [Running(broker, cluster, "ingest", topic, f"g-{topic}", "i0", jobs_topic, **settings)]
-    ans = [Running(broker, cluster, "analyse", topic, f"g-{topic}", f"a{k}", jobs_topic, **settings) for k in range(2)]
-    everyone = [one, *ins, *ans]
     controls = []
-    send = ins[0].source.producer.send
 
-    def keep(topic, key=None, value=None, partition=None, headers=None):
-        kind = dict(headers or ()).get(CONTROL_HEADER)
-        if topic == jobs_topic and kind in (b"retire", b"rekey"):
+    def keep(key, value, headers):
+        kind = headers.get(CONTROL_HEADER)
+        if kind in (b"retire", b"rekey"):
             controls.append((kind.decode(), key.decode(), json.loads(value)))
-        return send(topic, key=key, value=value, partition=partition, headers=headers)
 
-    ins[0].source.producer.send = keep
+    one, ins, ans = _one_ingest_two_analyse(broker, cluster, keep)
+    everyone = [one, *ins, *ans]
     try:
-        _settle(one, ins, ans)
-        n = produce_as_ordered(broker, topic, cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True))
-        _wait_done(one, ins, ans, n)
         # one daemon renames the job once the spare is seen, its steps numbered on from the first
         assert grown in one.series("prism_job_info") and was not in one.series("prism_job_info")
         steps = one.monitor.steps_frame().query("job_id == @grown")

@@ -55,8 +55,9 @@ wait, as the next window's flows do, until the analyse replica has
 analysed that window (see ``JobTopicSource``). An old id on another
 replica's partition is named to the new id's owner first (``rekey``), and
 its owner hands the job over as it retires it (``handover``: its pairs and
-state): the new owner's next window waits for it, so the job keeps its
-step history as in one daemon (see ``AnalyseMonitor.expect_states``).
+state): the new owner's windows from the re-key's on wait for it, so the
+job keeps its step history as in one daemon (see
+``AnalyseMonitor.expect_states``).
 
 ``--role all`` (the default) is the single-process daemon, unchanged.
 
@@ -402,9 +403,8 @@ class AnalyseMonitor(Monitor):
         self._kinds_chunks: dict[tuple, list] = {}  # (replica, end, final) -> the messages of a window's typed pairs read so far
         self._quiet_to: int | None = None  # event time up to which this replica, with no flows yet, sent no typed pairs (_quiet)
         # a job re-keyed from ids other replicas held (see expect_states): new id -> (old ids whose states are still
-        # to come, since when (clock), how long to wait), and new id -> old id -> the state handed over (None: none)
-        # new id -> (old ids whose states are still to come, since (clock), how long to wait, the first window end they
-        # are for: None, every window)
+        # to come, since (clock), how long to wait, the first window end they are for: None, every window), and
+        # new id -> old id -> the state handed over (None: none)
         self.awaiting: dict[str, tuple[set[str], float, float, int | None]] = {}
         self.handed: dict[str, dict[str, dict | None]] = {}
         # handed-over pairs not yet in this replica's: (the first window end they are for, or None, keys, first, last)
@@ -951,8 +951,8 @@ class AnalyseMonitor(Monitor):
 
     def take_handover(self, meta: dict, table: pa.Table) -> None:
         """One message of a retired job's hand-over (``handover``: its pairs, the job's state in the first): once every
-        message is in, the pairs join this replica's (one daemon's job recognition still sees the old servers' pairs
-        until they expire) and the state waits for the new id's next window (:meth:`take_state`)."""
+        message is in, the pairs join this replica's at the re-key's window (one daemon's job recognition still sees the
+        old servers' pairs until they expire) and the state waits for it (:meth:`take_state`)."""
         key = (str(meta["job"]), str(meta["from"]), str(meta.get("replica", "")))
         chunks = self._handover_chunks.setdefault(key, {})
         chunks[int(meta["chunk"])] = (meta, table)
@@ -1093,14 +1093,12 @@ class ForwardingSource(KafkaSource):
             self.producer.send(self.job_topic, key=new.encode(), partition=parts[job_partition(new, len(parts))],
                                value=json.dumps({"job": new, "from": sorted(olds), "replica": self.replica_id, "at": end}).encode(),
                                headers=[(CONTROL_HEADER, b"rekey")])
-        for old, new in retire.items():
-            p = parts[job_partition(old, len(parts))]
-            if p == parts[job_partition(new, len(parts))]:
-                continue
+        for new, olds in moved.items():
             ips = [ip for ip, j in zip(m.jobs_["ip"], m.jobs_["job_id"]) if j == new]
-            self.producer.send(self.job_topic, key=old.encode(),
-                               value=json.dumps({"job": old, "into": new, "ips": ips, "replica": self.replica_id, "at": end}).encode(),
-                               partition=p, headers=[(CONTROL_HEADER, b"retire")])
+            for old in olds:
+                self.producer.send(self.job_topic, key=old.encode(), partition=parts[job_partition(old, len(parts))],
+                                   value=json.dumps({"job": old, "into": new, "ips": ips, "replica": self.replica_id, "at": end}).encode(),
+                                   headers=[(CONTROL_HEADER, b"retire")])
         late, resumed = m.take_late(), m.take_resumed()
         mine = (REPLICA_HEADER, self.replica_id.encode())
         sends = [*((j, c, [mine]) for j, c in flows.items()), *((j, c, [mine, (LATE_HEADER, str(int(w)).encode())]) for (j, w), c in late.items()),
