@@ -34,15 +34,16 @@ class GpuTraffic:
     a: np.ndarray  # NIC index of each record's src (-1: not a GPU NIC)
     b: np.ndarray  # NIC index of each record's dst
     gpu: np.ndarray  # bool: GPU-to-GPU training traffic (analysed)
-    ignored: dict[str, int]  # reason -> records, in the order the reasons apply ("late" only when asked)
+    ignored: dict[str, int]  # reason -> records, in the order the reasons apply
 
 
-def gpu_traffic(topology: Topology, src: pd.Series, dst: pd.Series, late: np.ndarray | None = None) -> GpuTraffic:
+def gpu_traffic(topology: Topology, src: pd.Series, dst: pd.Series) -> GpuTraffic:
     """Split records into GPU-to-GPU training traffic and the ignored, by reason.
 
     A record counts under the first reason that applies, in the order
-    late, non_gpu_address, self_flow: a late record is not looked at
-    further (the daemon has moved on from its time).
+    non_gpu_address, self_flow. (``late`` is the daemon's, for GPU flows
+    older than the window that takes them in reaches: see
+    :class:`prism.serve.monitor.Monitor`.)
 
     Parameters
     ----------
@@ -50,9 +51,6 @@ def gpu_traffic(topology: Topology, src: pd.Series, dst: pd.Series, late: np.nda
         The GPU NICs.
     src, dst : pandas.Series
         The records' addresses.
-    late : numpy.ndarray of bool, optional
-        The daemon's records that started before its window; None (the
-        replay) leaves ``late`` out of :attr:`GpuTraffic.ignored`.
 
     Examples
     --------
@@ -63,14 +61,7 @@ def gpu_traffic(topology: Topology, src: pd.Series, dst: pd.Series, late: np.nda
     """
     a = topology.nic_index(src)
     b = topology.nic_index(dst)
-    if late is None:
-        non_gpu = (a < 0) | (b < 0)
-        self_flow = ~non_gpu & (a == b)
-        gpu = ~(non_gpu | self_flow)
-        ignored = {NON_GPU_ADDRESS: int(non_gpu.sum()), SELF_FLOW: int(self_flow.sum())}
-    else:
-        non_gpu = ~late & ((a < 0) | (b < 0))
-        self_flow = ~late & ~non_gpu & (a == b)
-        gpu = ~(late | non_gpu | self_flow)
-        ignored = {LATE: int(late.sum()), NON_GPU_ADDRESS: int(non_gpu.sum()), SELF_FLOW: int(self_flow.sum())}
-    return GpuTraffic(a, b, gpu, ignored)
+    non_gpu = (a < 0) | (b < 0)
+    self_flow = ~non_gpu & (a == b)
+    gpu = ~(non_gpu | self_flow)
+    return GpuTraffic(a, b, gpu, {NON_GPU_ADDRESS: int(non_gpu.sum()), SELF_FLOW: int(self_flow.sum())})

@@ -246,15 +246,15 @@ class IngestMonitor(Monitor):
     # whose event time that partition's watermark has held back (those its last owner
     # forwarded already are dropped there as re-deliveries).
 
-    def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
-        self._resumed = self.window.resuming = partition in self.resuming
+    def _rereading(self, partition: str) -> bool:
+        return partition in self.resuming  # the mark travels with the records held (see Monitor._admit)
+
+    def _take(self, flows: pd.DataFrame, a: np.ndarray, b: np.ndarray, partition: str, late: np.ndarray, reread: bool = False) -> None:
+        self._resumed = self.window.resuming = reread
         try:
-            super().ingest(flows, partition)
+            super()._take(flows, a, b, partition, np.zeros(len(late), dtype=bool) if reread else late, reread)
         finally:
             self._resumed = self.window.resuming = False
-
-    def _too_late(self, start: np.ndarray) -> np.ndarray:
-        return np.zeros(len(start), dtype=bool) if self._resumed else super()._too_late(start)
 
     def _note_late(self, dropped: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
         if not self._resumed:
@@ -715,8 +715,32 @@ class AnalyseMonitor(Monitor):
     # when the flags were read (every copy of a flag precedes, on each
     # job-topic partition, the watermarks that let a window past it).
 
-    def _too_late(self, start: np.ndarray) -> np.ndarray:
-        return np.zeros(len(start), dtype=bool)  # the ingest stage dropped (and counted) what was too late
+    def _admit(self, flows: pd.DataFrame, a: np.ndarray, b: np.ndarray, gpu: np.ndarray, partition: str) -> None:
+        """Straight into the window: the ingest stage held the records to their window, dropped (and counted) what
+        was too late; the windows here are the ingest stage's (:meth:`_advance`)."""
+        start = flows["start_ns"].to_numpy()
+        m = int(start.max())
+        self.max_start = m if self.max_start is None else max(self.max_start, m)
+        self._part_max[partition] = max(self._part_max.get(partition, m), m)
+        self._take(flows[gpu], a[gpu], b[gpu], partition, np.zeros(int(gpu.sum()), dtype=bool))
+
+    def _advance(self, final: bool, force: bool) -> tuple[int, int, int] | None:
+        """The window up to the ingest stage's window end being cut (:meth:`tick`; the last flow for ``final``), with
+        what is older than it forgotten; no lateness: the ingest stage waited for out-of-order records."""
+        if self.max_start is None:
+            return None
+        end = self.max_start if final else self.watermark()
+        if end is None:
+            return None
+        if self.analysed_to is not None and end <= self.analysed_to:
+            if not force:
+                return None
+            end = self.analysed_to
+        win_ns = int(self.s.window_s * 1e9)
+        begin = end - win_ns
+        if self.analysed_to is not None:
+            begin = min(begin, self.analysed_to - win_ns // 2)
+        return self._forget(begin, end, 0, final)
 
     def _note_late(self, dropped: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
         """Nothing: the ingest stage counts late flows and flags their windows (a late flow it forwards is not late here)."""
@@ -994,8 +1018,10 @@ class ForwardingSource(KafkaSource):
         ensure_topic(bootstrap_servers, job_topic, job_partitions, security=kwargs.get("security"))
         self._job_parts: list[int] | None = None
         self._inputs: int | None = None
-        # per input partition, the poll batches not all forwarded yet: (first offset, the counts before it, latest start)
+        # per input partition, the poll batches not all forwarded yet: (first offset, the counts before it, latest start,
+        # the partition's stream time after it)
         self._unsent: dict[Any, deque] = {}
+        self._revoking: set = set()  # the partitions being revoked (see _resume_point)
 
     #: flows per job-topic message: about 600 kB of Arrow, under the producer's 1 MiB request size
     MESSAGE_FLOWS = 10_000
@@ -1022,11 +1048,12 @@ class ForwardingSource(KafkaSource):
     # -- a successor resumes where everything before was forwarded ------------------
     # The published (and committed) offset of a partition is not where reading
     # stands but the first offset of the oldest poll batch whose flows have not
-    # all been forwarded (some start past the last window's end: the lateness
-    # wait, the step in progress), with the counts as they were before it: a
-    # replica that takes the partition over (this one died, a rebalance) reads
-    # those records again and counts them once, and the analyse stage gets every
-    # flow (those sent already are dropped there as re-deliveries).
+    # all been forwarded (some are still held for a later window, or start past
+    # the last window's end: the lateness wait, the step in progress), with the
+    # counts as they were before it: a replica that takes the partition over
+    # (this one died, a rebalance) reads those records again and counts them
+    # once, and the analyse stage gets every flow (those sent already are
+    # dropped there as re-deliveries).
 
     #: poll batches kept per partition at most (a record far in the future would hold the resume point back)
     MAX_UNSENT = 10_000
@@ -1036,23 +1063,31 @@ class ForwardingSource(KafkaSource):
         if not starts:
             return
         q = self._unsent.setdefault(tp, deque(maxlen=self.MAX_UNSENT))
-        q.append((first_offset, monitor.counters_snapshot().get(self.partition_name(tp), {}), max(starts)))
+        reach = max(starts + [monitor.stream_time(self.partition_name(tp)) or max(starts)])  # its records' stream times are below
+        q.append((first_offset, monitor.counters_snapshot().get(self.partition_name(tp), {}), max(starts), reach))
 
     def _resume_point(self, tp: Any, offset: int, counters: dict) -> tuple[int, dict]:
         m = self.monitor
         q = self._unsent.get(tp)
         if not q or not isinstance(m, IngestMonitor):
             return offset, counters
-        while q and m.forwarded_to is not None and q[0][2] <= m.forwarded_to:
+        released = m.released_to
+        # a batch is forwarded once every record of it left the hold (Monitor._release) and started by the last window's
+        # end; on revocation (all taken in is sent, whatever its start) once every record left the hold
+        revoking = tp in self._revoking
+        while q and released is not None and q[0][3] < released and (revoking or (m.forwarded_to is not None and q[0][2] <= m.forwarded_to)):
             q.popleft()
         return (q[0][0], q[0][1]) if q else (offset, counters)
 
     def _settle_assigned(self, batch: dict) -> None:
+        gone = [tp for tp in self._revoked if tp not in self.consumer.assignment()]
         super()._settle_assigned(batch)
         owned = self.consumer.assignment()
         for tp in [tp for tp in self._unsent if tp not in owned]:
             del self._unsent[tp]  # its new owner resumes it
         if isinstance(self.monitor, IngestMonitor):
+            for tp in gone:
+                self.monitor.drop_held(self.partition_name(tp))  # its new owner reads them again from the resume point
             # read again from a published resume point (taken over, or ours from a previous life). One kept where
             # reading stood, one no replica has forwarded from (a new group's), or one whose log the broker lost reads
             # on as one daemon does: its records are judged late alike
@@ -1066,8 +1101,13 @@ class ForwardingSource(KafkaSource):
                 # (its next owner resumes after it); the switch sums too (they add up at the fabric's owner)
                 m.label(None, keep=True)  # sent again, labelled by the next window: a label now may be a piece's id
                 self._send(m, None, fabric=m.take_fabric(all_=True))
-                for tp in only:
-                    self._unsent.pop(tp, None)  # all sent: its next owner resumes where reading stands
+                # all taken in is sent: its next owner resumes at the oldest batch still held (see _resume_point)
+                self._revoking = set(only)
+                try:
+                    super().publish(only)
+                finally:
+                    self._revoking = set()
+                return
             elif m.forwarded_to is not None:
                 self._send(m, m.forwarded_to, fabric=m.take_fabric())
         super().publish(only)

@@ -54,7 +54,7 @@ from prism.analysis.diagnosis import StageLagDiagnoser, SwitchBandwidth
 from prism.analysis.jobs import JobRecogniser, gpu_clusters
 from prism.analysis.parallelism import UNCERTAIN_BELOW
 from prism.analysis.stitch import StepStitcher, median_step_ns
-from prism.ingest.gpu_traffic import gpu_traffic
+from prism.ingest.gpu_traffic import LATE, gpu_traffic
 from prism.ingest.inventory import JobNames
 from prism.ingest.records import FlowFormatError
 from prism.ingest.topology import Topology
@@ -75,6 +75,7 @@ RECENT_ANOMALIES_PER_JOB = 5
 #: ... and of those, the newest this many in all
 RECENT_ANOMALIES = 50
 _RECENT_FIELDS = ("kind", "job_id", "subject", "step", "start_ns", "score", "explanation")
+_NONE = np.iinfo(np.int64).min  # no stream time yet
 
 
 def iso_time(ns: int) -> str:
@@ -267,7 +268,14 @@ class Monitor:
         self._last_input = -float("inf")  # wall time of the last batch from any partition
         self._resumed_at = -float("inf")  # wall time input came back after a quiet spell of idle_flush_s (see watermark)
         self.clock = time.monotonic  # wall clock of the idle rules (a seam for tests)
-        self._disorder: deque = deque()  # (event time, ns a record started behind its partition's latest), see _note_disorder
+        # stream time (see _admit): each partition's records held until a window releases them, as
+        # (stream time before each record, frame, read again), and what sets the windows' grid and lateness
+        self._queued: dict[str, deque] = {}
+        self._first: dict[str, int] = {}  # partition -> its first record's start (the grid's origin)
+        self._cells: dict[int, int] = {}  # step_s cell of a record's stream time -> the most a record was behind it
+        self._lateness = int(self.s.lateness_s * 1e9)  # the lateness of the last window cut
+        self._window_disorder = 0  # the disorder measured for the window being cut (for _log_window)
+        self.released_to: int | None = None  # every record read with a stream time below this has been released
         self.backlogged: set[str] = set()  # partitions the source knows have unread records
         self.analysed_to: int | None = None
         self.events: deque = deque(maxlen=10_000)  # (kind, dict) for printing
@@ -282,8 +290,35 @@ class Monitor:
         self._dropped_to: int | None = None  # the latest start of a GPU flow dropped as too old for the window
 
     # -- input ---------------------------------------------------------------
+    # Which records are late, which are dropped and where windows end are a
+    # function of each partition's own record order, not of how the
+    # partitions' reads interleave or where poll batches fall, as a Kafka
+    # Streams task's stream time and grace period make them:
+    #
+    # * a record's *stream time* is the latest start of the records before it
+    #   in its own partition;
+    # * window ends lie on a grid of ``step_s`` (multiples of it since the
+    #   epoch; ``window_s`` apart, on the same grid, while catching up), the
+    #   first the grid point nearest a stride past the earliest first record of the partitions;
+    # * the lateness of the window ending at ``E`` is the configured one, or
+    #   the most a record was behind its stream time among the records whose
+    #   stream time lies in ``[E - window_s, E)``, at most half a window;
+    # * the window is due once every partition's latest start (the watermark)
+    #   has reached ``E`` plus that lateness; it takes in the records whose
+    #   stream time is below ``E + lateness`` (all read by then) and no others,
+    #   whatever else was read: records are counted and deduped as they are
+    #   read and *released* into the window's state at the windows, partition
+    #   by partition, each in its order;
+    # * a released record older than the window reaches is dropped; one no
+    #   later than the last window's end is late for the window of its time,
+    #   which turns incomplete (after its analysis).
+    #
+    # The wall-clock rules (an idle partition stops holding the watermark, the
+    # idle flush of a quiet input) stay read-speed dependent by nature.
+
     def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
-        """Count and buffer one validated batch (:func:`prism.ingest.records.validate_flows` output)."""
+        """Count, dedupe and hold one validated batch (:func:`prism.ingest.records.validate_flows` output) for the
+        window that releases it."""
         n = len(flows)
         if n == 0:
             return
@@ -295,43 +330,104 @@ class Monitor:
             c["ingested"] += int(new.sum())
         if not new.all():
             flows = flows[new]
-            start = start[new]
         if len(flows) == 0:
             return
-        late = self._too_late(start)
-        traffic = gpu_traffic(self.topology, flows["src"], flows["dst"], late)
-        a, b, gpu = traffic.a, traffic.b, traffic.gpu
-        with self.lock:
-            for reason, k in traffic.ignored.items():
-                c[f"ignored:{reason}"] += k
-            c["windowed"] += int(gpu.sum())
-        self._note_late(late, a, b, start)
-        if not late.all():
-            self._note_disorder(start[~late], partition)
-            m = int(start[~late].max())
-            self.max_start = m if self.max_start is None else max(self.max_start, m)
-            self._part_max[partition] = max(self._part_max.get(partition, m), m)
-            lo = int(start[~late].min())
-            self.min_start = lo if self.min_start is None else min(self.min_start, lo)
         now = self.clock()
         if now - self._last_input > self.s.idle_flush_s:
             self._resumed_at = now
         self._last_input = self._part_seen[partition] = now
+        # what is not GPU-to-GPU traffic is counted as read (it waits for no window)
+        traffic = gpu_traffic(self.topology, flows["src"], flows["dst"])
+        with self.lock:
+            for reason, k in traffic.ignored.items():
+                c[f"ignored:{reason}"] += k
+        self._admit(flows.reset_index(drop=True), traffic.a, traffic.b, traffic.gpu, partition)
+
+    def _admit(self, flows: pd.DataFrame, a: np.ndarray, b: np.ndarray, gpu: np.ndarray, partition: str) -> None:
+        """Hold a deduped batch's GPU flows (``gpu``; NICs ``a``, ``b``), each with its stream time (over all the
+        partition's records), until a window releases them (:meth:`_release`); measure its disorder (how far records
+        come behind their stream time) for the windows' lateness."""
+        start = flows["start_ns"].to_numpy().astype(np.int64, copy=False)
+        prior = self._part_max.get(partition, _NONE)
+        ahead = np.maximum.accumulate(np.r_[np.int64(prior), start])[:-1]  # each record's stream time (before it)
+        # A collector batches records per GPU pair and per export interval, so a
+        # partition delivers a pair's whole interval after another pair's: records
+        # arrive up to an interval behind their stream time. A window cut while
+        # part of an interval is still to come sees half the pairs, and types them
+        # (and cuts the steps) wrong: the lateness follows the disorder measured.
+        behind = np.where(ahead > _NONE, ahead - start, 0)
+        out = behind > 0
+        if out.any():
+            cells, far = ahead[out] // int(self.s.step_s * 1e9), behind[out]
+            keys, at = np.unique(cells, return_inverse=True)
+            most = np.zeros(len(keys), dtype=np.int64)
+            np.maximum.at(most, at, far)
+            for k, v in zip(keys.tolist(), most.tolist()):
+                self._cells[k] = max(self._cells.get(k, 0), v)
+        self._first.setdefault(partition, int(start[0]))
+        m = int(start.max())
+        self._part_max[partition] = max(prior, m)
+        self.max_start = m if self.max_start is None else max(self.max_start, m)
+        if gpu.any():
+            self._queued.setdefault(partition, deque()).append((ahead[gpu], flows[gpu].reset_index(drop=True), a[gpu], b[gpu],
+                                                                self._rereading(partition)))
+
+    def _rereading(self, partition: str) -> bool:
+        """Are ``partition``'s records being read now read again, from a taken-over partition's resume point? (A hook:
+        the ingest stage's; never here.)"""
+        return False
+
+    def _release(self, below: int | None, begin: int | None) -> None:
+        """Into the window: the held records whose stream time is below ``below`` (all, for None), partition by
+        partition; those that started before ``begin`` dropped as late."""
+        for p in sorted(self._queued):
+            q = self._queued[p]
+            while q:
+                ahead, flows, a, b, reread = q[0]
+                k = len(ahead) if below is None else int(np.searchsorted(ahead, below, side="left"))
+                if k == 0:
+                    break
+                if k < len(ahead):
+                    q[0] = (ahead[k:], flows.iloc[k:].reset_index(drop=True), a[k:], b[k:], reread)
+                    flows, a, b = flows.iloc[:k], a[:k], b[:k]
+                else:
+                    q.popleft()
+                start = flows["start_ns"].to_numpy()
+                self._take(flows, a, b, p, start < begin if begin is not None else np.zeros(len(start), dtype=bool), reread)
+        top = max(self._part_max.values(), default=None)
+        if below is None:
+            below = None if top is None else top + 1  # every record read so far
+        if below is not None:
+            self.released_to = below if self.released_to is None else max(self.released_to, below)
+
+    def stream_time(self, partition: str) -> int | None:
+        """The latest start read from ``partition`` (None before its first record)."""
+        return self._part_max.get(partition)
+
+    def drop_held(self, partition: str) -> None:
+        """Forget ``partition``'s records not released yet (it went to another replica, which reads them again)."""
+        self._queued.pop(partition, None)
+
+    def _take(self, flows: pd.DataFrame, a: np.ndarray, b: np.ndarray, partition: str, late: np.ndarray, reread: bool = False) -> None:
+        """GPU flows (NICs ``a``, ``b``) into the window: those ``late`` (older than it reaches) dropped, counted
+        against their window."""
+        start = flows["start_ns"].to_numpy()
+        gpu = ~late
+        with self.lock:
+            c = self.counters[partition]
+            c[f"ignored:{LATE}"] += int(late.sum())
+            c["windowed"] += int(gpu.sum())
+        self._note_late(late, a, b, start)
         if not gpu.any():
             return
+        lo = int(start[gpu].min())
+        self.min_start = lo if self.min_start is None else min(self.min_start, lo)
         a, b, start = a[gpu], b[gpu], start[gpu]
         duration = flows["duration_ns"].to_numpy()[gpu]
         size = flows["size"].to_numpy()[gpu]
         self.window.add(a, b, start, duration, size)
         self._see_pairs(a, b, start)
         self.fabric_in.partial_fit(start, duration, size, flows["switches"].array[gpu], src=a, dst=b)  # stays categorical: no re-factorising
-
-    def _too_late(self, start: np.ndarray) -> np.ndarray:
-        """Which records are older than the next window can reach (dropped, counted as ``ignored:late``)."""
-        wm = self.watermark()
-        if wm is None:
-            return np.zeros(len(start), dtype=bool)
-        return start < wm - int(self.s.window_s * 1e9)
 
     def _flag(self, span: WindowSpan, after: bool) -> None:
         """``span`` turned incomplete: before its analysis, or (``after``) when late flows of its time came after it.
@@ -383,41 +479,28 @@ class Monitor:
         return sum(w.incomplete for w in list(self.windows))
 
     def disorder_ns(self) -> int:
-        """How far behind its partition's latest a record arrived, at most, over the last window (event ns; uncapped)."""
-        self.lateness_ns()  # forgets what is older than the window
-        return self._disorder[0][1] if self._disorder else 0
+        """How far behind its stream time a record came, at most, among those of the window being cut (event ns;
+        uncapped)."""
+        return self._window_disorder
 
-    def _note_disorder(self, start: np.ndarray, partition: str) -> None:
-        # A collector batches records per GPU pair and per export interval, so
-        # a partition delivers a pair's whole interval after another pair's:
-        # records arrive up to an interval behind the partition's latest. How
-        # far behind is measured here, in arrival order, and the lateness
-        # (how long a window waits) follows it: a window cut while part of
-        # an interval is still to come sees half the pairs, and types them
-        # (and cuts the steps) wrong.
-        prior = self._part_max.get(partition, int(start[0]))
-        ahead = np.maximum.accumulate(np.r_[prior, start])[:-1]
-        behind = int((ahead - start).max())
-        if behind > 0:
-            # a monotonic queue: the front holds the largest of the last window
-            at = max(int(ahead[-1]), self.max_start or 0)
-            while self._disorder and self._disorder[-1][1] <= behind:
-                self._disorder.pop()
-            self._disorder.append((at, behind))
+    def _disorder_before(self, end: int) -> int:
+        """The most a record was behind its stream time, over the records whose stream time is in [end - window, end)."""
+        step = int(self.s.step_s * 1e9)
+        lo, hi = (end - int(self.s.window_s * 1e9)) // step, end // step  # cells [lo, hi): hi's starts at end
+        for k in [k for k in self._cells if k < lo - 1]:
+            del self._cells[k]
+        return max((v for k, v in self._cells.items() if lo <= k < hi), default=0)
+
+    def _lateness_of(self, end: int) -> tuple[int, int]:
+        """``(lateness, disorder)`` of the window ending at ``end``: the configured lateness, or the disorder measured
+        before it if larger (out-of-order delivery adapts it; it shrinks again once the input is ordered), at most
+        half a window."""
+        d = self._disorder_before(end)
+        return min(max(int(self.s.lateness_s * 1e9), d), int(self.s.window_s * 1e9) // 2), d
 
     def lateness_ns(self) -> int:
-        """How long a window waits for out-of-order records (event ns).
-
-        The configured ``lateness_s``, or the disorder measured over the
-        last window if larger: out-of-order delivery adapts it, and it
-        shrinks again once the input is ordered. At most half a window.
-        """
-        wm = self.max_start
-        if wm is not None:
-            while self._disorder and self._disorder[0][0] < wm - int(self.s.window_s * 1e9):
-                self._disorder.popleft()
-        seen = self._disorder[0][1] if self._disorder else 0
-        return min(max(int(self.s.lateness_s * 1e9), seen), int(self.s.window_s * 1e9) // 2)
+        """How long the last window waited for out-of-order records (event ns)."""
+        return self._lateness
 
     def reject(self, rejects: Counter, partition: str = "0") -> None:
         """Add counts of rejected records by reason."""
@@ -508,14 +591,32 @@ class Monitor:
                   if p in self.backlogged or now - max(self._part_seen.get(p, 0), self._resumed_at) <= self.s.idle_flush_s]
         return min(active) if active else self.max_start
 
-    def due(self) -> bool:
-        """Has event time moved a whole ``step_s`` past the last analysis (``window_s`` while catching up)?"""
+    def _next_end(self) -> int | None:
+        """The next window's end (due or not): the point of the ``step_s`` grid nearest a stride (``step_s``, or
+        ``window_s`` while catching up) past the last window (itself on the grid but for the final window of input gone
+        quiet), or past the earliest first record of the partitions."""
+        stride = int((self.s.window_s if self.catching_up() else self.s.step_s) * 1e9)
+        if self.analysed_to is not None:
+            since = self.analysed_to
+        elif self._first:
+            since = min(self._first.values())
+        else:
+            return None
+        step = int(self.s.step_s * 1e9)
+        return (since + stride + step // 2) // step * step  # the nearest: a first window of stride +- half a step
+
+    def _due_end(self) -> tuple[int, int, int] | None:
+        """``(end, lateness, disorder)`` of the next window if every partition has passed its end and lateness."""
         wm = self.watermark()
-        if wm is None:
-            return False
-        end = wm - self.lateness_ns()
-        since = self.analysed_to if self.analysed_to is not None else (self.min_start if self.min_start is not None else wm)
-        return end - since >= int((self.s.window_s if self.catching_up() else self.s.step_s) * 1e9)
+        end = self._next_end()
+        if wm is None or end is None or wm < end:
+            return None  # some partition's records of stream time before the end may still come
+        lateness, d = self._lateness_of(end)
+        return (end, lateness, d) if wm >= end + lateness else None
+
+    def due(self) -> bool:
+        """Has every partition passed the next window's end and its lateness?"""
+        return self._due_end() is not None
 
     def catching_up(self) -> bool:
         """Is the source behind (records unread), with room in the window to read on?
@@ -531,8 +632,8 @@ class Monitor:
         return bool(self.backlogged) and len(self.window) < self.s.max_window_flows // 2
 
     def pending(self) -> bool:
-        """Is there input past the last analysis (for the idle flush)?"""
-        return self.max_start is not None and (self.analysed_to is None or self.max_start > self.analysed_to)
+        """Is there input past the last analysis, or held (for the idle flush)?"""
+        return (self.max_start is not None and (self.analysed_to is None or self.max_start > self.analysed_to)) or any(self._queued.values())
 
     def tick(self, final: bool = False, force: bool = False) -> MonitorView | None:
         """Analyse the window up to the watermark and publish a new view.
@@ -578,35 +679,44 @@ class Monitor:
         return view
 
     def _advance(self, final: bool, force: bool) -> tuple[int, int, int] | None:
-        """The next window's ``(begin, end, lateness)``, with what is older than it forgotten; None if none is due.
+        """The next window's ``(begin, end, lateness)``, its records released, what is older than it forgotten; None
+        if none is due.
 
-        The end is the watermark less the lateness wait (the last record for
-        ``final``); ``force`` re-runs the last window. The window reaches back
-        ``window_s``, and further: over everything read for the first window,
-        to half a window before the last one while catching up. The flows,
-        record hashes, switch sums and GPU pairs older than it are dropped.
+        The end is the next due point of the grid (the last record for
+        ``final``: the input went quiet, no wait); ``force`` re-runs the last
+        window. The window reaches back ``window_s``, and further: over
+        everything released for the first window, to half a window before the
+        last one while catching up (so no step falls between two windows).
         (:meth:`tick` and the ingest stage's tick share it: the same windows.)
         """
         if self.max_start is None:
             return None
-        wm = self.max_start if final else self.watermark()
-        if wm is None:
-            return None
-        lateness = self.lateness_ns()
-        end = wm - (0 if final else lateness)
+        if final:
+            end, lateness, self._window_disorder = self.max_start, self._lateness_of(self.max_start)[0], 0
+        else:
+            nxt = self._due_end()
+            if nxt is None:
+                if not force or self.analysed_to is None:
+                    return None
+                end, lateness = self.analysed_to, self._lateness
+            else:
+                end, lateness, self._window_disorder = nxt
         if self.analysed_to is not None and end <= self.analysed_to:
             if not force:
                 return None
             end = self.analysed_to
+        self._lateness = lateness
         win_ns = int(self.s.window_s * 1e9)
         begin = end - win_ns
         if self.analysed_to is not None:
-            # catching up (a backlog, one big poll): reach back to half a window
-            # before the last analysis, so no step falls between two windows
             begin = min(begin, self.analysed_to - win_ns // 2)
-        elif self.min_start is not None:
-            # the first window: everything read so far (starting on a backlog,
-            # the first polls can hold more than a window: its steps count too)
+        self._release(None if final else end + lateness, begin if self.analysed_to is not None else None)
+        return self._forget(begin, end, lateness, final)
+
+    def _forget(self, begin: int, end: int, lateness: int, final: bool) -> tuple[int, int, int]:
+        """Drop the flows, record hashes, switch sums and GPU pairs older than the window ``[begin, end]`` (the first
+        window: over everything taken in); its ``(begin, end, lateness)``."""
+        if self.analysed_to is None and self.min_start is not None:
             begin = min(begin, self.min_start)
         self.window.evict(begin)
         self._see_servers(end)
