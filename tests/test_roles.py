@@ -421,13 +421,15 @@ def test_each_analyse_window_sees_what_one_daemons_saw_however_much_a_poll_retur
     f = cluster.flows.sort_values("start_ns", kind="stable").reset_index(drop=True)
     start = f["start_ns"].to_numpy()
     t0 = int(start.min())
-    first = start < t0 + 3_000_000_000
+    first = start < t0 + 3_200_000_000
     keys = pd.Series(pair_keys(f["src"].astype(str), f["dst"].astype(str)))
     behind = first & keys.isin(keys.drop_duplicates().sort_values().iloc[::4]).to_numpy()
     ing = _ingest_stage(topo, settings, {TopicPartition("flows", p) for p in range(4)})
     m = ing.monitor
-    m.ingest(f[first & ~behind].reset_index(drop=True), "flows/0")  # the first 3 s but a quarter of the pairs: read behind
+    m.ingest(f[first & ~behind].reset_index(drop=True), "flows/0")  # the first 3.2 s but a quarter of the pairs: read behind
+    m.backlogged = {"flows/0"}  # behind: the first window strides a whole window (3 s: its jobs' steps are cut)
     m.tick(force=True)
+    m.backlogged = set()
     ing.publish()
     end = m.forwarded_to
     m.ingest(f[behind].reset_index(drop=True), "flows/0")
@@ -494,11 +496,13 @@ def test_a_job_re_keyed_after_a_window_keeps_that_windows_steps_however_much_a_p
     settings = MonitorSettings(**SETTINGS)
     f, same_side, _ = _tp8_dp4_in_halves(cluster, in_time_order=True)
     start = f["start_ns"].to_numpy()
-    first = start < int(start.min()) + 3_000_000_000
+    first = start < int(start.min()) + 3_200_000_000
     ing = _ingest_stage(topo, settings, {TopicPartition("flows", p) for p in range(4)})
     m = ing.monitor
     m.ingest(f[first & same_side].reset_index(drop=True), "flows/0")  # each half's own pairs first: two pieces
+    m.backlogged = {"flows/0"}  # behind: the first window strides a whole window (3 s: its jobs' steps are cut)
     m.tick(force=True)
+    m.backlogged = set()
     ing.publish()
     pieces = set(m.jobs_["job_id"])
     m.ingest(f[~same_side | ~first].reset_index(drop=True), "flows/0")

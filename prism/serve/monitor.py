@@ -15,6 +15,9 @@ What is kept, and why it is bounded:
   a job gone for ``pair_ttl_s`` is dropped;
 * the switch bandwidth sums of the windows still in the analysis window;
 * the hashes of the records of the window, to drop re-deliveries;
+* the GPU flows read but not yet taken in by a window (held for the
+  window whose turn they reach: as far as the partitions' reads run
+  apart in event time, and the lateness);
 * per window analysed in the last ``pair_ttl_s``, its span and how many
   GPU flows of its time came late (see :meth:`Monitor.tick`).
 
@@ -27,12 +30,15 @@ the cross-step diagnosis runs over each
 job's step history (so its baseline outlives the window), and each
 anomaly is counted once.
 
-A window known to be incomplete is not analysed: GPU flows of its time were
-dropped as too old for the window (they came later than the window can
-wait), or the input is more out of order than the window waits for
+Windows, and which records are late, follow each partition's own record
+order (its *stream time*, see the comment above :meth:`Monitor.ingest`), not
+the pace at which the partitions were read: GPU flows are held from their
+reading to the window whose turn they reach. A window known to be incomplete
+is not analysed: the input is more out of order than the window waits for
 (records older than its end are still to come). Its jobs' steps are not
 reported from it and no anomaly is raised from it; it is counted, logged
-and shown by ``/readyz`` (see :meth:`Monitor.tick`).
+and shown by ``/readyz`` (see :meth:`Monitor.tick`). One that late flows of
+its time reach after its analysis turns incomplete then.
 """
 from __future__ import annotations
 
@@ -286,8 +292,6 @@ class Monitor:
         self.windows: deque[WindowSpan] = deque()  # the windows analysed in the last pair_ttl_s of event time
         self.late_flows = 0  # GPU flows late for their window (counted against it), ever
         self.windows_incomplete = 0  # windows incomplete, ever (not analysed, or late flows came after them)
-        self._late_next = 0  # late GPU flows of the time past the last window (dropped before a window reached them)
-        self._dropped_to: int | None = None  # the latest start of a GPU flow dropped as too old for the window
 
     # -- input ---------------------------------------------------------------
     # Which records are late, which are dropped and where windows end are a
@@ -434,33 +438,25 @@ class Monitor:
         A hook (the ingest stage passes the flag on to the analyse stage); nothing here."""
 
     def _note_late(self, dropped: np.ndarray, a: np.ndarray, b: np.ndarray, start: np.ndarray) -> None:
-        """Count the GPU flows that came late, each against the window of its time.
+        """Count the GPU flows a window takes in that came late, each against the window of its time.
 
-        Late: dropped as older than the window reaches (``dropped``), or
-        kept but started no later than the end of the last window analysed
-        (it was analysed without them; the next windows, which reach back,
-        hold them). A flow past the last window is the next window's; one
-        before it is the analysed window's whose ``(previous end, end]``
-        holds its start (the oldest window kept, for older ones), and that
-        window turns incomplete (its steps and anomalies were reported
-        without them; reported steps are never revised).
+        Late: started no later than the end of the last window analysed, so
+        that window was analysed without it (``dropped``, older than the new
+        window reaches, are among them: a window reaches back past the last
+        one's end). Each counts against the analysed window whose
+        ``(previous end, end]`` holds its start (the oldest window kept, for
+        older ones), and that window turns incomplete (its steps and
+        anomalies were reported without them; reported steps are never
+        revised).
         """
         to = self.analysed_to
-        if to is None and not dropped.any():
-            return
+        if to is None or not self.windows:
+            return  # the first window takes in everything held (it drops nothing)
         gpu_pair = (a >= 0) & (b >= 0) & (a != b)
-        late = gpu_pair & (dropped | (start <= to)) if to is not None else gpu_pair & dropped
-        if not late.any():
+        past = start[gpu_pair & (dropped | (start <= to))]
+        if not len(past):
             return
-        s = start[late]
-        gone = s[dropped[late]]
-        if len(gone):
-            self._dropped_to = int(gone.max()) if self._dropped_to is None else max(self._dropped_to, int(gone.max()))
-        self.late_flows += len(s)
-        past = s[s <= to] if to is not None else s[:0]
-        self._late_next += len(s) - len(past)
-        if not len(past) or not self.windows:
-            return
+        self.late_flows += len(past)
         ends = np.fromiter((w.end for w in self.windows), dtype=np.int64, count=len(self.windows))
         at, n = np.unique(np.minimum(np.searchsorted(ends, past, side="left"), len(ends) - 1), return_counts=True)
         for i, k in zip(at.tolist(), n.tolist()):
@@ -810,50 +806,39 @@ class Monitor:
     def _log_window(self, begin: int, end: int, lateness: int, final: bool) -> WindowSpan:
         """Log the window about to be analysed; is it incomplete?
 
-        Incomplete when GPU flows of its time are missing from it (any one:
-        a step boundary is a gap in a job's traffic, and one missing flow
-        can make or close a gap, so no share of late flows is harmless),
-        known before its analysis as
-
-        * flows dropped as older than the window reaches, of its span
-          (counted against it, or against an earlier window whose span
-          it overlaps); or
-        * input more out of order than the window waits for: records
-          arrived further behind their partition's latest (the disorder
-          measured over the last window) than the lateness it used, which
-          is capped at half a window, so records of its time may still
-          come. A ``final`` window (the input went quiet) waits for none.
+        Incomplete when GPU flows of its time may be missing from it (any
+        one: a step boundary is a gap in a job's traffic, and one missing
+        flow can make or close a gap, so no share of late flows is
+        harmless), known before its analysis as input more out of order
+        than the window waits for: records came further behind their stream
+        time (the disorder measured before its end) than the lateness it
+        used, which is capped at half a window, so records of its time may
+        still come. A ``final`` window (the input went quiet) waits for none.
+        (Late flows it does take in make the windows of their time
+        incomplete: :meth:`_note_late`.)
 
         Such a window is not analysed: no steps, no anomalies, no job
         changes; it is counted (:attr:`windows_incomplete`) and logged.
         """
-        late, self._late_next = self._late_next, 0
-        dropped = self._dropped_to is not None and self._dropped_to >= begin
         disorder = 0 if final else self.disorder_ns()
-        incomplete = bool(late) or dropped or disorder > lateness
+        incomplete = disorder > lateness
         if self.windows and self.windows[-1].end == end:  # the last window re-run (force)
             span = self.windows[-1]
-            span.late += late
             incomplete = incomplete and not span.incomplete  # counted once
             span.incomplete = span.incomplete or incomplete
         else:
-            span = WindowSpan(begin, end, late, incomplete)
+            span = WindowSpan(begin, end, 0, incomplete)
             self.windows.append(span)
             horizon = end - int(self.s.pair_ttl_s * 1e9)
             while len(self.windows) > 1 and self.windows[0].end < horizon:
                 self.windows.popleft()
         if incomplete:
             self.windows_incomplete += 1
-            why = [f"{late} GPU flows of its time came too late to be kept"] if late else []
-            if dropped and not late:
-                why.append("GPU flows of its time were dropped as too late for an earlier window")
-            if disorder > lateness:
-                why.append(f"records arrive up to {disorder / 1e9:.1f} s behind their partition's latest, "
-                           f"the window waits {lateness / 1e9:.1f} s (at most half a window)")
-            span.why = "; ".join(why)
+            span.why = (f"records arrive up to {disorder / 1e9:.1f} s behind their partition's latest, "
+                        f"the window waits {lateness / 1e9:.1f} s (at most half a window)")
             self._flag(span, after=False)
             log.warning("window incomplete (late input): no steps or anomalies reported from it; %s", span.why,
-                        extra={"fields": {"from": iso_time(begin), "to": iso_time(end), "late_flows": late, "disorder_s": round(disorder / 1e9, 3),
+                        extra={"fields": {"from": iso_time(begin), "to": iso_time(end), "late_flows": span.late, "disorder_s": round(disorder / 1e9, 3),
                                           "lateness_s": round(lateness / 1e9, 3)}})
         return span
 
