@@ -151,3 +151,83 @@ def test_a_hand_over_of_several_messages_reaches_the_new_owner_whole(analysed, m
     assert (b.monitor._pair_keys == pairs[0][gone]).all()
     assert (b.monitor._pair_first == pairs[1][gone]).all() and (b.monitor._pair_last == pairs[2][gone]).all()
     print("hand-over:", int(gone.sum()), "pairs in", len(sent), "messages, state of", state["steps"], "steps")
+
+
+def _handover_of(src):
+    """The hand-over messages ``src`` sent, forgotten there (read once)."""
+    out = [m for m in src.producer.msgs if m[4].get("prism-control") == b"handover"]
+    src.producer.msgs = [m for m in src.producer.msgs if m not in out]
+    return out
+
+
+@pytest.mark.parametrize("order", ["handed-then-retired", "retired-then-handed", "one-replica"])
+def test_a_job_re_keyed_twice_hands_on_what_it_was_handed(analysed, order):
+    """A job re-keyed A -> B (B's owner told to wait for A's state), then B -> C, before B's owner has analysed a
+    window with B: B's owner hands C's owner the state and pairs A's owner handed it (one daemon's chain: C takes what
+    B took from A), whether A's hand-over is read before B's retire or after it (the retire waits for it, within the
+    bound), and, B and C on one replica, C is given it there. Before, B's owner handed over no state (B had none of
+    its own yet) and C's steps started from 0."""
+    from prism.serve.jobtopic import job_partition
+
+    topo, settings, _ = analysed
+    a, old, ips = _old_owner(analysed)
+    state = json.loads(json.dumps(a.monitor.state_of(old)))
+    pairs = a.monitor._pair_keys.copy()
+    mid = _id_on_another_partition(old, "mid")
+    new = next(f"new-{i}" for i in range(100) if job_partition(f"new-{i}", PARTS) not in {job_partition(j, PARTS) for j in (old, mid)})
+    at = int(a.monitor.analysed_to)
+    b = _replica(topo, settings, [job_partition(mid, PARTS)] + ([job_partition(new, PARTS)] if order == "one-replica" else []), "a1")
+    c = b if order == "one-replica" else _replica(topo, settings, [job_partition(new, PARTS)], "a2")
+    _read(b, [_control("rekey", {"job": mid, "from": [old], "replica": "i0", "at": at}, job_partition(mid, PARTS))])
+    if c is not b:
+        _read(c, [_control("rekey", {"job": new, "from": [mid], "replica": "i0", "at": at + 1}, job_partition(new, PARTS))])
+    retire_mid = _control("retire", {"job": mid, "into": new, "ips": ips, "replica": "i0", "at": at + 1}, job_partition(mid, PARTS))
+    _read(a, [_control("retire", {"job": old, "into": mid, "ips": ips, "replica": "i0", "at": at}, job_partition(old, PARTS))])
+    if order == "handed-then-retired":
+        _read(b, _handover_of(a))
+        _read(b, [retire_mid])
+    else:
+        _read(b, [retire_mid])
+        assert not _handover_of(b) and b._held, "the retire waits for the state B's owner still waits for"
+        _read(b, _handover_of(a))
+        _read(b, [])  # the next poll
+    assert not b._held and b.handovers_sent == (c is not b)
+    assert mid not in b.monitor.awaiting and mid not in b.monitor.handed, "B is gone here"
+    if c is not b:
+        assert not b.monitor._handed_pairs
+        _read(c, _handover_of(b))
+    assert c.monitor.handed == {new: {mid: state}} and not c.monitor.awaiting
+    c.monitor._add_handed_pairs(None)
+    assert set(c.monitor._pair_keys) == set(pairs)
+
+
+def test_a_state_named_for_a_later_window_is_not_taken_at_an_earlier_one(analysed):
+    """Two re-keys into one id read before its new owner's first window: A at that window, B at a later one (a piece
+    merged in after the job grew). One daemon's job, new at the first window, takes A's state there and keeps it
+    when B joins it later (a job already here absorbs no history); so does the new owner, whose first window does
+    not wait for B's state. Before, the first window waited for B's state too and took the bigger of the two."""
+    topo, settings, f = analysed
+    a, job, _ = _old_owner(analysed)
+    state = json.loads(json.dumps(a.monitor.state_of(job)))
+    bigger = {**state, "steps": 10_000, "next_step": 10_000}
+    m = _replica(topo, settings, range(PARTS), "a2").monitor  # the fabric's partition too: no typed pairs to wait for
+    m.clock = lambda: 0.0
+    t0 = int(f["start_ns"].min())
+    w1, w2 = t0 + 3_000_000_000, t0 + 4_000_000_000
+    m.expect_states(job, ["A"], 30, at=w1)
+    m.expect_states(job, ["B"], 30, at=w2)
+    m.take_state(job, "A", state)
+    m.ingest(f[f["start_ns"] < w1].reset_index(drop=True))
+    for p in range(PARTS):
+        m.mark({"inputs": 1, "partitions": {"0": w1}, "final": False, "end": w1}, p)
+    assert m.due(), "the first window waits for A's state only"
+    assert m.tick() is not None and m.analysed_to == w1
+    steps = m._jobs[job].view.steps
+    assert state["steps"] <= steps < bigger["steps"] and m.handovers_taken == 1, "A's state, not B's"
+    assert not m.awaiting, "the job is here: B's state is not waited for"
+    m.take_state(job, "B", bigger)
+    m.ingest(f[(f["start_ns"] >= w1) & (f["start_ns"] < w2)].reset_index(drop=True))
+    for p in range(PARTS):
+        m.mark({"inputs": 1, "partitions": {"0": w2}, "final": False, "end": w2}, p)
+    assert m.due() and m.tick() is not None and m.analysed_to == w2
+    assert steps <= m._jobs[job].view.steps < bigger["steps"] and m.handovers_taken == 1 and not m.handed

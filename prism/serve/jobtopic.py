@@ -403,10 +403,11 @@ class AnalyseMonitor(Monitor):
         self._kinds_chunks: dict[tuple, list] = {}  # (replica, end, final) -> the messages of a window's typed pairs read so far
         self._quiet_to: int | None = None  # event time up to which this replica, with no flows yet, sent no typed pairs (_quiet)
         # a job re-keyed from ids other replicas held (see expect_states): new id -> (old ids whose states are still
-        # to come, since (clock), how long to wait, the first window end they are for: None, every window), and
-        # new id -> old id -> the state handed over (None: none)
-        self.awaiting: dict[str, tuple[set[str], float, float, int | None]] = {}
+        # to come, since (clock), how long to wait), new id -> old id -> the state handed over (None: none), and
+        # new id -> old id -> the first window end its state is for (the re-key's; None: every window)
+        self.awaiting: dict[str, tuple[set[str], float, float]] = {}
         self.handed: dict[str, dict[str, dict | None]] = {}
+        self.rekeyed_at: dict[str, dict[str, int | None]] = {}
         # handed-over pairs not yet in this replica's: (the first window end they are for, or None, keys, first, last)
         self._handed_pairs: list[tuple[int | None, np.ndarray, np.ndarray, np.ndarray]] = []
         self.handovers_taken = 0  # re-keyed jobs that took a state another replica handed over
@@ -853,10 +854,15 @@ class AnalyseMonitor(Monitor):
         other replicas hold) are handed over for ``job_id``, at most ``wait_s`` of wall time (an old owner that lost its
         partition meanwhile: its successor hands them over). Not when the job is here already (with a history of its
         own, or published for a successor). Several ingest replicas may each name some of the old ids: all are waited
-        for, from the first naming."""
+        for, from the first naming, each from its own re-key's window (one daemon's job, new at a window, absorbs the
+        jobs gone by then; one named for a later window joins it once it is here: its state is not taken)."""
         st = self._jobs.get(job_id)
         if (st is not None and st.view.job_id == job_id) or job_id in self.restored:
             return
+        ats = self.rekeyed_at.setdefault(job_id, {})
+        for o in old:
+            had = ats.get(o, at)
+            ats[o] = None if at is None or had is None else min(at, had)
         waiting = set(old) - set(self.handed.get(job_id, ()))
         if not waiting:
             return
@@ -864,8 +870,7 @@ class AnalyseMonitor(Monitor):
         if before is not None:
             waiting |= before[0]
             since = min(since, before[1])
-            at = None if at is None or before[3] is None else min(at, before[3])
-        self.awaiting[job_id] = (waiting, since, float(wait_s), at)
+        self.awaiting[job_id] = (waiting, since, float(wait_s))
 
     def take_state(self, job_id: str, old: str, state: dict | None) -> None:
         """The state ``old`` had when it was retired into ``job_id`` (None: its owner had none: no steps yet). A state
@@ -885,12 +890,20 @@ class AnalyseMonitor(Monitor):
         return int(self._n)
 
     def state_of(self, job_id: str) -> dict | None:
-        """The state of ``job_id`` to hand over to the replica its new id is on: as analysed here, or as a predecessor
-        published it (not yet taken), or None."""
+        """The state of ``job_id`` to hand over to the replica its new id is on: as analysed here, or else the one it
+        would have taken (the one with most steps of those a predecessor published and other replicas handed over for
+        it: re-keyed again before a window here), or None."""
         st = self._jobs.get(job_id)
         if st is not None and st.view.job_id == job_id:
             return self._job_state(job_id, st)
-        return self.restored.get(job_id)
+        states = [s for s in (self.restored.get(job_id), *self.handed.get(job_id, {}).values()) if s is not None]
+        return max(states, key=lambda s: int(s["steps"])) if states else None
+
+    def awaits_state_of(self, job_id: str) -> bool:
+        """Whether a state handed over for ``job_id`` is still to come (within the wait's bound): its retire waits for
+        it, so that the state handed on is the one ``job_id`` would have taken."""
+        self._awaits_states(None)  # gives up the waits past their bound
+        return job_id in self.awaiting
 
     def _awaits_states(self, end: int | None) -> bool:
         """Is a re-keyed job's state still to come for the window ending at ``end`` (None: the final window)? (One waited
@@ -898,7 +911,7 @@ class AnalyseMonitor(Monitor):
         wait for.) The windows before the re-key's are not held: the old owner's hand-over may need them analysed here
         (their typed pairs, if it owns the fabric)."""
         now = self.clock()
-        for job_id, (old, since, wait_s, _) in list(self.awaiting.items()):
+        for job_id, (old, since, wait_s) in list(self.awaiting.items()):
             if self.job_parts and self.owned and job_partition(job_id, self.job_parts) not in self.owned:
                 del self.awaiting[job_id]
             elif now - since > wait_s:
@@ -906,7 +919,12 @@ class AnalyseMonitor(Monitor):
                 self.handovers_missed += 1
                 log.warning("re-keyed job analysed without the state of its old ids: no replica handed it over in time; its steps "
                             "are numbered from 0 here", extra={"fields": {"job": job_id, "was": ",".join(sorted(old)), "waited_s": round(now - since, 1)}})
-        return any(end is None or at is None or at <= end for _, _, _, at in self.awaiting.values())
+        return any(self._wanted_at(job_id, o, end) for job_id, (old, _, _) in self.awaiting.items() for o in old)
+
+    def _wanted_at(self, job_id: str, old: str, end: int | None) -> bool:
+        """Whether ``old``'s state is for ``job_id``'s window ending at ``end`` (None: the final window) or before."""
+        at = self.rekeyed_at.get(job_id, {}).get(old)
+        return end is None or at is None or at <= end
 
     def _add_handed_pairs(self, end: int | None) -> None:
         """Add the handed-over pairs meant for the window ending at ``end`` (None: all) to this replica's, before its job
@@ -944,8 +962,14 @@ class AnalyseMonitor(Monitor):
         # states for a job whose partition moved away are its new holder's
         for job_id in [j for j in self.handed if self.job_parts and self.owned and job_partition(j, self.job_parts) not in self.owned]:
             del self.handed[job_id]
+        # a job here waits for no more states (those named for later windows: one daemon's job, here, absorbs none)
+        for job_id in [j for j in self.awaiting if j in self._jobs]:
+            old = {o for o in self.awaiting.pop(job_id)[0] if self._wanted_at(job_id, o, end)}
+            if old:  # a window forced through the wait
+                self.handovers_missed += 1
+                log.warning("re-keyed job analysed without the state of its old ids", extra={"fields": {"job": job_id, "was": ",".join(sorted(old))}})
         for job_id in [j for j in self.handed if j in self._jobs]:
-            states = [s for s in self.handed.pop(job_id).values() if s is not None]
+            states = [s for o, s in self.handed.pop(job_id).items() if s is not None and self._wanted_at(job_id, o, end)]
             st = self._jobs[job_id]
             if job_id in before or not states:
                 continue  # it was here already (the states came for a window it had analysed: a replay)
@@ -955,10 +979,14 @@ class AnalyseMonitor(Monitor):
                 self.handovers_taken += 1
                 log.info("re-keyed job took the state of its old id from another replica",
                          extra={"fields": {"job": job_id, "steps": int(best["steps"])}})
+        for job_id in [j for j in self.rekeyed_at if j in self._jobs or j not in self.awaiting and j not in self.handed]:
+            del self.rekeyed_at[job_id]
 
     def retire_job(self, job_id: str, ips: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Forget the pairs and flows of a job now keyed under another id (another replica may own it); return the
-        pairs forgotten (key, first seen, last seen: see :meth:`take_handover`)."""
+        """Forget the pairs and flows of a job now keyed under another id (another replica may own it), and what was
+        handed over for it (re-keyed again before a window here: see :meth:`state_of`); return the pairs forgotten
+        (key, first seen, last seen, those handed over among them: see :meth:`take_handover`)."""
+        self.forget_handed(job_id)
         idx = self.topology.nic_index(pd.Series(ips))
         gone = np.zeros(self._n, dtype=bool)
         gone[idx[idx >= 0]] = True
@@ -966,12 +994,33 @@ class AnalyseMonitor(Monitor):
         if not gone.any():
             return none, none, none
         keep = ~(gone[self._pair_keys // self._n] | gone[self._pair_keys % self._n])
-        out = self._pair_keys[~keep], self._pair_first[~keep], self._pair_last[~keep]
+        out = [(self._pair_keys[~keep], self._pair_first[~keep], self._pair_last[~keep])]
         self._pair_keys, self._pair_last, self._pair_first = self._pair_keys[keep], self._pair_last[keep], self._pair_first[keep]
+        handed = []
+        for at, keys, first, last in self._handed_pairs:
+            mine = gone[keys // self._n] | gone[keys % self._n]
+            out.append((keys[mine], first[mine], last[mine]))
+            if not mine.all():
+                handed.append((at, keys[~mine], first[~mine], last[~mine]))
+        self._handed_pairs = handed
         a, b = self.window.columns()[:2]
         self.window.keep(~(gone[a] | gone[b]))
         self.retired.append(job_id)
-        return out
+        keys, first, last = (np.concatenate(c) for c in zip(*out))
+        return keys, first, last
+
+    def absorb(self, job_id: str, into: str) -> None:
+        """``job_id`` retired into ``into``, both here: its job is absorbed at the next window (one daemon's rule), or, if
+        it has none here yet (re-keyed again before a window here), ``into`` is handed what was handed over for it."""
+        st = self._jobs.get(job_id)
+        self.take_state(into, job_id, None if st is not None and st.view.job_id == job_id else self.state_of(job_id))
+        self.forget_handed(job_id)
+
+    def forget_handed(self, job_id: str) -> None:
+        """``job_id`` is gone here (retired, or absorbed here into another id): no state is waited for or kept for it."""
+        self.awaiting.pop(job_id, None)
+        self.handed.pop(job_id, None)
+        self.rekeyed_at.pop(job_id, None)
 
     def take_handover(self, meta: dict, table: pa.Table) -> None:
         """One message of a retired job's hand-over (``handover``: its pairs, the job's state in the first): once every
@@ -1307,7 +1356,7 @@ class JobTopicSource(KafkaSource):
         elif kind == "retire":
             into, job = value.get("into"), str(value["job"])
             if into is not None and monitor.job_parts and job_partition(str(into), monitor.job_parts) in monitor.owned:
-                monitor.take_state(str(into), job, None)  # absorbed here, as one daemon does: nothing to wait for
+                monitor.absorb(job, str(into))  # absorbed here, as one daemon does: nothing to wait for
                 return  # the new id's flows come here too: the job's pairs and flows stay (those sent twice are dropped)
             state = monitor.state_of(job)
             pairs = monitor.retire_job(job, list(value.get("ips", ())))
@@ -1349,6 +1398,8 @@ class JobTopicSource(KafkaSource):
 
     @staticmethod
     def _holds(monitor: AnalyseMonitor, item: tuple, after: int | None) -> bool:
+        if item[0] == "retire" and monitor.awaits_state_of(str(item[1]["job"])):
+            return True  # re-keyed again before its state came: it hands that on (see AnalyseMonitor.state_of)
         return item[0] in ("flows", "retire", "rekey") and monitor.holds_back(after)
 
     def _release(self, monitor: AnalyseMonitor) -> None:
