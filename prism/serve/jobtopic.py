@@ -118,7 +118,8 @@ REPLICA_HEADER = "prism-replica"
 FABRIC_KEY = "prism-fabric"
 #: the schema metadata key of a typed-pairs (``kinds``) message: its window's end, whether final, the partitions it covers
 KINDS_META = b"prism-kinds"
-#: the schema metadata key of a hand-over message (a retired job's pairs): new id, old id, the job's state (first message)
+#: the schema metadata key of a hand-over message (a retired job's pairs): new id, old id, the job's state (first message;
+#: ``state_bytes`` instead if it was too big to send)
 HANDOVER_META = b"prism-handover"
 _ARROW = ARROW_CONTENT_TYPE.encode()
 #: the columns forwarded; switches are not (their sums go to the fabric's owner instead)
@@ -1033,6 +1034,11 @@ class AnalyseMonitor(Monitor):
             return
         del self._handover_chunks[key]
         job_id, old = key[:2]
+        dropped = chunks[0][0].get("state_bytes")
+        if dropped is not None and old in self.awaiting.get(job_id, (set(),))[0]:
+            self.handovers_missed += 1  # it will not come: the job is analysed without it at once
+            log.warning("re-keyed job analysed without the state of its old id: too big to hand over; its steps are numbered from "
+                        "0 here", extra={"fields": {"job": job_id, "was": old, "state_bytes": int(dropped)}})
         st = self._jobs.get(job_id)
         if (st is None or st.view.job_id != job_id) and int(meta.get("nics", self._n)) == self._n:
             pairs = pa.concat_tables([t for _, t in chunks.values()])
@@ -1223,6 +1229,7 @@ class JobTopicSource(KafkaSource):
         self._after: dict[tuple[Any, str], int] = {}  # (partition, ingest replica) -> the end of its last watermark read there
         self.held_back = 0  # runs of flows and retire messages that waited for a window
         self.handovers_sent = 0  # retired jobs' states sent to their new id's owner
+        self.handovers_failed = 0  # retired jobs' states that did not go: too big for a request, or the send failed
         super().__init__(*args, **kwargs)
         # how long a re-keyed job's new owner waits for an old id's state: a live old owner sends it within a window's
         # analysis (``max_poll_interval_ms``) or leaves the group, and its successor replays the retire and sends it
@@ -1381,20 +1388,55 @@ class JobTopicSource(KafkaSource):
         """Send ``job``'s state (or None) and its pairs (key, first, last) to the owner of ``into``'s partition (see
         AnalyseMonitor.expect_states): they go out with the next publish, before the offsets past the retire are
         committed."""
+        from kafka.errors import KafkaError
+
         parts = sorted(self.consumer.partitions_for_topic(self.topic) or ())
         if not parts:
             return
-        chunks = max(1, -(-len(pairs[0]) // self.HANDOVER_PAIRS))
-        for k in range(chunks):
-            lo, hi = k * self.HANDOVER_PAIRS, (k + 1) * self.HANDOVER_PAIRS
-            meta = {"job": into, "from": job, "replica": self.replica_id, "chunk": k, "chunks": chunks, "nics": monitor.pair_base(), "at": at,
-                    **({"state": state} if k == 0 else {})}
-            table = pa.table({c: pa.array(x[lo:hi], pa.int64()) for c, x in zip(("key", "first", "last"), pairs)})
-            self.producer.send(self.topic, key=into.encode(), partition=parts[job_partition(into, len(parts))],
-                               value=arrow_ipc(table.replace_schema_metadata({HANDOVER_META: json.dumps(meta)})),
-                               headers=[(CONTROL_HEADER, b"handover")])
-        self.handovers_sent += 1
-        log.info("re-keyed job's state handed over", extra={"fields": {"job": into, "was": job, "steps": state["steps"] if state else 0}})
+        fields = {"job": into, "was": job}
+        n, per = len(pairs[0]), self.HANDOVER_PAIRS
+        cuts = [(lo, min(lo + per, n)) for lo in range(0, n, per)] or [(0, 0)]
+        limit = int(getattr(self.producer, "config", {}).get("max_request_size", 1 << 20)) - self.RECORD_OVERHEAD
+
+        def messages(cuts: list[tuple[int, int]], head: dict) -> list[bytes]:
+            out = []
+            for k, (lo, hi) in enumerate(cuts):
+                meta = {"job": into, "from": job, "replica": self.replica_id, "chunk": k, "chunks": len(cuts), "nics": monitor.pair_base(),
+                        "at": at, **(head if k == 0 else {})}
+                table = pa.table({c: pa.array(x[lo:hi], pa.int64()) for c, x in zip(("key", "first", "last"), pairs)})
+                out.append(arrow_ipc(table.replace_schema_metadata({HANDOVER_META: json.dumps(meta)})))
+            return out
+
+        values = messages(cuts, {"state": state})
+        if len(values[0]) > limit and cuts[0] != (0, 0):
+            values = messages([(0, 0), *cuts], {"state": state})  # a big state alone in the first message
+        if len(values[0]) > limit:
+            # past the producer's request size: the pairs go, and the new owner is told the state does not (it waits no
+            # longer, and counts it missed)
+            self.handovers_failed += 1
+            log.warning("re-keyed job's state too big to hand over: its new owner numbers its steps from 0",
+                        extra={"fields": {**fields, "state_bytes": len(values[0]), "max_request_size": limit + self.RECORD_OVERHEAD}})
+            values, state = messages(cuts, {"state": None, "state_bytes": len(values[0])}), None
+        failed: list[BaseException] = []
+
+        def refused(e: BaseException) -> None:  # on the producer's thread; once per hand-over
+            if not failed:
+                failed.append(e)
+                self.handovers_failed += 1
+                log.warning("re-keyed job's hand-over not sent: %s", e, extra={"fields": fields})
+
+        try:
+            for value in values:
+                future = self.producer.send(self.topic, key=into.encode(), partition=parts[job_partition(into, len(parts))], value=value,
+                                            headers=[(CONTROL_HEADER, b"handover")])
+                if future is not None:
+                    future.add_errback(refused)
+        except KafkaError as e:  # the new owner waits for it in vain, within its bound
+            refused(e)
+            return
+        if state is not None:
+            self.handovers_sent += 1
+        log.info("re-keyed job's state handed over", extra={"fields": {**fields, "steps": state["steps"] if state else 0}})
 
     @staticmethod
     def _holds(monitor: AnalyseMonitor, item: tuple, after: int | None) -> bool:
@@ -1535,6 +1577,8 @@ class JobTopicSource(KafkaSource):
     #: a retired job's pairs per hand-over message (24 bytes a pair; the job's state, in the first, is what the
     #: summaries topic already carries in one message)
     HANDOVER_PAIRS = 20_000
+    #: bytes of a record's request besides its value (key, headers, batch framing), kept below the request size
+    RECORD_OVERHEAD = 1024
 
     def _tombstone(self, m: AnalyseMonitor, alive: set[str], mine: set[int]) -> None:
         """Delete the states of retired jobs (a tombstone: the compacted topic forgets them, a successor takes none).
