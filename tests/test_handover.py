@@ -303,3 +303,56 @@ def test_a_state_too_big_to_hand_over_fails_soft(analysed, monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="prism.jobtopic"):
         _read(a, [_control("retire", {"job": old, "into": new, "ips": ips, "replica": "i0", "at": at}, job_partition(old, PARTS))])
     assert a.handovers_failed == 1 and len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
+
+
+def test_hand_overs_never_completed_or_never_taken_are_forgotten(analysed, monkeypatch):
+    """What a replica keeps of hand-overs is forgotten once it will not be used: the messages of a hand-over not all
+    in after the wait's bound (its sender failed part way), a state whose job did not come by the windows it was for
+    (once older than the bound), and both at once when the new id's partition is revoked (its new holder's)."""
+    from kafka.structs import TopicPartition
+
+    from prism.serve.jobtopic import JobTopicSource, job_partition
+
+    monkeypatch.setattr(JobTopicSource, "HANDOVER_PAIRS", 2)
+    topo, settings, _ = analysed
+    keys = np.arange(5, dtype=np.int64)
+    sender = _replica(topo, settings, [0], "a0")
+    now = [0.0]
+
+    def receiver():
+        src = _replica(topo, settings, range(PARTS), "a1")
+        src.monitor.clock = lambda: now[0]
+        return src
+
+    def partial(src, new):  # the first two of three messages
+        sender._hand_over(sender.monitor, "old", new, {"steps": 3}, (keys, keys, keys), at=1_000)
+        _read(src, _handover_of(sender)[:2])
+        assert list(src.monitor._handover_chunks) == [(new, "old", "a0")]
+
+    # a hand-over's messages not all in: kept within the bound, then forgotten
+    b = receiver()
+    partial(b, "new")
+    now[0] = 59.0
+    _read(b, [])
+    assert b.monitor._handover_chunks
+    now[0] = 61.0
+    _read(b, [])
+    assert not b.monitor._handover_chunks
+    # a state whose job did not come: kept while a window it is for is still to come, then forgotten
+    now[0] = 0.0
+    b.monitor.expect_states("new", ["old"], 60, at=1_000)
+    b.monitor.take_state("new", "old", {"steps": 3})
+    now[0] = 100.0
+    _read(b, [])
+    assert b.monitor.handed == {"new": {"old": {"steps": 3}}} and b.monitor.rekeyed_at, "its window not analysed yet"
+    b.monitor.analysed_to = 1_000
+    _read(b, [])
+    assert not b.monitor.handed and not b.monitor.rekeyed_at
+    # the new id's partition revoked: both forgotten at once
+    now[0] = 0.0
+    b = receiver()
+    partial(b, "new")
+    b.monitor.take_state("new", "other", {"steps": 3})
+    b.consumer.tps = {TopicPartition("jobs", p) for p in range(PARTS) if p != job_partition("new", PARTS)}
+    _read(b, [])
+    assert not b.monitor._handover_chunks and not b.monitor.handed

@@ -413,7 +413,9 @@ class AnalyseMonitor(Monitor):
         self._handed_pairs: list[tuple[int | None, np.ndarray, np.ndarray, np.ndarray]] = []
         self.handovers_taken = 0  # re-keyed jobs that took a state another replica handed over
         self.handovers_missed = 0  # states waited for in vain (see expect_states)
-        self._handover_chunks: dict[tuple, dict[int, tuple]] = {}  # (new id, old id, replica) -> the messages read so far
+        # (new id, old id, replica) -> (since (clock), the messages read so far)
+        self._handover_chunks: dict[tuple, tuple[float, dict[int, tuple]]] = {}
+        self._handed_since: dict[str, float] = {}  # new id -> when its first state was handed over (clock)
 
     def ingest(self, flows: pd.DataFrame, partition: str = "0") -> None:
         self.flows_received += len(flows)
@@ -877,6 +879,8 @@ class AnalyseMonitor(Monitor):
         """The state ``old`` had when it was retired into ``job_id`` (None: its owner had none: no steps yet). A state
         handed over twice (a retire sent again, a successor's replay) keeps the one with most steps; None never
         replaces one."""
+        if job_id not in self.handed:
+            self._handed_since[job_id] = self.clock()
         had = self.handed.setdefault(job_id, {}).get(old)
         if had is None or (state is not None and int(state["steps"]) > int(had["steps"])):
             self.handed[job_id][old] = state
@@ -1010,6 +1014,26 @@ class AnalyseMonitor(Monitor):
         keys, first, last = (np.concatenate(c) for c in zip(*out))
         return keys, first, last
 
+    def prune_handovers(self, max_age_s: float) -> None:
+        """Forget what was handed over and will not be used: for a job whose partition is no longer held (its new
+        holder's), a hand-over whose messages are not all in ``max_age_s`` of wall time after its first (its sender
+        failed part way; a successor sends it whole again), and states older than that whose job did not come by the
+        windows they were for (analysed here since)."""
+        now = self.clock()
+
+        def moved(job_id: str) -> bool:
+            return bool(self.job_parts and self.owned and job_partition(job_id, self.job_parts) not in self.owned)
+
+        for key, (since, _) in list(self._handover_chunks.items()):
+            if moved(key[0]) or now - since > max_age_s:
+                del self._handover_chunks[key]
+        to = self.analysed_to
+        for job_id in list(self.handed):
+            if moved(job_id) or (now - self._handed_since.get(job_id, now) > max_age_s and job_id not in self.awaiting and to is not None
+                                 and all(at is None or at <= to for at in self.rekeyed_at.get(job_id, {}).values())):
+                self.forget_handed(job_id)
+        self._handed_since = {j: t for j, t in self._handed_since.items() if j in self.handed}
+
     def absorb(self, job_id: str, into: str) -> None:
         """``job_id`` retired into ``into``, both here: its job is absorbed at the next window (one daemon's rule), or, if
         it has none here yet (re-keyed again before a window here), ``into`` is handed what was handed over for it."""
@@ -1028,7 +1052,7 @@ class AnalyseMonitor(Monitor):
         message is in, the pairs join this replica's at the re-key's window (one daemon's job recognition still sees the
         old servers' pairs until they expire) and the state waits for it (:meth:`take_state`)."""
         key = (str(meta["job"]), str(meta["from"]), str(meta.get("replica", "")))
-        chunks = self._handover_chunks.setdefault(key, {})
+        chunks = self._handover_chunks.setdefault(key, (self.clock(), {}))[1]
         chunks[int(meta["chunk"])] = (meta, table)
         if len(chunks) < int(meta["chunks"]):
             return
@@ -1330,6 +1354,7 @@ class JobTopicSource(KafkaSource):
         if parts:
             monitor.fabric_part = job_partition(FABRIC_KEY, len(parts))
             monitor.job_parts = len(parts)
+        monitor.prune_handovers(self.handover_wait_s)  # those of partitions revoked, or past the wait's bound
 
     @staticmethod
     def _records(decoded: list) -> int:
