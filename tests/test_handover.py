@@ -216,7 +216,7 @@ def test_a_state_named_for_a_later_window_is_not_taken_at_an_earlier_one(analyse
     w1, w2 = t0 + 3_000_000_000, t0 + 4_000_000_000
     m.expect_states(job, ["A"], 30, at=w1)
     m.expect_states(job, ["B"], 30, at=w2)
-    m.take_state(job, "A", state)
+    m.note_handed_state(job, "A", state)
     m.ingest(f[f["start_ns"] < w1].reset_index(drop=True))
     for p in range(PARTS):
         m.mark({"inputs": 1, "partitions": {"0": w1}, "final": False, "end": w1}, p)
@@ -225,7 +225,7 @@ def test_a_state_named_for_a_later_window_is_not_taken_at_an_earlier_one(analyse
     steps = m._jobs[job].view.steps
     assert state["steps"] <= steps < bigger["steps"] and m.handovers_taken == 1, "A's state, not B's"
     assert not m.awaiting, "the job is here: B's state is not waited for"
-    m.take_state(job, "B", bigger)
+    m.note_handed_state(job, "B", bigger)
     m.ingest(f[(f["start_ns"] >= w1) & (f["start_ns"] < w2)].reset_index(drop=True))
     for p in range(PARTS):
         m.mark({"inputs": 1, "partitions": {"0": w2}, "final": False, "end": w2}, p)
@@ -341,7 +341,7 @@ def test_hand_overs_never_completed_or_never_taken_are_forgotten(analysed, monke
     # a state whose job did not come: kept while a window it is for is still to come, then forgotten
     now[0] = 0.0
     b.monitor.expect_states("new", ["old"], 60, at=1_000)
-    b.monitor.take_state("new", "old", {"steps": 3})
+    b.monitor.note_handed_state("new", "old", {"steps": 3})
     now[0] = 100.0
     _read(b, [])
     assert b.monitor.handed == {"new": {"old": {"steps": 3}}} and b.monitor.rekeyed_at, "its window not analysed yet"
@@ -352,7 +352,7 @@ def test_hand_overs_never_completed_or_never_taken_are_forgotten(analysed, monke
     now[0] = 0.0
     b = receiver()
     partial(b, "new")
-    b.monitor.take_state("new", "other", {"steps": 3})
+    b.monitor.note_handed_state("new", "other", {"steps": 3})
     b.consumer.tps = {TopicPartition("jobs", p) for p in range(PARTS) if p != job_partition("new", PARTS)}
     _read(b, [])
     assert not b.monitor._handover_chunks and not b.monitor.handed

@@ -311,14 +311,14 @@ def test_a_retired_jobs_hand_over_is_taken_whole_and_waited_for_within_a_bound(c
     assert len(b._pair_keys) == 0, "not in a window before the re-key's"
     b._add_handed_pairs(at)
     assert (b._pair_keys == keys).all() and (b._pair_first == first).all() and (b._pair_last == last).all() and not b._handed_pairs
-    b.take_state("new", "old", None)  # the retire sent again, the job gone at its old owner by then
+    b.note_handed_state("new", "old", None)  # the retire sent again, the job gone at its old owner by then
     assert b.handed == {"new": {"old": state}}
     # two ingest replicas each name one of the old ids: both are waited for
     b.expect_states("merged", ["p1"], wait_s=30, at=at)
     b.expect_states("merged", ["p2"], wait_s=30, at=at + 1)
-    b.take_state("merged", "p2", {"steps": 3})
+    b.note_handed_state("merged", "p2", {"steps": 3})
     assert b._awaits_states(at) and b.awaiting["merged"][0] == {"p1"}
-    b.take_state("merged", "p1", None)
+    b.note_handed_state("merged", "p1", None)
     assert not b._awaits_states(None)
     # a state that never comes: the window goes on after the bound
     b.expect_states("other", ["gone"], wait_s=30)

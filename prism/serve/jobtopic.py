@@ -819,7 +819,7 @@ class AnalyseMonitor(Monitor):
             "ongoing": [[_plain(x) for x in k] for k, t in self._active.items() if k[1] == job_id and t == self._ticks - 1],
         }
 
-    def _take_state(self, st: Any, state: dict) -> None:
+    def _apply_state(self, st: Any, state: dict) -> None:
         """Make ``st`` the job as ``state`` (:meth:`_job_state`) left it: its steps, history and anomalies."""
         st.stitcher.next_step, st.stitcher.last_end = int(state["next_step"]), state["last_end"]
         st.history.clear()
@@ -875,7 +875,7 @@ class AnalyseMonitor(Monitor):
             since = min(since, before[1])
         self.awaiting[job_id] = (waiting, since, float(wait_s))
 
-    def take_state(self, job_id: str, old: str, state: dict | None) -> None:
+    def note_handed_state(self, job_id: str, old: str, state: dict | None) -> None:
         """The state ``old`` had when it was retired into ``job_id`` (None: its owner had none: no steps yet). A state
         handed over twice (a retire sent again, a successor's replay) keeps the one with most steps; None never
         replaces one."""
@@ -962,7 +962,7 @@ class AnalyseMonitor(Monitor):
             state, st = self.restored.pop(job_id), self._jobs[job_id]
             if st.view.steps:
                 continue  # it has a history of its own here
-            self._take_state(st, state)
+            self._apply_state(st, state)
         # a job re-keyed from other replicas' ids: the biggest of the jobs it absorbed, here or handed over (one daemon's);
         # states for a job whose partition moved away are its new holder's
         for job_id in [j for j in self.handed if self.job_parts and self.owned and job_partition(j, self.job_parts) not in self.owned]:
@@ -980,7 +980,7 @@ class AnalyseMonitor(Monitor):
                 continue  # it was here already (the states came for a window it had analysed: a replay)
             best = max(states, key=lambda s: int(s["steps"]))
             if int(best["steps"]) > st.view.steps:
-                self._take_state(st, best)
+                self._apply_state(st, best)
                 self.handovers_taken += 1
                 log.info("re-keyed job took the state of its old id from another replica",
                          extra={"fields": {"job": job_id, "steps": int(best["steps"])}})
@@ -1038,7 +1038,7 @@ class AnalyseMonitor(Monitor):
         """``job_id`` retired into ``into``, both here: its job is absorbed at the next window (one daemon's rule), or, if
         it has none here yet (re-keyed again before a window here), ``into`` is handed what was handed over for it."""
         st = self._jobs.get(job_id)
-        self.take_state(into, job_id, None if st is not None and st.view.job_id == job_id else self.state_of(job_id))
+        self.note_handed_state(into, job_id, None if st is not None and st.view.job_id == job_id else self.state_of(job_id))
         self.forget_handed(job_id)
 
     def forget_handed(self, job_id: str) -> None:
@@ -1050,7 +1050,7 @@ class AnalyseMonitor(Monitor):
     def take_handover(self, meta: dict, table: pa.Table) -> None:
         """One message of a retired job's hand-over (``handover``: its pairs, the job's state in the first): once every
         message is in, the pairs join this replica's at the re-key's window (one daemon's job recognition still sees the
-        old servers' pairs until they expire) and the state waits for it (:meth:`take_state`)."""
+        old servers' pairs until they expire) and the state waits for it (:meth:`note_handed_state`)."""
         key = (str(meta["job"]), str(meta["from"]), str(meta.get("replica", "")))
         chunks = self._handover_chunks.setdefault(key, (self.clock(), {}))[1]
         chunks[int(meta["chunk"])] = (meta, table)
@@ -1071,7 +1071,7 @@ class AnalyseMonitor(Monitor):
             self._handed_pairs.append((None if at is None else int(at), keys, first, last))
             if at is None:
                 self._add_handed_pairs(None)  # a re-key at a revocation: its window is not known
-        self.take_state(job_id, old, chunks[0][0].get("state"))
+        self.note_handed_state(job_id, old, chunks[0][0].get("state"))
 
 
 def _late_for(headers: dict) -> int | None:
