@@ -632,11 +632,12 @@ class Monitor:
         return (self.max_start is not None and (self.analysed_to is None or self.max_start > self.analysed_to)) or any(self._queued.values())
 
     def tick(self, final: bool = False, force: bool = False) -> MonitorView | None:
-        """Analyse the window up to the watermark and publish a new view.
+        """Analyse the next window due (:meth:`due`, see :meth:`_advance`) and publish a new view.
 
-        ``final`` analyses up to the last record (no lateness wait): the
-        input has gone quiet. ``force`` re-runs the window even with no new
-        input (another replica's job membership changed). Returns the new
+        ``final`` analyses up to the last record, everything held taken in
+        (no lateness wait): the input has gone quiet. ``force`` re-runs the
+        last window when none is due (another replica's job membership
+        changed). Returns the new
         view, or None if there was nothing to analyse.
         """
         t0 = time.perf_counter()
