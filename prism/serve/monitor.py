@@ -275,9 +275,10 @@ class Monitor:
         self._resumed_at = -float("inf")  # wall time input came back after a quiet spell of idle_flush_s (see watermark)
         self.clock = time.monotonic  # wall clock of the idle rules (a seam for tests)
         # stream time (see _admit): each partition's records held until a window releases them, as
-        # (stream time before each record, frame, read again), and what sets the windows' grid and lateness
+        # (stream time before each record, frame, its NICs a and b, read again), and what sets the first window and the
+        # windows' lateness
         self._queued: dict[str, deque] = {}
-        self._first: dict[str, int] = {}  # partition -> its first record's start (the grid's origin)
+        self._first: dict[str, int] = {}  # partition -> its first record's start (the first window ends a stride past the least)
         self._cells: dict[int, int] = {}  # step_s cell of a record's stream time -> the most a record was behind it
         self._lateness = int(self.s.lateness_s * 1e9)  # the lateness of the last window cut
         self._window_disorder = 0  # the disorder measured for the window being cut (for _log_window)
