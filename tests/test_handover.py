@@ -8,75 +8,29 @@ through a producer that keeps what is sent; the broker test is
 ``tests/test_roles.py::test_a_job_re_keyed_to_another_replica_keeps_its_history``.
 """
 import json
-from collections import deque
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from stage_fakes import PARTS, KeptSends, analyse_stage, as_read
 from support import DAEMON_SETTINGS as SETTINGS
 
 from prism.ingest.topology import Topology
 from prism.serve.monitor import MonitorSettings
 
-PARTS = 4
-
-
-class _Sent:
-    """A producer that keeps what is sent (topic, key, value, partition, headers)."""
-
-    def __init__(self):
-        self.msgs = []
-
-    def send(self, topic, key=None, value=None, partition=None, headers=None):
-        self.msgs.append((topic, key, value, partition, dict(headers or ())))
-
-    def flush(self, timeout=None):
-        pass
-
-
-class _Held:
-    """A consumer that holds some of the job topic's partitions (no broker)."""
-
-    def __init__(self, tps):
-        self.tps = set(tps)
-        self.config = {"max_poll_interval_ms": 20_000}
-
-    def assignment(self):
-        return set(self.tps)
-
-    def highwater(self, tp):
-        return None
-
-    def partitions_for_topic(self, topic):
-        return set(range(PARTS))
-
 
 def _replica(topo, settings, parts, name):
     """A JobTopicSource over an AnalyseMonitor holding the job topic's partitions ``parts``, fed by hand."""
-    from kafka.structs import TopicPartition
-
-    from prism.serve.jobtopic import AnalyseMonitor, JobTopicSource
-
-    src = JobTopicSource.__new__(JobTopicSource)
-    src.monitor = AnalyseMonitor(topo, settings)
-    src.consumer = _Held({TopicPartition("jobs", p) for p in parts})
-    src.topic, src.positions, src._revoked, src._held, src._after, src.held_back = "jobs", {}, set(), [], {}, 0
-    src._last_msg, src._kinds_at, src._replay, src.max_message_bytes, src._rebalanced = {}, deque(), {}, 8 << 20, False
-    src.replica_id, src.producer, src.handovers_sent, src.handovers_failed, src.handover_wait_s = name, _Sent(), 0, 0, 60.0
+    src = analyse_stage(topo, settings, parts, name)
     src._note_assignment(src.monitor)
     return src
 
 
 def _read(src, msgs):
-    """Give ``src`` the job-topic messages ``msgs`` (as a :class:`_Sent` producer kept them) in one poll, each on its
+    """Give ``src`` the job-topic messages ``msgs`` (as a :class:`KeptSends` producer kept them) in one poll, each on its
     partition in the order sent."""
-    from kafka.structs import TopicPartition
-
     batch: dict = {}
-    for topic, key, value, part, headers in msgs:
-        if topic == "jobs":
-            recs = batch.setdefault(TopicPartition("jobs", part), [])
-            recs.append(SimpleNamespace(key=key, value=value, headers=list(headers.items()), offset=len(recs)))
+    for tp, r in as_read(msgs):
+        batch.setdefault(tp, []).append(r)
     return src._ingest(src.monitor, src._decode(batch))
 
 
@@ -233,7 +187,7 @@ def test_a_state_named_for_a_later_window_is_not_taken_at_an_earlier_one(analyse
     assert steps <= m._jobs[job].view.steps < bigger["steps"] and m.handovers_taken == 1 and not m.handed
 
 
-class _Bounded(_Sent):
+class _Bounded(KeptSends):
     """A producer refusing, as kafka-python's does at ``send``, a record past its ``max_request_size``; and whose sends
     to the topic ``fail`` fail later (a broker's refusal: the future's error)."""
 

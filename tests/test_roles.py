@@ -14,10 +14,10 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections import deque
 
 import pandas as pd
 import pytest
+from stage_fakes import HeldPartitions, KeptSends, analyse_stage, as_read
 from support import DAEMON_SETTINGS as SETTINGS
 from support import pair_by_pair, produce_as_ordered, scrape_total, stop_process, wait_for
 
@@ -332,79 +332,16 @@ def test_a_retired_jobs_hand_over_is_taken_whole_and_waited_for_within_a_bound(c
     assert not b._awaits_states(None)
 
 
-class _Sent:
-    """A producer that keeps what is sent (topic, key, value, partition, headers)."""
-
-    def __init__(self):
-        self.msgs = []
-
-    def send(self, topic, key=None, value=None, partition=None, headers=None):
-        self.msgs.append((topic, key, value, partition, dict(headers or ())))
-
-    def flush(self, timeout=None):
-        pass
-
-    def partitions_for(self, topic):
-        return {0, 1, 2, 3}
-
-
-class _Held:
-    """A consumer that holds ``tps`` (no broker)."""
-
-    def __init__(self, tps):
-        self.tps = set(tps)
-
-    def assignment(self):
-        return set(self.tps)
-
-    def highwater(self, tp):
-        return None
-
-    def partitions_for_topic(self, topic):
-        return {0, 1, 2, 3}
-
-
 def _ingest_stage(topo, settings, tps):
-    """A ForwardingSource over an IngestMonitor, wired to :class:`_Sent` and :class:`_Held` instead of a broker."""
+    """A ForwardingSource over an IngestMonitor, wired to :class:`KeptSends` and :class:`HeldPartitions` instead of a broker."""
     from prism.serve.jobtopic import ForwardingSource, IngestMonitor
 
     src = ForwardingSource.__new__(ForwardingSource)
     src.monitor = IngestMonitor(topo, settings)
-    src.producer, src.consumer = _Sent(), _Held(tps)
+    src.producer, src.consumer = KeptSends(), HeldPartitions(tps)
     src.topic, src.job_topic, src.summary_topic, src.group_id, src.replica_id = "flows", "jobs", "sum", "g", "i0"
     src._job_parts, src._inputs, src._unsent, src.positions, src._revoked, src._topic_id, src._stash = [0, 1, 2, 3], 4, {}, {}, set(), None, {}
     return src
-
-
-def _analyse_stage(topo, settings):
-    """A JobTopicSource over an AnalyseMonitor holding the job topic's 4 partitions, fed by hand (no broker)."""
-    from kafka.structs import TopicPartition
-
-    from prism.serve.jobtopic import AnalyseMonitor, JobTopicSource
-
-    src = JobTopicSource.__new__(JobTopicSource)
-    src.monitor = AnalyseMonitor(topo, settings)
-    src.consumer = _Held({TopicPartition("jobs", p) for p in range(4)})
-    src.topic, src.positions, src._revoked, src._held, src._after, src.held_back = "jobs", {}, set(), [], {}, 0
-    src._last_msg, src._kinds_at, src._replay, src.max_message_bytes, src._rebalanced = {}, deque(), {}, 8 << 20, False
-    src.replica_id, src.producer, src.handovers_sent, src.handover_wait_s = "a0", _Sent(), 0, 60.0
-    return src
-
-
-def _as_read(msgs):
-    """The job-topic messages a :class:`_Sent` producer kept, as a consumer reads them: [(partition, record)] in the
-    order sent."""
-    from types import SimpleNamespace
-
-    from kafka.structs import TopicPartition
-
-    out, offsets = [], {}
-    for topic, key, value, part, headers in msgs:
-        if topic == "jobs":
-            tp = TopicPartition("jobs", part)
-            offsets[tp] = offsets.get(tp, -1) + 1
-            out.append((tp, SimpleNamespace(key=key, value=value, headers=list(headers.items()), offset=offsets[tp])))
-    return out
 
 
 def test_each_analyse_window_sees_what_one_daemons_saw_however_much_a_poll_returns(cluster, monkeypatch):
@@ -436,7 +373,7 @@ def test_each_analyse_window_sees_what_one_daemons_saw_however_much_a_poll_retur
     m.ingest(f[~first & (start < t0 + 6_000_000_000)].reset_index(drop=True), "flows/0")
     m.tick(final=True)
     ing.publish()
-    read = _as_read(ing.producer.msgs)
+    read = as_read(ing.producer.msgs)
     late = [r for _, r in read if dict(r.headers).get(LATE_HEADER)]
     assert late and {int(dict(r.headers)[LATE_HEADER]) for r in late} == {end} and m.late_flows > 0
 
@@ -451,7 +388,7 @@ def test_each_analyse_window_sees_what_one_daemons_saw_however_much_a_poll_retur
 def _read_one_by_one(topo, settings, read):
     """An analyse stage given the job topic message by message, analysing every window as soon as it is due: the
     order one daemon saw."""
-    src = _analyse_stage(topo, settings)
+    src = analyse_stage(topo, settings)
     for tp, r in read:
         src._ingest(src.monitor, src._decode({tp: [r]}))
         while src.monitor.due():
@@ -464,7 +401,7 @@ def _read_one_by_one(topo, settings, read):
 def _read_in_one_poll(topo, settings, read, reverse=False):
     """An analyse stage given the whole job topic in one poll (partition by partition, in the order first read or,
     with ``reverse``, the other way round), then its windows."""
-    src = _analyse_stage(topo, settings)
+    src = analyse_stage(topo, settings)
     batch: dict = {}
     for tp, r in read:
         batch.setdefault(tp, []).append(r)
@@ -510,7 +447,7 @@ def test_a_job_re_keyed_after_a_window_keeps_that_windows_steps_however_much_a_p
     ing.publish()
     (whole,) = set(m.jobs_["job_id"])
     assert len(pieces) == 2 and m.rekeyed == 1
-    read = _as_read(ing.producer.msgs)
+    read = as_read(ing.producer.msgs)
     retires = [r for _, r in read if dict(r.headers).get("prism-control") == b"retire"]
     assert retires and any(job_partition(p, 4) != job_partition(whole, 4) for p in pieces), "an old id on another partition: retired there"
     ref = _read_one_by_one(topo, settings, read)
