@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from prism.analysis.diagnosis import ANOMALY_COLUMNS, CrossStepDiagnoser, empty_anomalies
+from prism.analysis.diagnosis.cross_step import recurrence
 
 
 class ReferenceCrossStepDiagnoser(CrossStepDiagnoser):
@@ -27,7 +28,8 @@ class ReferenceCrossStepDiagnoser(CrossStepDiagnoser):
         base_rows = self._base
         history: list[float] = []
         pending: list[tuple[int, float, float]] = []  # (index, excess, baseline)
-        first = float(np.median(dur[: self.window]))
+        first = dur[: self.window]
+        regimes = False  # a regime change restarted the history from its run
 
         def flush_single():
             for i, exc, base in pending:
@@ -35,11 +37,12 @@ class ReferenceCrossStepDiagnoser(CrossStepDiagnoser):
                             f"step {int(step[i])} took {dur[i] / 1e6:,.1f} ms, {1 + exc:.2f}x the job's recent median {base / 1e6:,.1f} ms"))
 
         for i, d in enumerate(dur):
-            recent = np.asarray(history[-self.window :]) if history else np.asarray([first])
+            # until min_baseline normal steps are behind (before any regime change), the first steps are the baseline
+            recent = np.asarray(history[-self.window :]) if len(history) >= self.min_baseline or regimes else first
             base = float(np.median(recent))
             spread = max(1.4826 * float(np.median(np.abs(recent - base))), self.min_rel_spread * base)
             exc = d / base - 1
-            slow = exc >= self.min_excess and (d - base) / spread >= self.z
+            slow = len(recent) >= self.min_baseline and exc >= self.min_excess and (d - base) / spread >= self.z
             base_rows.append((job_id, int(step[i]), base, slow))
             if slow:
                 pending.append((i, exc, base))
@@ -50,6 +53,7 @@ class ReferenceCrossStepDiagnoser(CrossStepDiagnoser):
                                 f"steps slowed from {base0 / 1e6:,.1f} ms to {level / 1e6:,.1f} ms ({level / base0:.2f}x) at step {int(step[i0])} and stayed slow"))
                     history = [dur[j] for j, _, _ in pending]
                     pending = []
+                    regimes = True
                 continue
             if pending:
                 flush_single()
@@ -57,4 +61,8 @@ class ReferenceCrossStepDiagnoser(CrossStepDiagnoser):
             history.append(d)
         if pending:
             flush_single()
+        every = recurrence(np.array([r[2] for r in out if r[0] == "slow_step"]))
+        if every:  # slow steps at a fixed interval: their explanations say so
+            tail = f"; slow steps recur every {every} steps: likely a checkpoint or an evaluation"
+            out = [r[:6] + (r[6] + tail,) if r[0] == "slow_step" else r for r in out]
         return out

@@ -224,12 +224,25 @@ def test_cross_step_equals_the_python_reference(seed):
                 d[i:i + length] *= rng.choice([1.2, 1.5, 2.0])
             jobs.append(pd.DataFrame({"job_id": f"j{j}", "step": np.arange(n) + 3, "start_ns": np.cumsum(d).astype(np.int64), "duration_ns": d.round()}))
         steps = pd.concat(jobs, ignore_index=True).sample(frac=1, random_state=t)  # any row order
-        kw = dict(window=int(rng.integers(1, 20)), regime_steps=int(rng.integers(1, 5)))
+        kw = dict(window=int(rng.integers(1, 20)), regime_steps=int(rng.integers(1, 5)), min_baseline=int(rng.integers(1, 8)))
         want, got = ReferenceCrossStepDiagnoser(**kw).fit(steps), CrossStepDiagnoser(**kw).fit(steps)
         pd.testing.assert_frame_equal(got.predict(), want.predict())
         pd.testing.assert_frame_equal(got.baseline_, want.baseline_)
         kinds |= set(got.predict()["kind"])
     assert kinds == {"slow_step", "regime_change"}  # both kinds were compared
+
+
+def test_a_slow_step_needs_a_baseline_with_a_spread():
+    """A daemon window's cut of a job's first steps, irregular (too few in view): a baseline of the first steps' median
+    alone, or of one previous step, has no spread, and the floor alone called steps 0 and 2 slow (1.65x and 3.6x: a
+    false alarm of the daemon's with 10 s windows on the real-trace flows);
+    with the first steps as the baseline until it holds five, and no judgement on fewer, neither is, nor once more
+    steps came. With enough steps before it, a slow step still is."""
+    first = [1.9, 0.5, 1.8, 0.5]
+    assert CrossStepDiagnoser().fit(_steps(np.array(first) * 1e9)).predict().empty
+    assert CrossStepDiagnoser().fit(_steps(np.array(first + [2.1, 2.1, 2.2, 2.1, 2.2]) * 1e9)).predict().empty
+    a = CrossStepDiagnoser().fit(_steps(np.array([1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 3.0, 1.0]) * 1e9)).predict()
+    assert a[["kind", "step"]].values.tolist() == [["slow_step", 6]]
 
 
 def test_cross_step_window_must_hold_a_step():

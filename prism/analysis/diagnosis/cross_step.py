@@ -3,7 +3,11 @@
 Each step's duration is compared with the median of the job's previous
 ``window`` normal steps, in units of their spread (MAD). A step is slow when
 it is both ``min_excess`` longer than that baseline (it matters) and ``z``
-spreads above it (it is not noise). A run of ``regime_steps`` or more slow
+spreads above it (it is not noise). A spread needs several steps: until the
+job has ``min_baseline`` normal steps behind it, its first ``window`` steps
+are the baseline (one or two previous steps have no spread, and the floor
+alone would call any step 15% longer than its predecessor slow), and a job
+with fewer than ``min_baseline`` steps in all is not judged. A run of ``regime_steps`` or more slow
 steps in a row is not that many slow steps but one lasting change (a
 straggler appeared, a link degraded): it is reported once, as a
 ``regime_change`` at its first step, and the baseline restarts from it.
@@ -41,6 +45,9 @@ class CrossStepDiagnoser:
         would otherwise flag every wobble).
     regime_steps : int, default 3
         This many slow steps in a row are one regime change.
+    min_baseline : int, default 5
+        Steps a baseline holds at the least (see the module's docstring; at
+        most ``window``).
 
     Examples
     --------
@@ -50,7 +57,8 @@ class CrossStepDiagnoser:
     [['slow_step', 20], ['regime_change', 26]]
     """
 
-    def __init__(self, window: int = 16, min_excess: float = 0.15, z: float = 6.0, min_rel_spread: float = 0.005, regime_steps: int = 3):
+    def __init__(self, window: int = 16, min_excess: float = 0.15, z: float = 6.0, min_rel_spread: float = 0.005, regime_steps: int = 3,
+                 min_baseline: int = 5):
         if int(window) < 1:
             raise ValueError(f"window must be at least one step (got {window})")
         self.window = int(window)
@@ -58,6 +66,7 @@ class CrossStepDiagnoser:
         self.z = float(z)
         self.min_rel_spread = float(min_rel_spread)
         self.regime_steps = int(regime_steps)
+        self.min_baseline = max(1, min(int(min_baseline), self.window))  # a baseline holds at most window steps
 
     def fit(self, steps: pd.DataFrame) -> "CrossStepDiagnoser":
         """``steps``: ``job_id, step, start_ns, duration_ns`` (a timeline's ``steps_``)."""
@@ -66,7 +75,8 @@ class CrossStepDiagnoser:
         for job_id, g in steps.sort_values(["job_id", "step"]).groupby("job_id", sort=True):
             step, start = g["step"].to_numpy(), g["start_ns"].to_numpy()
             dur = g["duration_ns"].to_numpy().astype(np.float64)
-            base, slow, event, event_base, level = _scan(dur, self.window, self.min_excess, self.z, self.min_rel_spread, self.regime_steps)
+            base, slow, event, event_base, level = _scan(dur, self.window, self.min_excess, self.z, self.min_rel_spread, self.regime_steps,
+                                                        self.min_baseline)
             every = recurrence(step[event == _SLOW_STEP])
             rows.extend(self._rows(job_id, step, start, dur, event, event_base, level, every))
             base_parts.append(pd.DataFrame({"job_id": job_id, "step": step.astype(np.int64), "baseline_ns": base, "slow": slow}))
@@ -126,14 +136,16 @@ def recurrence(slow: np.ndarray, min_count: int = 3, tol: float = 0.05) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
-def _scan(dur, window, min_excess, z, min_rel_spread, regime_steps):  # pragma: no cover - compiled
+def _scan(dur, window, min_excess, z, min_rel_spread, regime_steps, min_baseline):  # pragma: no cover - compiled
     """One job's steps in order against the median of its previous ``window`` normal steps.
 
     Returns per step: the baseline, whether it was slow, its event
     (0, ``_SLOW_STEP``, or ``_REGIME_CHANGE`` at the first step of a run of
     ``regime_steps`` slow steps), the baseline the event was judged
     against, and a regime's level (median of its run). A regime restarts
-    the history from its run. A loop per step (hundreds per job and
+    the history from its run; before the first, the first ``window`` steps
+    are the baseline until ``min_baseline`` normal steps are behind (and
+    nothing is judged if the job has fewer). A loop per step (hundreds per job and
     window), compiled: two medians of at most ``window`` values a step.
     """
     n = len(dur)
@@ -149,15 +161,15 @@ def _scan(dur, window, min_excess, z, min_rel_spread, regime_steps):  # pragma: 
     pending = np.empty(n, dtype=np.int64)  # a run of slow steps not yet reported
     pending_base = np.empty(n)
     p = 0
-    first = np.empty(1)
-    first[0] = np.median(dur[:window])
+    first = dur[:window]
+    regimes = False  # a regime change restarted the history from its run
     for i in range(n):
-        recent = history[max(0, h - window):h] if h > 0 else first
+        recent = history[max(0, h - window):h] if h >= min_baseline or regimes else first
         b = np.median(recent)
         spread = max(1.4826 * np.median(np.abs(recent - b)), min_rel_spread * b)
         d = dur[i]
         exc = d / b - 1
-        s = exc >= min_excess and (d - b) / spread >= z
+        s = len(recent) >= min_baseline and exc >= min_excess and (d - b) / spread >= z
         base[i] = b
         slow[i] = s
         if s:
@@ -173,6 +185,7 @@ def _scan(dur, window, min_excess, z, min_rel_spread, regime_steps):  # pragma: 
                     history[k] = dur[pending[k]]
                 h = p
                 p = 0
+                regimes = True
             continue
         for k in range(p):  # a run shorter than a regime: each step slow on its own
             event[pending[k]] = _SLOW_STEP
