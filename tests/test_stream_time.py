@@ -54,15 +54,23 @@ def run(cluster, batches) -> dict:
     m = Monitor(Topology.from_frame(cluster.topology), MonitorSettings(**SETTINGS))
     m.clock = lambda: 0.0
     heard: set[str] = set()
+
+    def waiting() -> int:  # read, neither windowed nor ignored: held for a window
+        counts = m.counters_snapshot().values()
+        return sum(c.get("ingested", 0) - c.get("windowed", 0) - sum(v for k, v in c.items() if k.startswith("ignored:")) for c in counts)
+
     for p, b in batches:
         m.backlogged = {q for q, _ in batches if q not in heard} | {p}  # as the Kafka source: the batch's partition too
         m.ingest(b, p)
         heard.add(p)
         m.backlogged = {q for q, _ in batches if q not in heard}
+        assert m.held() == waiting() > 0  # what prism_flows_waiting exports
         while m.due():
             m.tick()
+            assert m.held() == waiting()
     m.backlogged = set()
     m.tick(final=True)
+    assert m.held() == 0
     counts = m.counters_snapshot().values()
     dropped = sum(c.get("ignored:late", 0) for c in counts)
     # every record counted once: ingested = windowed + ignored (all reasons, late among them)

@@ -192,6 +192,10 @@ class PrismCollector:
         wf = GaugeMetricFamily("prism_window_flows", "GPU flows held in the analysis window.")
         wf.add_metric([], view.window_flows)
         yield wf
+        waiting = GaugeMetricFamily("prism_flows_waiting", "GPU flows read and waiting for their window (until every partition passed it); "
+                                    "not bounded by --window.max-flows.")
+        waiting.add_metric([], m.held())
+        yield waiting
 
         jobs = view.jobs
         g = GaugeMetricFamily("prism_jobs", "Training jobs recognised.")

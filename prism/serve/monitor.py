@@ -278,6 +278,7 @@ class Monitor:
         # (stream time before each record, frame, its NICs a and b, read again), and what sets the first window and the
         # windows' lateness
         self._queued: dict[str, deque] = {}
+        self._held: Counter[str] = Counter()  # records in _queued, per partition
         self._first: dict[str, int] = {}  # partition -> its first record's start (the first window ends a stride past the least)
         self._cells: dict[int, int] = {}  # step_s cell of a record's stream time -> the most a record was behind it
         self._lateness = int(self.s.lateness_s * 1e9)  # the lateness of the last window cut
@@ -376,6 +377,7 @@ class Monitor:
         if gpu.any():
             self._queued.setdefault(partition, deque()).append((ahead[gpu], flows[gpu].reset_index(drop=True), a[gpu], b[gpu],
                                                                 self._rereading(partition)))
+            self._held[partition] += int(gpu.sum())
 
     def _rereading(self, partition: str) -> bool:
         """Are ``partition``'s records being read now read again, from a taken-over partition's resume point? (A hook:
@@ -397,6 +399,7 @@ class Monitor:
                     flows, a, b = flows.iloc[:k], a[:k], b[:k]
                 else:
                     q.popleft()
+                self._held[p] -= k
                 start = flows["start_ns"].to_numpy()
                 self._take(flows, a, b, p, start < begin if begin is not None else np.zeros(len(start), dtype=bool), reread)
         top = max(self._part_max.values(), default=None)
@@ -412,6 +415,11 @@ class Monitor:
     def drop_held(self, partition: str) -> None:
         """Forget ``partition``'s records not released yet (it went to another replica, which reads them again)."""
         self._queued.pop(partition, None)
+        self._held.pop(partition, None)
+
+    def held(self, partition: str | None = None) -> int:
+        """GPU flows read and held for their window, of ``partition`` or of all."""
+        return self._held[partition] if partition is not None else sum(list(self._held.values()))  # one C call: safe from a scrape
 
     def _take(self, flows: pd.DataFrame, a: np.ndarray, b: np.ndarray, partition: str, late: np.ndarray, reread: bool = False) -> None:
         """GPU flows (NICs ``a``, ``b``) into the window: those ``late`` (older than it reaches) dropped, counted
