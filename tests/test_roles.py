@@ -784,7 +784,9 @@ def test_a_job_re_keyed_to_another_replica_keeps_its_history(broker, regrown_clu
         assert owner is not old_owner and old_owner.source.handovers_sent == 1 and owner.monitor.handovers_taken == 1
         assert owner.monitor.handovers_missed == 0 and not owner.monitor.awaiting
         assert owner.total("prism_job_handovers_total", outcome="taken") == 1 and owner.total("prism_job_handovers_total", outcome="missed") == 0
-        assert not one.total("prism_job_handovers_total"), "the analyse stage's alone"
+        assert old_owner.total("prism_job_handovers_out_total", outcome="sent") == 1
+        assert old_owner.total("prism_job_handovers_out_total", outcome="failed") == 0
+        assert not one.total("prism_job_handovers_total") and not one.total("prism_job_handovers_out_total"), "the analyse stage's alone"
         print("re-keyed job", was, ">", grown, "steps", len(steps), "anomalies", one.job_anomalies())
     finally:
         for d in everyone:

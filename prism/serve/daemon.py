@@ -85,6 +85,9 @@ class Daemon:
                 self.health.reason = "ok" if self.health.ready else "waiting for partition assignment"
                 self.health.bad_files = list(getattr(self.source, "bad_files", ()))
                 self.health.source_resets = getattr(self.source, "resets", 0)
+                sent = getattr(self.source, "handovers_sent", None)
+                if sent is not None:  # the analyse stage
+                    self.health.handovers_out = (sent, getattr(self.source, "handovers_failed", 0))
                 self.health.incomplete_windows = m.recent_incomplete()
                 now = self.clock()
                 if got or not self._caught_up():

@@ -90,6 +90,7 @@ class Health:
         self.consumer_lag: int | None = None  # Kafka records behind, when known
         self.bad_files: list = []  # (file, error): the directory source's last skipped files
         self.source_resets = 0  # times the Kafka topic was found re-created (its log lost)
+        self.handovers_out: tuple[int, int] | None = None  # the analyse stage: re-keyed jobs' states sent, and failed
         self.incomplete_windows = 0  # windows incomplete (late input) among those of the last --jobs.ttl of event time
 
     def beat(self) -> None:
@@ -291,6 +292,13 @@ class PrismCollector:
             resets = CounterMetricFamily("prism_source_resets", "Times the Kafka topic was found re-created (new topic ID: the broker lost its log); every partition was read again from its start.")
             resets.add_metric([], self.health.source_resets)
             yield resets
+            if self.health.handovers_out is not None:
+                out = CounterMetricFamily("prism_job_handovers_out_total", "Jobs re-keyed from an id this replica analysed to another replica's: "
+                                          "their state sent to the new owner, or failed (too big for a request, or the send failed, "
+                                          "also after it counted as sent; the new owner numbers the job's steps from 0).", labels=["outcome"])
+                out.add_metric(["sent"], self.health.handovers_out[0])
+                out.add_metric(["failed"], self.health.handovers_out[1])
+                yield out
             if self.health.consumer_lag is not None:
                 cl = GaugeMetricFamily("prism_consumer_lag_records", "Kafka records (messages) behind the partitions' high watermarks.")
                 cl.add_metric([], self.health.consumer_lag)
