@@ -7,10 +7,11 @@ spreads above it (it is not noise). A spread needs several steps: until the
 job has ``min_baseline`` normal steps behind it, its first ``window`` steps
 are the baseline (one or two previous steps have no spread, and the floor
 alone would call any step 15% longer than its predecessor slow), and a job
-with fewer than ``min_baseline`` steps in all is not judged. A run of ``regime_steps`` or more slow
-steps in a row is not that many slow steps but one lasting change (a
-straggler appeared, a link degraded): it is reported once, as a
-``regime_change`` at its first step, and the baseline restarts from it.
+with fewer than ``min_baseline`` steps in all is not judged. A run of
+``regime_steps`` or more slow steps in a row is not that many slow steps
+but one lasting change (a straggler appeared, a link degraded): it is
+reported once, as a ``regime_change`` at its first step, and the baseline
+restarts from it.
 
 Slow steps that recur at a fixed number of steps (a checkpoint, an
 evaluation, an epoch's end every N steps) are still reported one by one
@@ -145,8 +146,9 @@ def _scan(dur, window, min_excess, z, min_rel_spread, regime_steps, min_baseline
     against, and a regime's level (median of its run). A regime restarts
     the history from its run; before the first, the first ``window`` steps
     are the baseline until ``min_baseline`` normal steps are behind (and
-    nothing is judged if the job has fewer). A loop per step (hundreds per job and
-    window), compiled: two medians of at most ``window`` values a step.
+    nothing is judged if the job has fewer). A loop per step (hundreds per
+    job and window), compiled: two medians of at most ``window`` values a
+    step.
     """
     n = len(dur)
     base = np.empty(n)
