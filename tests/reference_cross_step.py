@@ -42,7 +42,7 @@ class ReferenceCrossStepDiagnoser(CrossStepDiagnoser):
             base = float(np.median(recent))
             spread = max(1.4826 * float(np.median(np.abs(recent - base))), self.min_rel_spread * base)
             exc = d / base - 1
-            slow = len(recent) >= self.min_baseline and exc >= self.min_excess and (d - base) / spread >= self.z
+            slow = (len(recent) >= self.min_baseline or regimes) and exc >= self.min_excess and (d - base) / spread >= self.z
             base_rows.append((job_id, int(step[i]), base, slow))
             if slow:
                 pending.append((i, exc, base))

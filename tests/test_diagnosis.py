@@ -243,6 +243,9 @@ def test_a_slow_step_needs_a_baseline_with_a_spread():
     assert CrossStepDiagnoser().fit(_steps(np.array(first + [2.1, 2.1, 2.2, 2.1, 2.2]) * 1e9)).predict().empty
     a = CrossStepDiagnoser().fit(_steps(np.array([1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 3.0, 1.0]) * 1e9)).predict()
     assert a[["kind", "step"]].values.tolist() == [["slow_step", 6]]
+    # after a regime change its run is the baseline at once: a further slow-down two steps on is still found
+    a = CrossStepDiagnoser().fit(_steps(np.array([100.0] * 20 + [130.0] * 4 + [200.0] + [130.0] * 10) * 1e6)).predict()
+    assert a[["kind", "step"]].values.tolist() == [["regime_change", 20], ["slow_step", 24]]
 
 
 def test_cross_step_window_must_hold_a_step():

@@ -193,10 +193,11 @@ class PrismCollector:
         wf = GaugeMetricFamily("prism_window_flows", "GPU flows held in the analysis window.")
         wf.add_metric([], view.window_flows)
         yield wf
-        waiting = GaugeMetricFamily("prism_flows_waiting", "GPU flows read and waiting for their window (until every partition passed it); "
-                                    "not bounded by --window.max-flows.")
-        waiting.add_metric([], m.held())
-        yield waiting
+        if getattr(m, "handovers_taken", None) is None:  # not the analyse stage, whose flows wait as job-topic messages
+            waiting = GaugeMetricFamily("prism_flows_waiting", "GPU flows read and waiting for their window (until every partition passed it); "
+                                        "not bounded by --window.max-flows.")
+            waiting.add_metric([], m.held())
+            yield waiting
 
         jobs = view.jobs
         g = GaugeMetricFamily("prism_jobs", "Training jobs recognised.")
@@ -294,8 +295,8 @@ class PrismCollector:
             yield resets
             if self.health.handovers_out is not None:
                 out = CounterMetricFamily("prism_job_handovers_out_total", "Jobs re-keyed from an id this replica analysed to another replica's: "
-                                          "their state sent to the new owner, or failed (too big for a request, or the send failed, "
-                                          "also after it counted as sent; the new owner numbers the job's steps from 0).", labels=["outcome"])
+                                          "sent: a state handed to the producer; failed: a state too big for a request, or a send "
+                                          "that failed (also one counted sent; the new owner numbers the job's steps from 0).", labels=["outcome"])
                 out.add_metric(["sent"], self.health.handovers_out[0])
                 out.add_metric(["failed"], self.health.handovers_out[1])
                 yield out

@@ -171,7 +171,8 @@ def _scan(dur, window, min_excess, z, min_rel_spread, regime_steps, min_baseline
         spread = max(1.4826 * np.median(np.abs(recent - b)), min_rel_spread * b)
         d = dur[i]
         exc = d / b - 1
-        s = len(recent) >= min_baseline and exc >= min_excess and (d - b) / spread >= z
+        # a regime's run is its baseline from its first steps on (it holds regime_steps of them), as before the rule
+        s = (len(recent) >= min_baseline or regimes) and exc >= min_excess and (d - b) / spread >= z
         base[i] = b
         slow[i] = s
         if s:
