@@ -235,9 +235,9 @@ def test_cross_step_equals_the_python_reference(seed):
 def test_a_slow_step_needs_a_baseline_with_a_spread():
     """A daemon window's cut of a job's first steps, irregular (too few in view): a baseline of the first steps' median
     alone, or of one previous step, has no spread, and the floor alone called steps 0 and 2 slow (1.65x and 3.6x: a
-    false alarm of the daemon's with 10 s windows on the real-trace flows);
-    with the first steps as the baseline until it holds five, and no judgement on fewer, neither is, nor once more
-    steps came. With enough steps before it, a slow step still is."""
+    false alarm of the daemon's with 10 s windows on the real-trace flows); with the first steps as the baseline until
+    it holds five, and no judgement on fewer, neither is, nor once more steps came. With enough steps before it, a slow
+    step still is."""
     first = [1.9, 0.5, 1.8, 0.5]
     assert CrossStepDiagnoser().fit(_steps(np.array(first) * 1e9)).predict().empty
     assert CrossStepDiagnoser().fit(_steps(np.array(first + [2.1, 2.1, 2.2, 2.1, 2.2]) * 1e9)).predict().empty

@@ -417,9 +417,9 @@ class Monitor:
         self._queued.pop(partition, None)
         self._held.pop(partition, None)
 
-    def held(self, partition: str | None = None) -> int:
-        """GPU flows read and held for their window, of ``partition`` or of all."""
-        return self._held[partition] if partition is not None else sum(list(self._held.values()))  # one C call: safe from a scrape
+    def held(self) -> int:
+        """GPU flows read and held for their window."""
+        return sum(list(self._held.values()))  # one C call: safe from a scrape
 
     def _take(self, flows: pd.DataFrame, a: np.ndarray, b: np.ndarray, partition: str, late: np.ndarray, reread: bool = False) -> None:
         """GPU flows (NICs ``a``, ``b``) into the window: those ``late`` (older than it reaches) dropped, counted
